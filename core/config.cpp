@@ -1,0 +1,86 @@
+#include "config.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <sstream>
+
+namespace kvlab {
+
+namespace {
+
+// a * b, or an Error when the product leaves [0, kMaxElements].
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
+    if (a < 0 || b < 0 || (a != 0 && b > kMaxElements / a))
+        throw Error(fmt::format("config: {} is too large (more than {} elements)", what, kMaxElements));
+    return a * b;
+}
+
+}  // namespace
+
+void Config::validate() const {
+    const std::pair<const char*, int> fields[] = {
+        {"dim", dim},           {"hidden_dim", hidden_dim}, {"n_layers", n_layers}, {"n_heads", n_heads},
+        {"n_kv_heads", n_kv_heads}, {"vocab_size", vocab_size}, {"max_seq", max_seq},
+    };
+    for (auto [name, value] : fields)
+        if (value <= 0) throw Error(fmt::format("config: {} must be positive, got {}", name, value));
+    if (dim % n_heads != 0)
+        throw Error(fmt::format("config: n_heads ({}) must divide dim ({})", n_heads, dim));
+    if (n_heads % n_kv_heads != 0)
+        throw Error(fmt::format("config: n_kv_heads ({}) must divide n_heads ({})", n_kv_heads, n_heads));
+    // Every tensor, and the whole model, must have a size we can index and allocate.
+    checked_mul(vocab_size, dim, "vocab_size * dim");
+    checked_mul(checked_mul(n_layers, dim, "n_layers * dim"), hidden_dim, "n_layers * dim * hidden_dim");
+    checked_mul(checked_mul(n_layers, max_seq, "n_layers * max_seq"), kv_dim(), "KV cache");
+    checked_mul(max_seq, max_seq, "max_seq * max_seq");
+    n_params(false);
+}
+
+std::int64_t Config::n_params(bool shared_classifier) const {
+    const std::int64_t L = n_layers;
+    std::int64_t per_layer = 0;
+    per_layer += 2 * std::int64_t{dim};                                    // two RMSNorm weights
+    per_layer += 2 * checked_mul(dim, dim, "dim * dim");                    // wq, wo
+    per_layer += 2 * checked_mul(dim, kv_dim(), "dim * kv_dim");            // wk, wv
+    per_layer += 3 * checked_mul(dim, hidden_dim, "dim * hidden_dim");      // w1, w2, w3
+    std::int64_t total = checked_mul(L, per_layer, "n_layers * layer size");
+    const std::int64_t embed = checked_mul(vocab_size, dim, "vocab_size * dim");
+    total += embed + dim + (shared_classifier ? 0 : embed);
+    if (total > kMaxElements) throw Error(fmt::format("config: {} parameters is too many", total));
+    return total;
+}
+
+std::string Config::describe() const {
+    return fmt::format("dim={} hidden_dim={} n_layers={} n_heads={} n_kv_heads={} vocab_size={} max_seq={}", dim,
+                       hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq);
+}
+
+Config Config::parse(const std::string& spec, Config c) {
+    std::stringstream ss(spec);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (item.empty()) continue;
+        const auto eq = item.find('=');
+        if (eq == std::string::npos) throw Error(fmt::format("shape: expected name=value, got '{}'", item));
+        const std::string name = item.substr(0, eq), text = item.substr(eq + 1);
+        int value = 0;
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec != std::errc() || end != text.data() + text.size())
+            throw Error(fmt::format("shape: '{}' is not an integer for {}", text, name));
+        if (name == "dim") c.dim = value;
+        else if (name == "hidden_dim") c.hidden_dim = value;
+        else if (name == "n_layers") c.n_layers = value;
+        else if (name == "n_heads") c.n_heads = value;
+        else if (name == "n_kv_heads") c.n_kv_heads = value;
+        else if (name == "vocab_size") c.vocab_size = value;
+        else if (name == "max_seq") c.max_seq = value;
+        else throw Error(fmt::format("shape: unknown field '{}'", name));
+    }
+    return c;
+}
+
+Config stories260k_shape() { return Config{64, 172, 5, 8, 4, 512, 512}; }
+Config stories15m_shape() { return Config{288, 768, 6, 6, 6, 32000, 256}; }
+
+}  // namespace kvlab

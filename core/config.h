@@ -1,0 +1,58 @@
+// kvlab core: the model's shape.
+//
+// Glossary (used everywhere: code, CLI, tests, viewer):
+//   dim         width of the residual stream
+//   hidden_dim  width of the feed-forward layer
+//   n_layers    transformer blocks
+//   n_heads     query heads; head_size = dim / n_heads
+//   n_kv_heads  key/value heads (grouped-query attention); kv_dim = n_kv_heads * head_size
+//   vocab_size  tokens in the vocabulary
+//   max_seq     the longest sequence the model (and a contiguous cache) accepts
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace kvlab {
+
+// Every error kvlab reports for bad input is one of these; what() is one line.
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct Config {
+    int dim = 0;
+    int hidden_dim = 0;
+    int n_layers = 0;
+    int n_heads = 0;
+    int n_kv_heads = 0;
+    int vocab_size = 0;
+    int max_seq = 0;
+
+    int head_size() const { return dim / n_heads; }
+    int kv_dim() const { return n_kv_heads * head_size(); }
+    // Query heads per KV head: query head h reads KV head h / group().
+    int group() const { return n_heads / n_kv_heads; }
+
+    // Throws kvlab::Error naming the first field that makes no sense.
+    void validate() const;
+    // Number of float32 parameters (classifier counted when not shared).
+    std::int64_t n_params(bool shared_classifier) const;
+    // "dim=64 hidden_dim=172 n_layers=5 ..." for messages and logs.
+    std::string describe() const;
+    // Parses "dim=64,hidden_dim=172,..." (any subset; the rest keep their values).
+    static Config parse(const std::string& spec, Config base);
+
+    bool operator==(const Config&) const = default;
+};
+
+// Shapes used by the CLI and the benchmark.
+Config stories260k_shape();  // dim 64, hidden 172, 5 layers, 8 heads, 4 KV heads, vocab 512, max_seq 512
+Config stories15m_shape();   // dim 288, hidden 768, 6 layers, 6 heads, 6 KV heads, vocab 32000, max_seq 256
+
+// Largest tensor size we accept anywhere: keeps every index product inside int64 and every
+// allocation honest (a header claiming 10^18 parameters is an error, not an allocation attempt).
+inline constexpr std::int64_t kMaxElements = std::int64_t{1} << 34;
+
+}  // namespace kvlab

@@ -1,0 +1,199 @@
+#include "decode.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cassert>
+#include <limits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace kvlab {
+
+void Activations::resize(const Config& c, int n) {
+    rows = n;
+    const std::size_t r = std::size_t(n);
+    for (auto* t : {&x, &xb, &q, &att, &out}) t->resize(r * c.dim);
+    for (auto* t : {&k, &v}) t->resize(r * c.kv_dim());
+    for (auto* t : {&h1, &h3}) t->resize(r * c.hidden_dim);
+}
+
+void check_tokens(const Config& c, std::span<const int> tokens, int start_pos) {
+    if (tokens.empty()) throw Error("no tokens to run: a sequence needs at least one token");
+    for (std::size_t i = 0; i < tokens.size(); i++)
+        if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+            throw Error(fmt::format("token id {} (at position {}) is outside the vocabulary [0, {})", tokens[i],
+                                    start_pos + std::int64_t(i), c.vocab_size));
+    if (start_pos + std::int64_t(tokens.size()) > c.max_seq)
+        throw Error(fmt::format("sequence of {} tokens does not fit max_seq = {}", start_pos + tokens.size(),
+                                c.max_seq));
+}
+
+namespace {
+
+// The layer code both decoders share. Only attention differs between them.
+
+// x[i] = token_embedding[tokens[i]]
+void embed(const Model& m, std::span<const int> tokens, Activations& a) {
+    const int dim = m.config().dim;
+    assert(a.rows == int(tokens.size()) && a.x.size() == std::size_t(a.rows) * dim);
+    for (int i = 0; i < a.rows; i++)
+        std::copy_n(m.w.token_embedding.data() + std::int64_t(tokens[i]) * dim, dim, a.x.data() + std::int64_t(i) * dim);
+}
+
+// How the layer code multiplies: weights through their packed panels, activations with
+// matmul; a test may plant its own product, which then runs on the unpacked weights.
+struct Products {
+    MatmulFn planted = nullptr;
+    void weights(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows) const {
+        if (planted) planted(ex, y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
+        else matmul_packed(ex, y, ldy, x, ldx, w, rows);
+    }
+    MatmulFn activations() const { return planted ? planted : kvlab::matmul; }
+};
+
+// xb = rmsnorm(x); q, k, v = xb · (wq, wk, wv); RoPE on q and k at each row's position.
+void attention_inputs(Exec& ex, Products mm, const Model& m, int l, Activations& a, std::span<const int> positions) {
+    const Config& c = m.config();
+    const PackedLayer& w = m.packed[l];
+    const int dim = c.dim, kv_dim = c.kv_dim(), n = a.rows;
+    rmsnorm(ex, a.xb.data(), a.x.data(), m.w.rms_att.data() + std::int64_t(l) * dim, n, dim);
+    mm.weights(ex, a.q.data(), dim, a.xb.data(), dim, w.wq, n);
+    mm.weights(ex, a.k.data(), kv_dim, a.xb.data(), dim, w.wk, n);
+    mm.weights(ex, a.v.data(), kv_dim, a.xb.data(), dim, w.wv, n);
+    rope(ex, a.q.data(), n, c.n_heads, c.head_size(), positions, m.rope);
+    rope(ex, a.k.data(), n, c.n_kv_heads, c.head_size(), positions, m.rope);
+}
+
+// x += att · wo;  x += w2 · (silu(xb · w1) * (xb · w3)) with xb = rmsnorm(x).
+void attention_output_and_ffn(Exec& ex, Products mm, const Model& m, int l, Activations& a) {
+    const Config& c = m.config();
+    const PackedLayer& w = m.packed[l];
+    const int dim = c.dim, hidden = c.hidden_dim, n = a.rows;
+    mm.weights(ex, a.out.data(), dim, a.att.data(), dim, w.wo, n);
+    add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
+    rmsnorm(ex, a.xb.data(), a.x.data(), m.w.rms_ffn.data() + std::int64_t(l) * dim, n, dim);
+    mm.weights(ex, a.h1.data(), hidden, a.xb.data(), dim, w.w1, n);
+    mm.weights(ex, a.h3.data(), hidden, a.xb.data(), dim, w.w3, n);
+    silu_mul(ex, a.h1.data(), a.h3.data(), std::int64_t(n) * hidden);
+    mm.weights(ex, a.out.data(), dim, a.h1.data(), hidden, w.w2, n);
+    add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
+}
+
+// logits = rmsnorm(x[last row]) · wcls
+void classify(Exec& ex, Products mm, const Model& m, Activations& a, std::vector<float>& logits) {
+    const Config& c = m.config();
+    const std::int64_t last = std::int64_t(a.rows - 1) * c.dim;
+    logits.resize(c.vocab_size);
+    rmsnorm(ex, a.xb.data() + last, a.x.data() + last, m.w.rms_final.data(), 1, c.dim);
+    mm.weights(ex, logits.data(), c.vocab_size, a.xb.data() + last, c.dim, m.wcls, 1);
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Naive decode
+
+NaiveDecoder::NaiveDecoder(const Model& model, int n_threads) : model_(model) { exec.n_threads = n_threads; }
+
+const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
+    const Config& c = model_.config();
+    check_tokens(c, tokens, 0);
+    const int T = int(tokens.size());
+    std::vector<int> positions(T);
+    std::iota(positions.begin(), positions.end(), 0);
+    act_.resize(c, T);
+    embed(model_, tokens, act_);
+    for (int l = 0; l < c.n_layers; l++) {
+        attention_inputs(exec, Products{matmul}, model_, l, act_, positions);
+        attention(l, T);
+        attention_output_and_ffn(exec, Products{matmul}, model_, l, act_);
+    }
+    classify(exec, Products{matmul}, model_, act_, logits_);
+    return logits_;
+}
+
+// For each head: S = Q_h K_h^T / sqrt(head_size) with S[i][j] = -inf for j > i, P = softmax by
+// row, att_h = P V_h. Masked entries become exact zeros in P and add exact zeros to P V_h, so row
+// i computes bit for bit what a cached decode computes at position i (NUMERICS.md).
+void NaiveDecoder::attention(int l, int T) {
+    (void)l;  // K and V come from this layer's rows in act_, recomputed every step
+    const Config& c = model_.config();
+    const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
+    kt_.resize(std::size_t(hs) * T);
+    scores_.resize(std::size_t(T) * T);
+    const float scale = attention_scale(hs);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const MatmulFn mm = Products{matmul}.activations();
+    for (int h = 0; h < c.n_heads; h++) {
+        const int kvh = h / c.group();
+        for (int j = 0; j < T; j++)
+            for (int d = 0; d < hs; d++) kt_[std::size_t(d) * T + j] = act_.k[std::size_t(j) * kv_dim + kvh * hs + d];
+        // S[T, T] = Q_h[T, hs] · Kt[hs, T]
+        mm(exec, scores_.data(), T, act_.q.data() + h * hs, dim, kt_.data(), T, T, hs, T);
+        for (int i = 0; i < T; i++) {
+            float* s = scores_.data() + std::size_t(i) * T;
+            for (int j = 0; j <= i; j++) s[j] = s[j] / scale;
+            for (int j = i + 1; j < T; j++) s[j] = neg_inf;
+            softmax(s, T);
+        }
+        exec.flops += std::uint64_t(T) * (T + 1) / 2 + std::uint64_t(T) * softmax_flops(T);
+        // att_h[T, hs] = P[T, T] · V_h[T, hs]
+        mm(exec, act_.att.data() + h * hs, dim, scores_.data(), T, act_.v.data() + kvh * hs, kv_dim, T, T, hs);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Cached decode
+
+CachedDecoder::CachedDecoder(const Model& model, int n_threads) : model_(model), cache_(model.config()) {
+    exec.n_threads = n_threads;
+    scores_.resize(std::size_t(n_threads) * model.config().max_seq);
+}
+
+const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
+    const Config& c = model_.config();
+    const int pos0 = cache_.length();
+    check_tokens(c, tokens, pos0);
+    const int n = int(tokens.size());
+    std::vector<int> positions(n);
+    std::iota(positions.begin(), positions.end(), pos0);
+    act_.resize(c, n);
+    embed(model_, tokens, act_);
+    for (int l = 0; l < c.n_layers; l++) {
+        attention_inputs(exec, Products{}, model_, l, act_, positions);
+        // Write first, then read: row i attends over 0..pos0+i, its own K and V included.
+        for (int i = 0; i < n; i++)
+            cache_.write(l, positions[i], act_.k.data() + std::size_t(i) * c.kv_dim(),
+                         act_.v.data() + std::size_t(i) * c.kv_dim());
+        attention(l, positions);
+        attention_output_and_ffn(exec, Products{}, model_, l, act_);
+    }
+    classify(exec, Products{}, model_, act_, logits_);
+    return logits_;
+}
+
+void CachedDecoder::attention(int l, std::span<const int> positions) {
+    const Config& c = model_.config();
+    const int hs = c.head_size(), n_heads = c.n_heads, rows = int(positions.size());
+    const std::int64_t n_items = std::int64_t(rows) * n_heads;
+    for (int pos : positions) {
+        assert(pos < cache_.layer_length(l));  // rows 0..pos of layer l are written
+        exec.flops += n_heads * attention_row_flops(hs, pos + 1);
+    }
+    const bool parallel = exec.n_threads > 1 && n_items > 1;
+    // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
+#pragma omp parallel for num_threads(exec.n_threads) schedule(static) if (parallel)
+    for (std::int64_t item = 0; item < n_items; item++) {
+        const int i = int(item / n_heads), h = int(item % n_heads), kvh = h / c.group();
+        const int pos = positions[i];
+        float* scores = scores_.data() + std::size_t(omp_get_thread_num()) * c.max_seq;
+        attention_row(
+            act_.att.data() + std::size_t(i) * c.dim + h * hs, act_.q.data() + std::size_t(i) * c.dim + h * hs, hs,
+            pos + 1, [&](int t) { return cache_.key(l, kvh, t); }, [&](int t) { return cache_.value(l, kvh, t); },
+            scores);
+    }
+}
+
+}  // namespace kvlab

@@ -1,0 +1,87 @@
+// kvlab core: the two decoders.
+//
+//   NaiveDecoder   every step runs the whole prefix of T tokens through the model as matrices:
+//                  Q, K, V, O and the feed-forward are [T, *] products, attention builds a
+//                  T x T score matrix per head under a causal mask. Nothing survives a step.
+//   CachedDecoder  prefill(prompt) runs the prompt as matrices once and writes every layer's
+//                  K and V rows into the KV cache; each decode(token) then runs one row,
+//                  writes its K and V at pos, and attends over positions 0..pos.
+//
+// They are different algorithms built from the same kernels (kernels.h), which is why their
+// logits agree bit for bit (NUMERICS.md). Both return the logits of the last position.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "kernels.h"
+#include "kv_cache.h"
+#include "model.h"
+
+namespace kvlab {
+
+// Work buffers for `rows` rows of the residual stream; the forward of one layer, minus
+// attention, is the same code for both decoders.
+struct Activations {
+    int rows = 0;
+    std::vector<float> x;    // [rows, dim]        residual stream
+    std::vector<float> xb;   // [rows, dim]        normalized input of a sublayer
+    std::vector<float> q;    // [rows, dim]        queries, all heads
+    std::vector<float> k;    // [rows, kv_dim]
+    std::vector<float> v;    // [rows, kv_dim]
+    std::vector<float> att;  // [rows, dim]        attention output, all heads
+    std::vector<float> out;  // [rows, dim]        output of a sublayer before the residual add
+    std::vector<float> h1;   // [rows, hidden_dim]
+    std::vector<float> h3;   // [rows, hidden_dim]
+    void resize(const Config& c, int rows);
+};
+
+class NaiveDecoder {
+public:
+    explicit NaiveDecoder(const Model& model, int n_threads = 1);
+    // Logits [vocab_size] after the full forward over tokens[0..T).
+    const std::vector<float>& forward(std::span<const int> tokens);
+
+    Exec exec;                      // threads, and the FLOPs counted so far
+    // nullptr: the kernels. A test may plant an order-changing product here; it then replaces
+    // every product the naive path computes (weights and attention alike).
+    MatmulFn matmul = nullptr;
+
+private:
+    void attention(int l, int T);
+    const Model& model_;
+    Activations act_;
+    std::vector<float> kt_;      // [head_size, T]  one KV head's keys, transposed
+    std::vector<float> scores_;  // [T, T]          one head's scores, then probabilities
+    std::vector<float> logits_;  // [vocab_size]
+};
+
+class CachedDecoder {
+public:
+    explicit CachedDecoder(const Model& model, int n_threads = 1);
+    // Runs tokens as rows at positions length()..length()+n-1, appending their K and V to the
+    // cache; returns the logits of the last one. decode(t) is prefill of one token.
+    const std::vector<float>& prefill(std::span<const int> tokens);
+    const std::vector<float>& decode(int token) { return prefill(std::span<const int>(&token, 1)); }
+
+    int pos() const { return cache_.length(); }  // the next position to be written
+    KVCache& cache() { return cache_; }
+    const KVCache& cache() const { return cache_; }
+    void reset() { cache_.clear(); }
+
+    Exec exec;
+
+private:
+    void attention(int l, std::span<const int> positions);
+    const Model& model_;
+    KVCache cache_;
+    Activations act_;
+    std::vector<float> scores_;  // [n_threads, max_seq]  one attention row's scores per thread
+    std::vector<float> logits_;  // [vocab_size]
+};
+
+// Shared by both decoders and the baseline: one-line errors for tokens outside the
+// vocabulary and sequences longer than max_seq (never truncated silently).
+void check_tokens(const Config& c, std::span<const int> tokens, int start_pos);
+
+}  // namespace kvlab

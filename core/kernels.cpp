@@ -1,0 +1,198 @@
+#include "kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cassert>
+#include <xsimd/xsimd.hpp>
+
+namespace kvlab {
+
+namespace {
+
+using Batch = xsimd::batch<float>;
+constexpr int kB = int(Batch::size);  // floats per vector register (8 with AVX2, 16 with AVX-512)
+constexpr int kMR = 4;                // rows per tile
+constexpr int kNB = 2;                // vector registers per tile row
+constexpr int kNR = kNB * kB;         // columns per tile
+
+// One R x (NB * kB) tile of Y: R * NB accumulators stay in registers while k runs 0..n_in-1.
+// Each lane is one output element, and it sees acc + x*w in k order: exactly the scalar loop.
+template <int R, int NB>
+void tile(float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int n_in) {
+    Batch acc[R][NB];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) acc[r][b] = Batch(0.0f);
+    for (int k = 0; k < n_in; k++) {
+        Batch wk[NB];
+        for (int b = 0; b < NB; b++) wk[b] = Batch::load_unaligned(w + std::int64_t(k) * ldw + b * kB);
+        for (int r = 0; r < R; r++) {
+            const Batch xr(x[std::int64_t(r) * ldx + k]);
+            for (int b = 0; b < NB; b++) acc[r][b] = acc[r][b] + xr * wk[b];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) acc[r][b].store_unaligned(y + std::int64_t(r) * ldy + b * kB);
+}
+
+template <int NB>
+void tile_rows(int rows, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int n_in) {
+    switch (rows) {
+        case 4: tile<4, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        case 3: tile<3, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        case 2: tile<2, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        case 1: tile<1, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        default: assert(false);
+    }
+}
+
+// Columns left over after the vector tiles: the same k-order sum, one element at a time.
+void scalar_cols(int rows, int n_cols, float* y, int ldy, const float* x, int ldx, const float* w, int ldw,
+                 int n_in) {
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < n_cols; o++) {
+            float s = 0.0f;
+            for (int k = 0; k < n_in; k++) s = s + x[std::int64_t(r) * ldx + k] * w[std::int64_t(k) * ldw + o];
+            y[std::int64_t(r) * ldy + o] = s;
+        }
+}
+
+}  // namespace
+
+void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
+            int n_out) {
+    assert(rows >= 0 && n_in >= 0 && n_out >= 0 && ldy >= n_out && ldx >= n_in && ldw >= n_out);
+    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
+    if (rows == 0 || n_out == 0) return;
+    // Tiles: kMR rows by kNR columns; the last column tile may be narrower (one register, then scalars).
+    const int n_row_tiles = (rows + kMR - 1) / kMR;
+    const int n_col_tiles = (n_out + kNR - 1) / kNR;
+    const std::int64_t n_tiles = std::int64_t(n_row_tiles) * n_col_tiles;
+    const bool parallel = ex.n_threads > 1 && std::int64_t(rows) * n_in * n_out >= ex.parallel_min_work;
+    // Column tiles outside, row tiles inside: neighbouring tiles reuse the same strip of W.
+#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
+    for (std::int64_t i = 0; i < n_tiles; i++) {
+        const int r0 = int(i % n_row_tiles) * kMR, c0 = int(i / n_row_tiles) * kNR;
+        const int mr = std::min(kMR, rows - r0), nc = std::min(kNR, n_out - c0);
+        float* yt = y + std::int64_t(r0) * ldy + c0;
+        const float* xt = x + std::int64_t(r0) * ldx;
+        const float* wt = w + c0;
+        int done = 0;
+        if (nc == kNR) {
+            tile_rows<kNB>(mr, yt, ldy, xt, ldx, wt, ldw, n_in);
+            done = kNR;
+        } else {
+            for (; done + kB <= nc; done += kB) tile_rows<1>(mr, yt + done, ldy, xt, ldx, wt + done, ldw, n_in);
+        }
+        if (done < nc) scalar_cols(mr, nc - done, yt + done, ldy, xt, ldx, wt + done, ldw, n_in);
+    }
+}
+
+const int PackedMatrix::kPanel = kNR;
+
+PackedMatrix::PackedMatrix(const float* w_, int n_in_, int n_out_) : n_in(n_in_), n_out(n_out_), w(w_) {
+    const int n_panels = (n_out + kNR - 1) / kNR;
+    panels.assign(std::size_t(n_panels) * n_in * kNR, 0.0f);
+    for (int p = 0; p < n_panels; p++)
+        for (int k = 0; k < n_in; k++)
+            for (int c = 0; c < kNR && p * kNR + c < n_out; c++)
+                panels[(std::size_t(p) * n_in + k) * kNR + c] = w[std::int64_t(k) * n_out + p * kNR + c];
+}
+
+void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows) {
+    const int n_in = w.n_in, n_out = w.n_out;
+    assert(rows >= 0 && ldy >= n_out && ldx >= n_in);
+    assert(w.panels.size() == std::size_t((n_out + kNR - 1) / kNR) * n_in * kNR);
+    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
+    if (rows == 0 || n_out == 0) return;
+    const int n_row_tiles = (rows + kMR - 1) / kMR;
+    const int n_panels = (n_out + kNR - 1) / kNR;
+    const std::int64_t n_tiles = std::int64_t(n_row_tiles) * n_panels;
+    const bool parallel = ex.n_threads > 1 && std::int64_t(rows) * n_in * n_out >= ex.parallel_min_work;
+#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
+    for (std::int64_t i = 0; i < n_tiles; i++) {
+        const int r0 = int(i % n_row_tiles) * kMR, p = int(i / n_row_tiles), c0 = p * kNR;
+        const int mr = std::min(kMR, rows - r0), nc = std::min(kNR, n_out - c0);
+        const float* panel = w.panels.data() + std::size_t(p) * n_in * kNR;
+        const float* xt = x + std::int64_t(r0) * ldx;
+        if (nc == kNR) {
+            tile_rows<kNB>(mr, y + std::int64_t(r0) * ldy + c0, ldy, xt, ldx, panel, kNR, n_in);
+        } else {
+            // The padded last panel: compute all kNR lanes, keep the real columns.
+            float tmp[kMR * kNR];
+            tile_rows<kNB>(mr, tmp, kNR, xt, ldx, panel, kNR, n_in);
+            for (int r = 0; r < mr; r++)
+                std::copy_n(tmp + r * kNR, nc, y + std::int64_t(r0 + r) * ldy + c0);
+        }
+    }
+}
+
+void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
+                      int n_in, int n_out) {
+    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
+    scalar_cols(rows, n_out, y, ldy, x, ldx, w, ldw, n_in);
+}
+
+void rmsnorm(Exec& ex, float* out, const float* x, const float* w, int rows, int dim) {
+    ex.flops += std::uint64_t(rows) * (5ull * dim + 4);
+    for (int r = 0; r < rows; r++) {
+        const float* xr = x + std::int64_t(r) * dim;
+        float* o = out + std::int64_t(r) * dim;
+        float ss = 0.0f;
+        for (int j = 0; j < dim; j++) ss = ss + xr[j] * xr[j];
+        ss = ss / float(dim);
+        ss = ss + 1e-5f;
+        ss = 1.0f / std::sqrt(ss);
+        for (int j = 0; j < dim; j++) o[j] = w[j] * (ss * xr[j]);
+    }
+}
+
+void rope(Exec& ex, float* vec, int rows, int n_heads, int head_size, std::span<const int> positions,
+          const RopeTable& table) {
+    assert(int(positions.size()) == rows);
+    const int n_pairs = head_size / 2;
+    assert(table.n_pairs == n_pairs);
+    ex.flops += 6ull * std::uint64_t(rows) * n_heads * n_pairs;
+    for (int r = 0; r < rows; r++) {
+        const int pos = positions[r];
+        assert(pos >= 0 && pos < table.max_seq);
+        const float* c = table.cos.data() + std::int64_t(pos) * n_pairs;
+        const float* s = table.sin.data() + std::int64_t(pos) * n_pairs;
+        for (int h = 0; h < n_heads; h++) {
+            float* v = vec + (std::int64_t(r) * n_heads + h) * head_size;
+            for (int j = 0; j < n_pairs; j++) {
+                const float v0 = v[2 * j], v1 = v[2 * j + 1];
+                v[2 * j] = v0 * c[j] - v1 * s[j];
+                v[2 * j + 1] = v0 * s[j] + v1 * c[j];
+            }
+        }
+    }
+}
+
+void softmax(float* x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = exp_f32(x[i] - max);
+        sum = sum + x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] = x[i] / sum;
+}
+
+void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) {
+    ex.flops += 5ull * std::uint64_t(n);
+    for (std::int64_t i = 0; i < n; i++) {
+        float a = h1[i];
+        a = a * (1.0f / (1.0f + exp_f32(-a)));
+        h1[i] = a * h3[i];
+    }
+}
+
+void add(Exec& ex, float* x, const float* y, std::int64_t n) {
+    ex.flops += std::uint64_t(n);
+    for (std::int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+}
+
+}  // namespace kvlab

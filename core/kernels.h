@@ -1,0 +1,86 @@
+// kvlab core: the kernels. Every float either decoder produces comes from one of these.
+//
+// The rule each kernel keeps (NUMERICS.md): an output element is computed by the same
+// operations in the same order whatever the number of rows, threads, cache layout or block
+// size. Reductions run over k (or t) in increasing order from +0.0f; vectorizing and threading
+// happen only across independent output elements.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model.h"
+#include "numerics.h"
+
+namespace kvlab {
+
+// How a kernel runs (threads) and what it did (floating-point operations, counted by each
+// kernel as it runs: one per add, multiply, divide, compare, exp or sqrt).
+struct Exec {
+    int n_threads = 1;
+    std::uint64_t flops = 0;
+    // A product with fewer multiply-adds than this runs on the calling thread: starting threads
+    // would cost more than it saves. Results are the same either way (tests set it to 0).
+    std::int64_t parallel_min_work = std::int64_t{1} << 15;
+};
+
+// Y[rows, n_out] = X[rows, n_in] · W[n_in, n_out]; row strides ldy, ldx, ldw (in floats).
+// Y[r][o] = (((0 + X[r][0] W[0][o]) + X[r][1] W[1][o]) + ...) in k order, for every r, o.
+using MatmulFn = void (*)(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
+                          int n_in, int n_out);
+void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
+            int n_out);
+// Y[rows, n_out] = X[rows, n_in] · W, reading W from its panels; bitwise equal to matmul.
+void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows);
+
+// The same product written as the textbook triple loop: the algorithmic reference that the fast
+// matmul must match bit for bit (tests/test_kernels.cpp); otherwise identical.
+void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
+                      int n_in, int n_out);
+
+// out[rows, dim] = x * w / sqrt(mean(x^2) + 1e-5), per row (llama2.c's order of operations).
+void rmsnorm(Exec& ex, float* out, const float* x, const float* w, int rows, int dim);
+
+// Rotates vec[rows, n_heads * head_size] in place; row i is at logical position positions[i].
+void rope(Exec& ex, float* vec, int rows, int n_heads, int head_size, std::span<const int> positions,
+          const RopeTable& table);
+
+// x[n] = softmax(x[n]); entries of -inf become exact zeros and change nothing else.
+void softmax(float* x, int n);
+inline std::uint64_t softmax_flops(int n) { return 5ull * std::uint64_t(n); }
+
+// h1[n] = silu(h1[n]) * h3[n], silu(a) = a * (1 / (1 + e^-a)).
+void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n);
+
+// x[n] += y[n]
+void add(Exec& ex, float* x, const float* y, std::int64_t n);
+
+// Attention for one query row of one head, over logical positions t = 0..n-1 in order:
+//   score[t] = (q · k_t) / sqrt(head_size);  p = softmax(score);  out = sum_t p[t] v_t
+// key(t) and value(t) return pointers to the head_size floats of position t wherever the cache
+// keeps them, so every cache layout runs exactly this code. scores has room for n floats.
+inline float attention_scale(int head_size) { return std::sqrt(float(head_size)); }
+template <class KeyRow, class ValueRow>
+void attention_row(float* out, const float* q, int head_size, int n, KeyRow key, ValueRow value, float* scores) {
+    const float scale = attention_scale(head_size);
+    for (int t = 0; t < n; t++) {
+        const float* k = key(t);
+        float s = 0.0f;
+        for (int d = 0; d < head_size; d++) s = s + q[d] * k[d];
+        scores[t] = s / scale;
+    }
+    softmax(scores, n);
+    for (int d = 0; d < head_size; d++) out[d] = 0.0f;
+    for (int t = 0; t < n; t++) {
+        const float p = scores[t];
+        const float* v = value(t);
+        for (int d = 0; d < head_size; d++) out[d] = out[d] + p * v[d];
+    }
+}
+inline std::uint64_t attention_row_flops(int head_size, int n) {
+    return std::uint64_t(n) * (2ull * head_size + 1) + softmax_flops(n) + 2ull * std::uint64_t(n) * head_size;
+}
+
+}  // namespace kvlab

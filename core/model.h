@@ -1,0 +1,99 @@
+// kvlab core: weights, RoPE tables and deterministic random models.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "config.h"
+
+namespace kvlab {
+
+// Weights of a llama2.c-style model. Every matrix a kernel multiplies by is stored [in][out]
+// (transposed from llama2.c's [out][in]) so the matrix-product kernel can accumulate many
+// outputs at once, each in k order; see NUMERICS.md.
+struct Weights {
+    Config config;
+    bool shared_classifier = true;  // llama2.c: the classifier is the token embedding
+
+    std::vector<float> token_embedding;  // [vocab_size, dim]
+    std::vector<float> rms_att;          // [n_layers, dim]
+    std::vector<float> wq;               // [n_layers, dim, dim]          (in, out)
+    std::vector<float> wk;               // [n_layers, dim, kv_dim]       (in, out)
+    std::vector<float> wv;               // [n_layers, dim, kv_dim]       (in, out)
+    std::vector<float> wo;               // [n_layers, dim, dim]          (in, out)
+    std::vector<float> rms_ffn;          // [n_layers, dim]
+    std::vector<float> w1;               // [n_layers, dim, hidden_dim]   (in, out)
+    std::vector<float> w2;               // [n_layers, hidden_dim, dim]   (in, out)
+    std::vector<float> w3;               // [n_layers, dim, hidden_dim]   (in, out)
+    std::vector<float> rms_final;        // [dim]
+    std::vector<float> wcls;             // [dim, vocab_size]             (in, out); the embedding transposed when shared
+
+    // Allocates every tensor at its shape for `config` (validated), zero-filled.
+    explicit Weights(const Config& config, bool shared_classifier = true);
+    Weights() = default;
+
+    // Asserts every tensor has the size its shape comment claims.
+    void check_shapes() const;
+    // wcls = token_embedding transposed (call after filling the embedding of a shared model).
+    void tie_classifier();
+    // A 64-bit FNV-1a hash of the config and every weight's bits: the model's identity.
+    std::uint64_t fingerprint() const;
+};
+
+// RoPE rotation for (pos, pair j) with frequency theta^(-2j/head_size), computed once per model.
+// Pairs are adjacent elements (2j, 2j+1) inside each head, as llama2.c rotates them. With an odd
+// head_size the last element of each head has no partner and is left as it is.
+struct RopeTable {
+    int max_seq = 0;
+    int n_pairs = 0;          // head_size / 2
+    std::vector<float> cos;   // [max_seq, n_pairs]
+    std::vector<float> sin;   // [max_seq, n_pairs]
+    RopeTable(int max_seq, int head_size, float theta = 10000.0f);
+    RopeTable() = default;
+};
+
+// A weight matrix W[n_in, n_out] (in, out) repacked in panels of kPanel columns, so that a
+// product streams it front to back: panel p holds W[k][p*kPanel .. p*kPanel+kPanel-1] for
+// every k, contiguously, the last panel padded with zeros. Only the memory order changes; each
+// output element is summed exactly as matmul sums it.
+struct PackedMatrix {
+    static const int kPanel;     // columns per panel (two vector registers)
+    int n_in = 0, n_out = 0;
+    const float* w = nullptr;    // [n_in, n_out] the unpacked original (owned by Weights)
+    std::vector<float> panels;   // [ceil(n_out / kPanel), n_in, kPanel]
+    PackedMatrix() = default;
+    PackedMatrix(const float* w, int n_in, int n_out);
+};
+// One layer's matrices, packed.
+struct PackedLayer {
+    PackedMatrix wq, wk, wv, wo, w1, w2, w3;
+};
+
+struct Model {
+    Weights w;
+    RopeTable rope;
+    std::vector<PackedLayer> packed;  // [n_layers]
+    PackedMatrix wcls;                // the classifier, packed
+    explicit Model(Weights weights);
+    // Packed matrices point into w: a copy would point into the original, so there is none.
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+    Model(Model&&) = default;
+    Model& operator=(Model&&) = default;
+    const Config& config() const { return w.config; }
+};
+
+// Deterministic on every machine: our own PRNG (splitmix64) and a Gaussian made only of IEEE
+// adds (Irwin-Hall: the sum of 12 uniforms minus 6), so no libm function decides a weight.
+Model random_model(const Config& config, std::uint64_t seed, bool shared_classifier = true);
+
+// The PRNG behind random_model, also used by tests to draw prompts.
+struct SplitMix64 {
+    std::uint64_t state;
+    explicit SplitMix64(std::uint64_t seed) : state(seed) {}
+    std::uint64_t next();
+    double uniform();  // [0, 1), 53 random bits
+    double gaussian(); // mean 0, variance 1 (Irwin-Hall, 12 terms)
+};
+
+}  // namespace kvlab

@@ -1,0 +1,61 @@
+// kvlab core: the scalar functions every path shares, and tools to compare floats bit for bit.
+// The contract these serve is written down in NUMERICS.md.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace kvlab {
+
+// e^x in float, from plain multiplies and adds, so the same source gives the same bits on
+// any IEEE machine (the C library's expf differs between libms, and the GPU's __expf differs
+// again). Accurate to about 1 ulp. Needs -ffp-contract=off (no fused multiply-add).
+//   x = n ln2 + r, |r| <= ln2/2   (Cody-Waite: ln2 split in a short high part and a low part,
+//                                  so n * kLn2Hi is exact for every n we reach)
+//   e^r = degree-7 Taylor polynomial (truncation error < 8e-9, under a tenth of an ulp)
+//   e^x = e^r * 2^n               (2^n built from its bits; two steps below the normal range)
+inline float exp_f32(float x) {
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kLn2Hi = 0.693359375f;          // 9 significant bits
+    constexpr float kLn2Lo = -2.12194440e-4f;       // ln 2 - kLn2Hi
+    constexpr float kOverflow = 88.7228394f;        // ln(FLT_MAX), rounded up
+    constexpr float kUnderflow = -103.972084f;      // below this e^x rounds to +0
+    if (x != x) return x;                           // NaN stays NaN
+    if (x > kOverflow) return std::numeric_limits<float>::infinity();
+    if (x < kUnderflow) return 0.0f;                // -inf included: masked scores become exact zeros
+    const float n = std::floor(x * kLog2e + 0.5f);
+    const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    // 2^k as a float for k in [-126, 127]: exponent bits only.
+    auto pow2 = [](int k) { return std::bit_cast<float>(std::uint32_t(k + 127) << 23); };
+    const int k = int(n);                           // in [-150, 128]
+    if (k > 127) return p * pow2(127) * 2.0f;
+    if (k < -126) return p * pow2(k + 100) * pow2(-100);  // first product exact, second rounds once
+    return p * pow2(k);
+}
+
+inline std::uint32_t float_bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+
+// Distance in units in the last place between two floats: 0 means bitwise equal (so +0 and
+// -0 are 1 apart, as bitwise exactness demands); NaN against anything is the maximum.
+inline std::uint64_t ulp_distance(float a, float b) {
+    if (a != a || b != b) return float_bits(a) == float_bits(b) ? 0 : std::numeric_limits<std::uint64_t>::max();
+    // Map the float bit patterns onto a line where adjacent floats differ by one.
+    auto key = [](float f) -> std::int64_t {
+        const std::uint32_t u = float_bits(f);
+        return (u & 0x80000000u) ? -std::int64_t(u & 0x7fffffffu) - 1 : std::int64_t(u);
+    };
+    const std::int64_t d = key(a) - key(b);
+    return std::uint64_t(d < 0 ? -d : d);
+}
+
+}  // namespace kvlab
