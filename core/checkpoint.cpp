@@ -1,0 +1,316 @@
+// Byte layouts (all little-endian; every matrix PyTorch-style [out][in], i.e. transposed from ours):
+//
+// legacy (llama2.c run.c / export.py legacy_export):
+//   int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len   (28 bytes)
+//     vocab_size < 0 means the classifier is stored separately (unshared); |vocab_size| is the vocab.
+//   float32 token_embedding [vocab, dim], rms_att [L, dim], wq [L, dim, dim], wk [L, kv_dim, dim],
+//           wv [L, kv_dim, dim], wo [L, dim, dim], rms_ffn [L, dim], w1 [L, hidden, dim],
+//           w2 [L, dim, hidden], w3 [L, hidden, dim], rms_final [dim],
+//           freq_cis_real [seq_len, head_size/2], freq_cis_imag [seq_len, head_size/2],
+//           classifier [vocab, dim] (only when unshared)
+//
+// ak42 version 1 (export.py version1_export):
+//   uint32 magic 0x616b3432, int32 version = 1, the same 7 int32 (vocab positive),
+//   uint8 shared_classifier, zeros up to byte 256
+//   float32 rms_att, rms_ffn, rms_final, token_embedding, wq, wk, wv, wo, w1, w2, w3,
+//           classifier (only when unshared); no RoPE tables.
+#include "checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string_view>
+#include <vector>
+
+namespace kvlab {
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian; add byte swapping");
+static_assert(sizeof(float) == 4 && sizeof(int) == 4);
+
+constexpr std::uint32_t kMagic = 0x616b3432;  // "ak42"
+constexpr std::int64_t kLegacyHeaderBytes = 7 * 4;
+constexpr std::int64_t kV1HeaderBytes = 256;
+
+// One tensor as the file holds it: [layers][rows][cols]. When `transposed`, ours is
+// [layers][cols][rows] (the file's [out][in] matrices become our [in][out]).
+struct Tensor {
+    const char* name;
+    std::vector<float> Weights::*member;
+    std::int64_t layers, rows, cols;
+    bool transposed;
+    std::int64_t count() const { return layers * rows * cols; }
+};
+
+struct Layout {
+    Tensor emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, cls;
+};
+
+// Sizes come from a validated Config, so every product here is at most kMaxElements.
+Layout layout(const Config& c) {
+    const std::int64_t L = c.n_layers, dim = c.dim, kv = c.kv_dim(), hid = c.hidden_dim, voc = c.vocab_size;
+    return Layout{
+        .emb = {"token_embedding", &Weights::token_embedding, 1, voc, dim, false},
+        .rms_att = {"rms_att", &Weights::rms_att, 1, L, dim, false},
+        .wq = {"wq", &Weights::wq, L, dim, dim, true},
+        .wk = {"wk", &Weights::wk, L, kv, dim, true},
+        .wv = {"wv", &Weights::wv, L, kv, dim, true},
+        .wo = {"wo", &Weights::wo, L, dim, dim, true},
+        .rms_ffn = {"rms_ffn", &Weights::rms_ffn, 1, L, dim, false},
+        .w1 = {"w1", &Weights::w1, L, hid, dim, true},
+        .w2 = {"w2", &Weights::w2, L, dim, hid, true},
+        .w3 = {"w3", &Weights::w3, L, hid, dim, true},
+        .rms_final = {"rms_final", &Weights::rms_final, 1, 1, dim, false},
+        .cls = {"classifier", &Weights::wcls, 1, voc, dim, true},
+    };
+}
+
+// src [layers][rows][cols] -> dst [layers][cols][rows]
+void transpose(const float* src, float* dst, std::int64_t layers, std::int64_t rows, std::int64_t cols) {
+    for (std::int64_t l = 0; l < layers; l++, src += rows * cols, dst += rows * cols)
+        for (std::int64_t r = 0; r < rows; r++)
+            for (std::int64_t k = 0; k < cols; k++) dst[k * rows + r] = src[r * cols + k];
+}
+
+// Paths go into one-line messages: control characters must not break the line.
+std::string printable(const std::string& path) {
+    std::string s = path;
+    for (char& ch : s)
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    return s;
+}
+
+// Builds the one-line errors for one file.
+struct Where {
+    std::string prefix;
+    explicit Where(const std::string& path) : prefix(fmt::format("checkpoint '{}'", printable(path))) {}
+    Error operator()(std::string_view problem) const { return Error(fmt::format("{}: {}", prefix, problem)); }
+};
+
+// Config::validate() messages start with "config: "; the header is what is wrong here.
+std::string header_problem(const Error& e) {
+    std::string_view m = e.what();
+    if (m.starts_with("config: ")) m.remove_prefix(8);
+    return fmt::format("bad header: {}", m);
+}
+
+std::string plural_bytes(std::int64_t n) { return fmt::format("{} byte{}", n, n == 1 ? "" : "s"); }
+
+class Reader {
+public:
+    Reader(const std::string& path, const Where& where) : where_(where) {
+        in_.open(path, std::ios::binary);
+        if (!in_) throw where_(fmt::format("cannot open: {}", std::strerror(errno)));
+    }
+    void bytes(void* dst, std::int64_t n) {
+        in_.read(static_cast<char*>(dst), n);
+        if (in_.gcount() != n)
+            throw where_(fmt::format("read failed at byte {} (did the file change while being read?)", offset_ + in_.gcount()));
+        offset_ += n;
+    }
+    void skip(std::int64_t n) { seek(offset_ + n); }
+    void seek(std::int64_t offset) {
+        in_.seekg(offset);
+        if (!in_) throw where_(fmt::format("cannot seek to byte {}", offset));
+        offset_ = offset;
+    }
+    bool at_end() { return in_.peek() == std::ifstream::traits_type::eof(); }
+    void read_tensor(Weights& w, const Tensor& t) {
+        std::vector<float>& ours = w.*t.member;
+        if (!t.transposed) {
+            bytes(ours.data(), t.count() * 4);
+            return;
+        }
+        std::vector<float> tmp(static_cast<std::size_t>(t.count()));  // file layout [layers][rows][cols]
+        bytes(tmp.data(), t.count() * 4);
+        transpose(tmp.data(), ours.data(), t.layers, t.rows, t.cols);
+    }
+
+private:
+    std::ifstream in_;
+    const Where& where_;
+    std::int64_t offset_ = 0;
+};
+
+class Writer {
+public:
+    Writer(const std::string& path, const Where& where) : where_(where) {
+        out_.open(path, std::ios::binary | std::ios::trunc);
+        if (!out_) throw where_(fmt::format("cannot open for writing: {}", std::strerror(errno)));
+    }
+    void bytes(const void* src, std::int64_t n) {
+        out_.write(static_cast<const char*>(src), n);
+        if (!out_) throw where_(fmt::format("write failed: {}", std::strerror(errno)));
+    }
+    void write_tensor(const Weights& w, const Tensor& t) {
+        const std::vector<float>& ours = w.*t.member;
+        if (!t.transposed) {
+            bytes(ours.data(), t.count() * 4);
+            return;
+        }
+        std::vector<float> tmp(static_cast<std::size_t>(t.count()));  // file layout [layers][rows][cols]
+        transpose(ours.data(), tmp.data(), t.layers, t.cols, t.rows);
+        bytes(tmp.data(), t.count() * 4);
+    }
+    void close() {
+        out_.close();
+        if (!out_) throw where_(fmt::format("write failed on close: {}", std::strerror(errno)));
+    }
+
+private:
+    std::ofstream out_;
+    const Where& where_;
+};
+
+}  // namespace
+
+Model load_checkpoint(const std::string& path) {
+    namespace fs = std::filesystem;
+    const Where where(path);
+
+    // Look before opening: opening a FIFO would block, a directory would "open" and then fail oddly.
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (st.type() == fs::file_type::not_found) throw where("file not found");
+    if (ec) throw where(fmt::format("cannot read: {}", ec.message()));
+    if (!fs::is_regular_file(st)) throw where("not a regular file");
+    const std::uintmax_t usize = fs::file_size(path, ec);
+    if (ec) throw where(fmt::format("cannot read: {}", ec.message()));
+    const auto size = static_cast<std::int64_t>(usize);
+
+    Reader in(path, where);
+    std::array<unsigned char, kV1HeaderBytes> head{};  // zero beyond the file's end
+    in.bytes(head.data(), std::min(size, kV1HeaderBytes));
+    auto i32 = [&head](std::int64_t at) {
+        std::int32_t v;
+        std::memcpy(&v, head.data() + at, 4);
+        return v;
+    };
+    std::uint32_t magic = 0;
+    std::memcpy(&magic, head.data(), 4);
+
+    const bool v1 = size >= 4 && magic == kMagic;
+    std::int64_t header_bytes = 0, params_at = 0;
+    bool shared = true;
+    if (v1) {
+        if (size < 8) throw where(fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
+        const std::int32_t version = i32(4);
+        if (version == 2) throw where("version 2 (int8) checkpoints are not supported");
+        if (version != 1) throw where(fmt::format("ak42 version {} is not supported (only version 1, float32)", version));
+        if (size < kV1HeaderBytes)
+            throw where(fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
+        header_bytes = kV1HeaderBytes;
+        params_at = 8;
+        const unsigned flag = head[36];
+        if (flag > 1) throw where(fmt::format("bad header: shared_classifier flag is {}, expected 0 or 1", flag));
+        shared = flag == 1;
+    } else {
+        if (size < kLegacyHeaderBytes)
+            throw where(fmt::format("is shorter than the {}-byte llama2.c header ({})", kLegacyHeaderBytes, plural_bytes(size)));
+        header_bytes = kLegacyHeaderBytes;
+        params_at = 0;
+    }
+
+    Config c;
+    c.dim = i32(params_at + 0);
+    c.hidden_dim = i32(params_at + 4);
+    c.n_layers = i32(params_at + 8);
+    c.n_heads = i32(params_at + 12);
+    c.n_kv_heads = i32(params_at + 16);
+    c.vocab_size = i32(params_at + 20);
+    c.max_seq = i32(params_at + 24);
+    if (!v1) {
+        // The legacy format's only flag: a negative vocab_size means an unshared classifier.
+        if (c.vocab_size == INT_MIN) throw where(fmt::format("bad header: vocab_size {} is out of range", c.vocab_size));
+        shared = c.vocab_size > 0;
+        c.vocab_size = std::abs(c.vocab_size);
+    }
+    try {
+        c.validate();
+    } catch (const Error& e) {
+        throw where(header_problem(e));
+    }
+
+    // validate() bounds the parameter count by kMaxElements and max_seq^2 by it too, so
+    // max_seq <= 2^17 and head_size <= dim <= 2^17: nothing below can overflow int64.
+    const std::int64_t rope_floats = std::int64_t{c.max_seq} * (c.head_size() / 2);  // per table
+    const std::int64_t floats = c.n_params(shared) + (v1 ? 0 : 2 * rope_floats);
+    const std::int64_t expected = header_bytes + 4 * floats;
+    const std::string what = fmt::format("{} ({} classifier)", c.describe(), shared ? "shared" : "separate");
+    if (size < expected)
+        throw where(fmt::format("truncated: expected {} bytes, found {} (header says {})", expected, size, what));
+    if (size > expected)
+        throw where(fmt::format("has {} trailing byte{}: expected {} bytes, found {} (header says {})", size - expected,
+                                size - expected == 1 ? "" : "s", expected, size, what));
+
+    Weights w(c, shared);
+    const Layout t = layout(c);
+    in.seek(header_bytes);
+    if (v1) {
+        for (const Tensor* x : {&t.rms_att, &t.rms_ffn, &t.rms_final, &t.emb, &t.wq, &t.wk, &t.wv, &t.wo, &t.w1, &t.w2, &t.w3})
+            in.read_tensor(w, *x);
+    } else {
+        for (const Tensor* x : {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
+            in.read_tensor(w, *x);
+        // The RoPE tables are ours to compute (RopeTable), not to trust from the file.
+        in.skip(2 * rope_floats * 4);
+    }
+    if (shared) w.tie_classifier();
+    else in.read_tensor(w, t.cls);
+    if (!in.at_end()) throw where("grew while being read");
+    return Model(std::move(w));
+}
+
+void save_checkpoint(const std::string& path, const Model& model) {
+    const Where where(path);
+    const Weights& w = model.w;
+    const Config& c = w.config;
+    try {
+        c.validate();
+    } catch (const Error& e) {
+        throw where(fmt::format("cannot save: {}", e.what()));
+    }
+
+    // Sizes are checked here, not by assert: a mis-sized public vector would otherwise be over-read.
+    const Layout t = layout(c);
+    for (const Tensor* x : {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final, &t.cls}) {
+        const std::size_t have = (w.*x->member).size();
+        if (static_cast<std::int64_t>(have) != x->count())
+            throw where(fmt::format("cannot save: {} has {} floats, its shape needs {}", x->name, have, x->count()));
+    }
+    const RopeTable& rope = model.rope;
+    const std::int64_t rope_floats = std::int64_t{c.max_seq} * (c.head_size() / 2);
+    if (rope.max_seq != c.max_seq || rope.n_pairs != c.head_size() / 2 ||
+        static_cast<std::int64_t>(rope.cos.size()) != rope_floats || static_cast<std::int64_t>(rope.sin.size()) != rope_floats)
+        throw where(fmt::format("cannot save: RoPE table is [{}, {}], the config needs [{}, {}]", rope.max_seq, rope.n_pairs,
+                                c.max_seq, c.head_size() / 2));
+    // A shared model stores only the embedding; a classifier that drifted from it would be lost.
+    if (w.shared_classifier) {
+        for (std::int64_t v = 0; v < c.vocab_size; v++)
+            for (std::int64_t i = 0; i < c.dim; i++)
+                if (std::memcmp(&w.wcls[i * c.vocab_size + v], &w.token_embedding[v * c.dim + i], 4) != 0)
+                    throw where(fmt::format("cannot save: shared classifier differs from the token embedding at token {}, "
+                                            "component {} (call tie_classifier() or mark it unshared)", v, i));
+    }
+
+    Writer out(path, where);
+    const std::int32_t header[7] = {c.dim,        c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                                    w.shared_classifier ? c.vocab_size : -c.vocab_size, c.max_seq};
+    out.bytes(header, sizeof header);
+    for (const Tensor* x : {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
+        out.write_tensor(w, *x);
+    out.bytes(rope.cos.data(), rope_floats * 4);  // freq_cis_real [max_seq, head_size/2]
+    out.bytes(rope.sin.data(), rope_floats * 4);  // freq_cis_imag [max_seq, head_size/2]
+    if (!w.shared_classifier) out.write_tensor(w, t.cls);
+    out.close();
+}
+
+}  // namespace kvlab
