@@ -1,0 +1,59 @@
+// kvlab CLI: one function per command; main.cpp parses the options into these structs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config.h"
+
+namespace kvlab::cli {
+
+struct ModelOptions {
+    std::string model;      // llama2.c checkpoint; default: the shared stories260K, else random
+    std::string tokenizer;  // llama2.c tokenizer.bin
+    std::uint64_t seed = 7; // for the random model
+};
+
+struct DemoOptions {
+    ModelOptions m;
+    std::string prompt, tokens;
+    int steps = 64;
+    int threads = 1;
+    bool json = false;
+};
+int run_demo(const DemoOptions& o);
+
+struct GenerateOptions {
+    ModelOptions m;
+    std::string prompt, tokens;
+    int steps = 256;
+    float temperature = 0.0f;  // 0 = greedy
+    float top_p = 0.9f;
+    std::uint64_t sample_seed = 42;
+    int threads = 1;
+    bool json = false;
+};
+int run_generate(const GenerateOptions& o);
+
+struct BenchOptions {
+    std::string shape = "stories15M";
+    std::uint64_t seed = 7;
+    int reps = 5;
+    int threads = 1;
+    std::string lengths = "64,128,256";
+    bool json = false;
+};
+int run_bench(const BenchOptions& o);
+
+struct ExportOptions {
+    std::string shape = "stories260K";
+    std::uint64_t seed = 7;
+    bool unshared = false;
+    std::string out;
+};
+int run_export(const ExportOptions& o);
+
+// "stories260K", "stories15M", or "dim=64,n_layers=2,..." on top of stories260K's shape.
+Config shape_from_string(const std::string& spec);
+
+}  // namespace kvlab::cli

@@ -1,0 +1,90 @@
+#include "common.h"
+
+#include <charconv>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "checkpoint.h"
+#include "models_dir.h"
+
+namespace kvlab::cli {
+
+LoadedModel load_model(const std::string& model_path, const std::string& tokenizer_path, const Config& fallback,
+                       std::uint64_t seed) {
+    namespace fs = std::filesystem;
+    std::string path = model_path, tok = tokenizer_path;
+    if (path.empty()) {
+        if (const std::string dir = models_dir(); !dir.empty()) {
+            path = (fs::path(dir) / "stories260K.bin").string();
+            if (tok.empty() && fs::exists(fs::path(dir) / "tok512.bin")) tok = (fs::path(dir) / "tok512.bin").string();
+        }
+    }
+    if (path.empty()) {
+        LoadedModel m{random_model(fallback, seed), std::nullopt, fmt::format("random (seed {})", seed)};
+        if (!tok.empty()) m.tokenizer = Tokenizer::load(tok, fallback.vocab_size);
+        return m;
+    }
+    LoadedModel m{load_checkpoint(path), std::nullopt, path};
+    if (!tok.empty()) m.tokenizer = Tokenizer::load(tok, m.model.config().vocab_size);
+    return m;
+}
+
+std::vector<int> parse_token_list(const std::string& text) {
+    std::vector<int> out;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        const std::size_t end = std::min(text.find(',', start), text.size());
+        const std::string item = text.substr(start, end - start);
+        int value = 0;
+        auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+        if (item.empty() || ec != std::errc() || p != item.data() + item.size())
+            throw Error(fmt::format("--tokens: '{}' is not a token id (expected a list like 1,2,3)", item));
+        out.push_back(value);
+        start = end + 1;
+    }
+    return out;
+}
+
+std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
+                               const std::string& default_text) {
+    if (!tokens.empty()) return parse_token_list(tokens);
+    if (!prompt.empty()) {
+        if (!m.tokenizer) throw Error("--prompt needs a tokenizer (give --tokenizer, or use --tokens 1,2,3)");
+        return m.tokenizer->encode(prompt, true, false);
+    }
+    if (m.tokenizer) return m.tokenizer->encode(default_text, true, false);
+    if (default_text.empty()) return {Tokenizer::kBos % m.model.config().vocab_size};
+    // A random model has no text: a fixed handful of ids after BOS.
+    std::vector<int> ids = {1};
+    SplitMix64 rng(2024);
+    for (int i = 0; i < 7 && i + 1 < m.model.config().max_seq; i++)
+        ids.push_back(int(rng.next() % std::uint64_t(m.model.config().vocab_size)));
+    for (int& id : ids) id %= m.model.config().vocab_size;
+    return ids;
+}
+
+std::string token_text(const LoadedModel& m, int prev, int token) {
+    if (!m.tokenizer) return fmt::format("<{}>", token);
+    return Tokenizer::printable(m.tokenizer->decode(prev, token));
+}
+
+std::string escape(const std::string& s) {
+    std::string out;
+    for (char ch : s) {
+        if (ch == '\n') out += "\\n";
+        else if (ch == '\t') out += "\\t";
+        else if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
+        else out += ch;
+    }
+    return out;
+}
+
+int argmax(const std::vector<float>& logits) {
+    int best = 0;
+    for (int i = 1; i < int(logits.size()); i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+}  // namespace kvlab::cli

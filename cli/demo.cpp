@@ -1,0 +1,172 @@
+// kvlab demo: the main job. Naive and cached decode run side by side from one prompt; every
+// step prints both paths' time and counted FLOPs and whether their full logit vectors are
+// bitwise equal.
+#include <nlohmann/json.hpp>
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "common.h"
+#include "decode.h"
+
+namespace kvlab::cli {
+
+namespace {
+
+struct Comparison {
+    bool equal = true;
+    std::uint64_t max_ulp = 0;
+    int first_diff = -1;
+};
+
+Comparison compare(const std::vector<float>& a, const std::vector<float>& b) {
+    Comparison c;
+    for (std::size_t i = 0; i < a.size(); i++) {
+        const std::uint64_t d = ulp_distance(a[i], b[i]);
+        if (d != 0 && c.first_diff < 0) c.first_diff = int(i);
+        c.max_ulp = std::max(c.max_ulp, d);
+    }
+    c.equal = c.max_ulp == 0 && a.size() == b.size();
+    return c;
+}
+
+struct StepRow {
+    std::string kind;  // "prefill" or "decode"
+    int pos_first, pos_last, token;
+    std::string text;
+    double naive_s, cached_s;
+    std::uint64_t naive_flops, cached_flops;
+    Comparison cmp;
+};
+
+}  // namespace
+
+int run_demo(const DemoOptions& o) {
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    const Config& c = lm.model.config();
+    std::vector<int> tokens = prompt_tokens(lm, o.prompt, o.tokens, "Once upon a time");
+    const int P = int(tokens.size());
+    check_tokens(c, tokens, 0);
+    if (std::int64_t(P) + o.steps > c.max_seq)
+        throw Error(fmt::format("prompt ({} tokens) plus --steps {} is {} positions, more than max_seq = {}", P,
+                                o.steps, std::int64_t(P) + o.steps, c.max_seq));
+
+    NaiveDecoder naive(lm.model, o.threads);
+    CachedDecoder cached(lm.model, o.threads);
+    std::vector<StepRow> rows;
+
+    // One step: naive recomputes all of `tokens`; cached runs only `fresh` (the prompt, then one token).
+    auto step = [&](const std::string& kind, std::span<const int> fresh) -> const std::vector<float>& {
+        StepRow r{kind, cached.pos(), cached.pos() + int(fresh.size()) - 1, fresh.back(), "", 0, 0, 0, 0, {}};
+        const int prev = int(tokens.size()) >= 2 ? tokens[tokens.size() - 2] : 1;
+        r.text = token_text(lm, prev, fresh.back());
+        auto t0 = std::chrono::steady_clock::now();
+        const std::uint64_t f0 = naive.exec.flops;
+        const std::vector<float>& ln = naive.forward(tokens);
+        r.naive_s = seconds_since(t0);
+        r.naive_flops = naive.exec.flops - f0;
+        t0 = std::chrono::steady_clock::now();
+        const std::uint64_t g0 = cached.exec.flops;
+        const std::vector<float>& lc = cached.prefill(fresh);
+        r.cached_s = seconds_since(t0);
+        r.cached_flops = cached.exec.flops - g0;
+        r.cmp = compare(ln, lc);
+        rows.push_back(r);
+        return lc;
+    };
+
+    const std::vector<float>* logits = &step("prefill", tokens);
+    std::string generated;
+    for (int s = 0; s < o.steps; s++) {
+        const int next = argmax(*logits);
+        generated += token_text(lm, tokens.back(), next);
+        tokens.push_back(next);
+        logits = &step("decode", std::span<const int>(&tokens.back(), 1));
+    }
+
+    double naive_total = 0, cached_total = 0;
+    std::uint64_t naive_flops = 0, cached_flops = 0;
+    int n_equal = 0;
+    for (const auto& r : rows) {
+        naive_total += r.naive_s, cached_total += r.cached_s;
+        naive_flops += r.naive_flops, cached_flops += r.cached_flops;
+        n_equal += r.cmp.equal;
+    }
+    const int T = cached.pos();
+    const std::int64_t kv_bytes = cached.cache().bytes_used();
+    std::string prompt_text;
+    for (int i = tokens[0] == 1 ? 1 : 0; i < P; i++) prompt_text += token_text(lm, i ? tokens[i - 1] : 1, tokens[i]);
+
+    if (o.json) {
+        nlohmann::json j;
+        j["model"] = lm.source;
+        j["config"] = {{"dim", c.dim},         {"hidden_dim", c.hidden_dim}, {"n_layers", c.n_layers},
+                       {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"vocab_size", c.vocab_size},
+                       {"max_seq", c.max_seq}};
+        j["threads"] = o.threads;
+        j["prompt_tokens"] = std::vector<int>(tokens.begin(), tokens.begin() + P);
+        j["generated_tokens"] = std::vector<int>(tokens.begin() + P, tokens.end());
+        j["generated_text"] = generated;
+        for (const auto& r : rows)
+            j["steps"].push_back({{"phase", r.kind},
+                                  {"pos_first", r.pos_first},
+                                  {"pos_last", r.pos_last},
+                                  {"token", r.token},
+                                  {"text", r.text},
+                                  {"naive_seconds", r.naive_s},
+                                  {"naive_flops", r.naive_flops},
+                                  {"cached_seconds", r.cached_s},
+                                  {"cached_flops", r.cached_flops},
+                                  {"bitwise_equal", r.cmp.equal},
+                                  {"max_ulp", r.cmp.max_ulp}});
+        j["summary"] = {{"steps", o.steps},
+                        {"bitwise_equal_steps", n_equal},
+                        {"all_bitwise_equal", n_equal == int(rows.size())},
+                        {"naive_seconds", naive_total},
+                        {"cached_seconds", cached_total},
+                        {"speedup", naive_total / cached_total},
+                        {"naive_flops", naive_flops},
+                        {"cached_flops", cached_flops},
+                        {"flop_ratio", double(naive_flops) / double(cached_flops)},
+                        {"kv_positions", T},
+                        {"kv_bytes", kv_bytes},
+                        {"kv_bytes_formula", KVCache::bytes_for(c, T)}};
+        fmt::print("{}\n", j.dump(2));
+    } else {
+        fmt::print("kvlab demo: naive vs KV-cached decode, bit for bit\n");
+        fmt::print("model      {}  ({})\n", lm.source, c.describe());
+        fmt::print("prompt     {} tokens{}; greedy decode of {} more; {} thread{}\n\n", P,
+                   lm.tokenizer ? fmt::format(" \"{}\"", escape(prompt_text)) : "", o.steps, o.threads,
+                   o.threads == 1 ? "" : "s");
+        fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9} {:>11} {:>9} {:>11} {:>8}  {}\n", "step", "pos", "token", "text",
+                   "naive ms", "naive MFLOP", "cached ms", "cached MFLOP", "speedup", "logits");
+        for (std::size_t i = 0; i < rows.size(); i++) {
+            const auto& r = rows[i];
+            const std::string pos = r.pos_first == r.pos_last ? fmt::format("{}", r.pos_first)
+                                                              : fmt::format("{}-{}", r.pos_first, r.pos_last);
+            const std::string verdict =
+                r.cmp.equal ? "bitwise equal"
+                            : fmt::format("DIFFER (max {} ulp, first at index {})", r.cmp.max_ulp, r.cmp.first_diff);
+            fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9.3f} {:>11.3f} {:>9.3f} {:>11.3f} {:>7.1f}x  {}\n",
+                       i == 0 ? std::string("prefill") : fmt::format("{}", i), pos, r.token,
+                       "\"" + escape(r.text) + "\"", r.naive_s * 1e3, r.naive_flops / 1e6, r.cached_s * 1e3,
+                       r.cached_flops / 1e6, r.naive_s / r.cached_s, verdict);
+        }
+        fmt::print("\ngenerated  \"{}\"\n", escape(generated));
+        fmt::print("equality   {} of {} steps bitwise equal (full logit vectors of {} floats)\n", n_equal,
+                   rows.size(), c.vocab_size);
+        fmt::print("time       naive {:.1f} ms, cached {:.1f} ms: cached is {:.1f}x faster over the run\n",
+                   naive_total * 1e3, cached_total * 1e3, naive_total / cached_total);
+        fmt::print("FLOPs      naive {:.2f} M, cached {:.2f} M: ratio {:.1f}x (counted by the kernels)\n",
+                   naive_flops / 1e6, cached_flops / 1e6, double(naive_flops) / double(cached_flops));
+        fmt::print("KV cache   {} positions = {} bytes = 2 (K,V) x 4 B x {} layers x {} x {} KV heads x {} head_size\n",
+                   T, kv_bytes, c.n_layers, T, c.n_kv_heads, c.head_size());
+    }
+    if (n_equal != int(rows.size())) {
+        fmt::print(stderr, "kvlab: error: naive and cached logits differ at {} of {} steps\n",
+                   int(rows.size()) - n_equal, rows.size());
+        return 1;
+    }
+    return 0;
+}
+
+}  // namespace kvlab::cli

@@ -1,0 +1,70 @@
+// kvlab generate: text from the cached decoder, sampled as llama2.c samples it.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "common.h"
+#include "decode.h"
+#include "sampler.h"
+
+namespace kvlab::cli {
+
+int run_generate(const GenerateOptions& o) {
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    const Config& c = lm.model.config();
+    std::vector<int> tokens = prompt_tokens(lm, o.prompt, o.tokens, "");
+    const int P = int(tokens.size());
+    check_tokens(c, tokens, 0);
+    // The last sampled token is printed but never fed back, so it needs no position.
+    if (std::int64_t(P) + o.steps - 1 > c.max_seq)
+        throw Error(fmt::format("prompt ({} tokens) plus --steps {} needs {} positions, more than max_seq = {}", P,
+                                o.steps, std::int64_t(P) + o.steps - 1, c.max_seq));
+    Sampler sampler(c.vocab_size, o.temperature, o.top_p, o.sample_seed);
+    CachedDecoder dec(lm.model, o.threads);
+
+    // Like llama2.c, the prompt is echoed (BOS itself prints nothing) and generation stops early
+    // if the model emits BOS, which delimits stories in its training data.
+    std::string text;
+    auto emit = [&](int prev, int token) {
+        const std::string piece = lm.tokenizer ? token_text(lm, prev, token) : fmt::format("{} ", token);
+        text += piece;
+        if (!o.json) {
+            fmt::print("{}", piece);
+            std::fflush(stdout);
+        }
+    };
+    for (int i = tokens[0] == Tokenizer::kBos ? 1 : 0; i < P; i++) emit(i ? tokens[i - 1] : Tokenizer::kBos, tokens[i]);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = dec.prefill(tokens);
+    int generated = 0;
+    for (int s = 0; s < o.steps; s++) {
+        const int next = sampler.sample(logits);
+        if (next == Tokenizer::kBos) break;
+        emit(tokens.back(), next);
+        tokens.push_back(next);
+        generated++;
+        if (s + 1 < o.steps) logits = dec.decode(next);
+    }
+    const double secs = seconds_since(t0);
+    if (o.json) {
+        nlohmann::json j = {{"model", lm.source},
+                            {"prompt_tokens", std::vector<int>(tokens.begin(), tokens.begin() + P)},
+                            {"generated_tokens", std::vector<int>(tokens.begin() + P, tokens.end())},
+                            {"text", text},
+                            {"temperature", o.temperature},
+                            {"top_p", o.top_p},
+                            {"seed", o.sample_seed},
+                            {"seconds", secs},
+                            {"tokens_per_second", generated / secs}};
+        fmt::print("{}\n", j.dump(2));
+    } else {
+        fmt::print("\n");
+        fmt::print(stderr, "achieved tok/s: {:.1f} ({} tokens in {:.3f} s)\n", generated / secs, generated, secs);
+    }
+    return 0;
+}
+
+}  // namespace kvlab::cli

@@ -1,0 +1,123 @@
+// kvlab: the command-line program. Each command lives in its own file; this one only parses.
+#include <cstdio>
+#include <exception>
+#include <limits>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "checkpoint.h"
+#include "commands.h"
+#include "model.h"
+
+namespace kvlab::cli {
+
+Config shape_from_string(const std::string& spec) {
+    if (spec == "stories260K") return stories260k_shape();
+    if (spec == "stories15M") return stories15m_shape();
+    Config c = Config::parse(spec, stories260k_shape());
+    c.validate();
+    return c;
+}
+
+int run_export(const ExportOptions& o) {
+    const Config c = shape_from_string(o.shape);
+    const Model m = random_model(c, o.seed, !o.unshared);
+    save_checkpoint(o.out, m);
+    fmt::print("wrote {} ({}, seed {}, {} classifier)\n", o.out, c.describe(), o.seed,
+               o.unshared ? "separate" : "shared");
+    return 0;
+}
+
+}  // namespace kvlab::cli
+
+namespace {
+
+void add_model_options(CLI::App* cmd, kvlab::cli::ModelOptions& m) {
+    cmd->add_option("--model", m.model, "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, "
+                                        "else a random model of its shape)");
+    cmd->add_option("--tokenizer", m.tokenizer, "llama2.c tokenizer.bin (default: tok512.bin beside the shared model)");
+    cmd->add_option("--model-seed", m.seed, "seed of the random model used when there is no checkpoint");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace kvlab::cli;
+    CLI::App app{"kvlab: naive and KV-cached decode of a tiny Llama-style transformer, bitwise equal"};
+    app.require_subcommand(1);
+
+    DemoOptions demo;
+    auto* demo_cmd = app.add_subcommand("demo", "decode naive and cached side by side, checking bitwise equality");
+    add_model_options(demo_cmd, demo.m);
+    demo_cmd->add_option("--prompt", demo.prompt, "prompt text (needs a tokenizer)");
+    demo_cmd->add_option("--tokens", demo.tokens, "prompt as token ids, e.g. 1,403,407");
+    demo_cmd->add_option("--steps", demo.steps, "tokens to decode after the prompt")->check(CLI::Range(1, 1 << 20));
+    demo_cmd->add_option("--threads", demo.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    demo_cmd->add_flag("--json", demo.json, "machine-readable output");
+
+    GenerateOptions gen;
+    auto* gen_cmd = app.add_subcommand("generate", "generate text with the cached decoder (greedy by default)");
+    add_model_options(gen_cmd, gen.m);
+    gen_cmd->add_option("--prompt", gen.prompt, "prompt text (needs a tokenizer)");
+    gen_cmd->add_option("--tokens", gen.tokens, "prompt as token ids, e.g. 1,403,407");
+    gen_cmd->add_option("--steps", gen.steps,
+                        "tokens to generate after the prompt (llama2.c's -n counts the prompt too: "
+                        "its -n 200 from BOS is --steps 199)")
+        ->check(CLI::Range(1, 1 << 20));
+    gen_cmd->add_option("--temperature", gen.temperature, "0 = greedy; otherwise sample from softmax(logits / T)")
+        ->check(CLI::Range(0.0f, 1e6f));
+    gen_cmd->add_option("--top-p", gen.top_p, "nucleus sampling threshold in [0, 1] (0 or 1: plain sampling)")
+        ->check(CLI::Range(0.0f, 1.0f));
+    // llama2.c's xorshift generator is stuck at 0 from seed 0, so 0 is refused.
+    gen_cmd->add_option("--seed", gen.sample_seed, "sampling seed, positive (llama2.c's xorshift generator)")
+        ->check(CLI::Range(std::uint64_t{1}, std::numeric_limits<std::uint64_t>::max()));
+    gen_cmd->add_option("--threads", gen.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    gen_cmd->add_flag("--json", gen.json, "machine-readable output");
+
+    BenchOptions bench;
+    auto* bench_cmd = app.add_subcommand("bench", "benchmark cached, naive and llama2.c-style decode");
+    bench_cmd->add_option("--shape", bench.shape, "stories15M (default), stories260K, or dim=..,n_layers=..,...");
+    bench_cmd->add_option("--model-seed", bench.seed, "seed of the random model");
+    bench_cmd->add_option("--reps", bench.reps, "repetitions per figure (the median is reported)")
+        ->check(CLI::Range(1, 1000));
+    bench_cmd->add_option("--threads", bench.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    bench_cmd->add_option("--lengths", bench.lengths, "context lengths T to measure, e.g. 64,128,256");
+    bench_cmd->add_flag("--json", bench.json, "machine-readable output");
+
+    ExportOptions exp;
+    auto* export_cmd = app.add_subcommand("export", "write a random model as a llama2.c checkpoint");
+    export_cmd->add_option("--shape", exp.shape, "stories260K (default), stories15M, or dim=..,n_layers=..,...");
+    export_cmd->add_option("--seed", exp.seed, "seed of the random model");
+    export_cmd->add_flag("--unshared", exp.unshared, "write a separate classifier (negative vocab_size in the header)");
+    export_cmd->add_option("out", exp.out, "output file")->required();
+
+    // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
+    const std::string first = argc > 1 ? argv[1] : "";
+    if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "bench" &&
+        first != "export") {
+        fmt::print(stderr, "kvlab: error: unknown command '{}' (commands: demo, generate, bench, export)\n", argv[1]);
+        return 2;
+    }
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help
+        std::string msg = e.what();
+        for (char& ch : msg)
+            if (ch == '\n') ch = ' ';
+        fmt::print(stderr, "kvlab: error: {} (see kvlab --help)\n", msg);
+        return 2;
+    }
+    try {
+        if (*demo_cmd) return run_demo(demo);
+        if (*gen_cmd) return run_generate(gen);
+        if (*bench_cmd) return run_bench(bench);
+        if (*export_cmd) return run_export(exp);
+    } catch (const std::bad_alloc&) {
+        fmt::print(stderr, "kvlab: error: out of memory\n");
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "kvlab: error: {}\n", e.what());
+    }
+    return 1;
+}
