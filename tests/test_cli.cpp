@@ -1,0 +1,220 @@
+// The kvlab program end to end: every command runs, and bad input gets one clear line on
+// stderr and a non-zero exit, never a crash, a hang or a silent truncation.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+    int exit_code = -1;
+    bool signaled = false;
+    std::string out, err;
+};
+
+fs::path scratch() {
+    static const fs::path dir = [] {
+        fs::path d = fs::temp_directory_path() / ("kvlab_test_cli_" + std::to_string(::getpid()));
+        fs::create_directories(d);
+        return d;
+    }();
+    return dir;
+}
+
+std::string slurp(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// Runs `kvlab <args>` with a time limit, capturing both streams.
+Run run_kvlab(const std::string& args) {
+    const fs::path out = scratch() / "stdout", err = scratch() / "stderr";
+    const std::string cmd = "timeout 300 " + std::string(KVLAB_BINARY) + " " + args + " >" + out.string() + " 2>" +
+                            err.string() + " </dev/null";
+    const int status = std::system(cmd.c_str());
+    Run r;
+    r.signaled = WIFSIGNALED(status);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+}
+
+// A clean refusal: non-zero exit (not a crash, not the 124 of a timeout), and exactly one line
+// on stderr that starts "kvlab: error:" and contains `needle`.
+void check_refused(const std::string& args, const std::string& needle) {
+    const Run r = run_kvlab(args);
+    INFO("kvlab " << args << "\nexit " << r.exit_code << "\nstderr: " << r.err);
+    CHECK(!r.signaled);
+    CHECK(r.exit_code != 0);
+    CHECK(r.exit_code != 124);
+    CHECK(r.exit_code < 128);
+    CHECK(r.err.rfind("kvlab: error: ", 0) == 0);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find(needle) != std::string::npos);
+}
+
+// A small random model written as a llama2.c checkpoint by `kvlab export`.
+fs::path exported_model(const std::string& name, const std::string& shape) {
+    const fs::path p = scratch() / name;
+    const Run r = run_kvlab("export --shape " + shape + " --seed 3 " + p.string());
+    REQUIRE(r.exit_code == 0);
+    return p;
+}
+
+const char* const kTiny = "dim=16,hidden_dim=24,n_layers=2,n_heads=4,n_kv_heads=2,vocab_size=40,max_seq=32";
+
+void write_ints(const fs::path& p, std::initializer_list<std::int32_t> header, std::size_t extra_bytes) {
+    std::ofstream f(p, std::ios::binary);
+    for (std::int32_t v : header) f.write(reinterpret_cast<const char*>(&v), 4);
+    const std::string zeros(extra_bytes, '\0');
+    f.write(zeros.data(), std::streamsize(zeros.size()));
+}
+
+}  // namespace
+
+TEST_CASE("kvlab --help and each command's --help succeed", "[cli]") {
+    for (const char* args : {"--help", "demo --help", "generate --help", "bench --help", "export --help"}) {
+        const Run r = run_kvlab(args);
+        INFO(args);
+        CHECK(r.exit_code == 0);
+        CHECK(r.out.find("Usage") != std::string::npos);
+    }
+}
+
+TEST_CASE("unknown commands and options are one-line errors", "[cli][errors]") {
+    check_refused("", "subcommand");
+    check_refused("frobnicate", "frobnicate");
+    check_refused("demo --bogus", "--bogus");
+    check_refused("demo --steps 0", "steps");
+    check_refused("demo --steps many", "steps");
+    check_refused("generate --top-p 1.5", "top-p");
+    check_refused("generate --seed 0", "seed");
+    check_refused("export", "out");
+}
+
+TEST_CASE("bad checkpoints are one-line errors: missing, truncated, oversized, nonsensical headers", "[cli][errors]") {
+    check_refused("demo --model /nonexistent/model.bin", "/nonexistent/model.bin");
+    const fs::path good = exported_model("good.bin", kTiny);
+    const std::string bytes = slurp(good);
+
+    const fs::path truncated = scratch() / "truncated.bin";
+    std::ofstream(truncated, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size() - 1));
+    check_refused("demo --model " + truncated.string(), "truncated");
+
+    const fs::path oversized = scratch() / "oversized.bin";
+    std::ofstream(oversized, std::ios::binary).write((bytes + "xyz").data(), std::streamsize(bytes.size() + 3));
+    check_refused("demo --model " + oversized.string(), "trailing");
+
+    const fs::path empty = scratch() / "empty.bin";
+    std::ofstream(empty, std::ios::binary).flush();
+    check_refused("demo --model " + empty.string(), "empty.bin");
+
+    const fs::path bad = scratch() / "bad_header.bin";
+    write_ints(bad, {64, 172, 0, 8, 4, 512, 512}, 1024);
+    check_refused("demo --model " + bad.string(), "n_layers");
+    write_ints(bad, {64, 172, 5, 3, 1, 512, 512}, 1024);
+    check_refused("demo --model " + bad.string(), "n_heads");
+    write_ints(bad, {64, 172, 5, 8, 3, 512, 512}, 1024);
+    check_refused("demo --model " + bad.string(), "n_kv_heads");
+    write_ints(bad, {1 << 30, 1 << 30, 1 << 30, 1, 1, 1 << 30, 1 << 30}, 1024);
+    check_refused("demo --model " + bad.string(), "too large");
+}
+
+TEST_CASE("bad prompts are one-line errors: ids outside the vocabulary, too long for max_seq", "[cli][errors]") {
+    const fs::path model = exported_model("prompt.bin", kTiny);
+    check_refused("demo --model " + model.string() + " --tokens 1,40", "outside the vocabulary");
+    check_refused("demo --model " + model.string() + " --tokens 1,-3", "outside the vocabulary");
+    check_refused("demo --model " + model.string() + " --tokens 1,x", "not a token id");
+    check_refused("demo --model " + model.string() + " --tokens 1,2 --steps 31", "max_seq");
+    check_refused("generate --model " + model.string() + " --tokens 1,2 --steps 32", "max_seq");
+    check_refused("demo --model " + model.string() + " --prompt hello", "tokenizer");
+    check_refused("bench --shape " + std::string(kTiny) + " --lengths 8,33", "max_seq");
+}
+
+TEST_CASE("a tokenizer that does not fit the model's vocabulary is a one-line error", "[cli][errors]") {
+    const fs::path model = exported_model("vocab.bin", kTiny);
+    const fs::path tok = scratch() / "tok_small.bin";
+    {
+        // Ten entries for a model of vocab_size 40.
+        std::ofstream f(tok, std::ios::binary);
+        const std::int32_t max_len = 1;
+        f.write(reinterpret_cast<const char*>(&max_len), 4);
+        for (int i = 0; i < 10; i++) {
+            const float score = 0.0f;
+            const std::int32_t len = 1;
+            const char piece = char('a' + i);
+            f.write(reinterpret_cast<const char*>(&score), 4);
+            f.write(reinterpret_cast<const char*>(&len), 4);
+            f.write(&piece, 1);
+        }
+    }
+    check_refused("demo --model " + model.string() + " --tokenizer " + tok.string(), "tok_small.bin");
+    check_refused("demo --model " + model.string() + " --tokenizer /nonexistent/tok.bin", "/nonexistent/tok.bin");
+}
+
+TEST_CASE("kvlab demo on an exported model: every step bitwise equal, FLOPs counted", "[cli][demo]") {
+    const fs::path model = exported_model("demo.bin", kTiny);
+    const Run r = run_kvlab("demo --model " + model.string() + " --tokens 1,5,7 --steps 12 --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["summary"]["all_bitwise_equal"] == true);
+    CHECK(j["steps"].size() == 13);
+    CHECK(j["summary"]["kv_positions"] == 15);
+    CHECK(j["summary"]["kv_bytes"] == 2 * 4 * 2 * 15 * 2 * 4);
+    // Naive recomputes the prefix: its FLOPs per step grow with T, the cached path's stay flat.
+    const auto& steps = j["steps"];
+    CHECK(steps[12]["naive_flops"].get<double>() > 4 * steps[1]["naive_flops"].get<double>() / 1.5);
+    CHECK(steps[12]["naive_flops"].get<double>() > 10 * steps[12]["cached_flops"].get<double>());
+}
+
+TEST_CASE("kvlab demo with no arguments runs the main job", "[cli][demo]") {
+    const Run r = run_kvlab("demo --steps 8");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out.find("9 of 9 steps bitwise equal") != std::string::npos);
+}
+
+TEST_CASE("kvlab bench on a tiny shape: all decoders bitwise equal", "[cli][bench]") {
+    const Run r = run_kvlab("bench --shape " + std::string(kTiny) + " --lengths 1,8,32 --reps 1 --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["all_bitwise_equal"] == true);
+    CHECK(j["rows"].size() == 3);
+}
+
+TEST_CASE("kvlab generate: sampling is reproducible from --seed", "[cli][generate]") {
+    const fs::path model = exported_model("gen.bin", kTiny);
+    const std::string args = "generate --model " + model.string() + " --tokens 1 --steps 20 --temperature 1 --json";
+    const Run a = run_kvlab(args + " --seed 5"), b = run_kvlab(args + " --seed 5"), c = run_kvlab(args + " --seed 6");
+    REQUIRE(a.exit_code == 0);
+    const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out), jc = nlohmann::json::parse(c.out);
+    CHECK(ja["generated_tokens"] == jb["generated_tokens"]);
+    CHECK(ja["generated_tokens"] != jc["generated_tokens"]);
+}
+
+TEST_CASE("kvlab generate on stories260K prints llama2.c's recorded greedy output", "[cli][stories260k]") {
+    KVLAB_MODEL_FILE_OR_SKIP(model, "stories260K.bin");
+    KVLAB_MODEL_FILE_OR_SKIP(tok, "tok512.bin");
+    const Run r = run_kvlab("generate --model " + model + " --tokenizer " + tok + " --steps 200");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out == std::string(kvlab::test::kLlama2cExpected) + "\n");
+}

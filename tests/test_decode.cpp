@@ -1,0 +1,211 @@
+// The decoders' exactness properties P1-P3, the counter-test that shows P1 can fail, and the
+// contiguous cache's bookkeeping.
+#include <catch2/catch.hpp>
+#include <rapidcheck/catch.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "decode.h"
+#include "test_util.h"
+
+using namespace kvlab;
+using kvlab::test::first_difference;
+using kvlab::test::gen_tiny_config;
+using kvlab::test::gen_tokens;
+
+namespace {
+
+// P1's body: for a generated config, seed and token sequence, the naive decoder (with product
+// `naive_matmul`, or the kernels when nullptr) and the cached decoder give bitwise-equal logits at every step. The first
+// `prompt_len` tokens are prefilled, the rest decoded one at a time.
+void check_naive_equals_cached(MatmulFn naive_matmul) {
+    const Config c = *gen_tiny_config();
+    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+    const std::vector<int> tokens = gen_tokens(c);
+    const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+    const Model m = random_model(c, seed);
+    NaiveDecoder naive(m);
+    naive.matmul = naive_matmul;
+    CachedDecoder cached(m);
+    for (int T = prompt_len; T <= int(tokens.size()); T++) {
+        const std::span<const int> prefix(tokens.data(), T);
+        const std::vector<float> lc = T == prompt_len ? cached.prefill(prefix) : cached.decode(tokens[T - 1]);
+        const std::vector<float>& ln = naive.forward(prefix);
+        if (auto diff = first_difference(ln, lc))
+            RC_FAIL(fmt::format("naive vs cached at T = {} (prompt {} tokens), {}, model seed {}: {}", T, prompt_len,
+                                c.describe(), seed, *diff));
+    }
+}
+
+// An order-changing product: for more than one row it sums each dot product as two halves
+// added at the end, a split that depends on the number of rows. Real engines do this (split-K
+// kernels picked by problem size); it breaks the numeric contract.
+void matmul_split_k_when_many_rows(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw,
+                                   int rows, int n_in, int n_out) {
+    if (rows == 1) return matmul(ex, y, ldy, x, ldx, w, ldw, rows, n_in, n_out);
+    const int half = n_in / 2;
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < n_out; o++) {
+            float a = 0.0f, b = 0.0f;
+            for (int k = 0; k < half; k++) a = a + x[r * ldx + k] * w[k * ldw + o];
+            for (int k = half; k < n_in; k++) b = b + x[r * ldx + k] * w[k * ldw + o];
+            y[r * ldy + o] = a + b;
+        }
+}
+
+}  // namespace
+
+TEST_CASE("P1: cached decode equals naive decode, bit for bit, at every step", "[P1]") {
+    rc::prop("naive and cached logits are bitwise equal", [] { check_naive_equals_cached(nullptr); });
+}
+
+TEST_CASE("P1 counter-test: an order-changing matmul in the naive path is caught and shrunk", "[P1][counter]") {
+    rc::detail::TestParams params;
+    params.seed = 20261121;  // fixed, so the shrunk counterexample printed below is reproducible
+    const auto result = rc::detail::checkTestable([] { check_naive_equals_cached(matmul_split_k_when_many_rows); },
+                                                  rc::detail::TestMetadata{}, params);
+    REQUIRE(result.is<rc::detail::FailureResult>());
+    rc::detail::FailureResult failure;
+    result.match(failure);
+    std::string example;
+    for (const auto& [type, value] : failure.counterExample) example += type + " = " + value + "\n";
+    INFO("shrunk counterexample:\n" << example << failure.description);
+    // It failed, RapidCheck shrank it, and the shrunk case is about a step with more than one row.
+    CHECK(!failure.reproduce.shrinkPath.empty());
+    CHECK(failure.description.find("naive vs cached at T = ") != std::string::npos);
+    CHECK(failure.description.find("at T = 1 ") == std::string::npos);
+    std::printf("planted split-K bug caught after %d passing cases and %zu shrink steps:\n%s\n", failure.numSuccess,
+                failure.reproduce.shrinkPath.size(), failure.description.c_str());
+}
+
+TEST_CASE("P2: prefill then decode equals decoding every token from an empty cache", "[P2]") {
+    rc::prop("logits and cache contents are bitwise equal", [] {
+        const Config c = *gen_tiny_config();
+        const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+        const std::vector<int> tokens = gen_tokens(c);
+        const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+        const Model m = random_model(c, seed);
+        CachedDecoder batched(m), one_by_one(m);
+        std::vector<float> lb = batched.prefill(std::span<const int>(tokens.data(), prompt_len));
+        std::vector<float> lo;
+        for (int t = 0; t < prompt_len; t++) lo = one_by_one.decode(tokens[t]);
+        for (int T = prompt_len;; T++) {
+            if (auto diff = first_difference(lb, lo))
+                RC_FAIL(fmt::format("prefill({}) vs one by one, logits at T = {}: {}", prompt_len, T, *diff));
+            if (T == int(tokens.size())) break;
+            lb = batched.decode(tokens[T]);
+            lo = one_by_one.decode(tokens[T]);
+        }
+        const KVCache &a = batched.cache(), &b = one_by_one.cache();
+        RC_ASSERT(a.length() == b.length());
+        const int hs = c.head_size();
+        for (int l = 0; l < c.n_layers; l++)
+            for (int h = 0; h < c.n_kv_heads; h++)
+                for (int t = 0; t < a.length(); t++)
+                    if (std::memcmp(a.key(l, h, t), b.key(l, h, t), 4 * hs) ||
+                        std::memcmp(a.value(l, h, t), b.value(l, h, t), 4 * hs))
+                        RC_FAIL(fmt::format("cache rows differ at layer {}, KV head {}, position {}", l, h, t));
+    });
+}
+
+TEST_CASE("P3: results do not depend on the number of threads", "[P3]") {
+    rc::prop("1, 2 and 4 threads give bitwise-equal logits, naive and cached", [] {
+        const Config c = *gen_tiny_config();
+        const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+        const std::vector<int> tokens = gen_tokens(c);
+        const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+        const Model m = random_model(c, seed);
+        std::vector<std::vector<float>> runs;  // per thread count: naive logits then cached logits, every step
+        for (int threads : {1, 2, 4}) {
+            NaiveDecoder naive(m, threads);
+            CachedDecoder cached(m, threads);
+            // Force every product onto the threads, however small, so the split is exercised.
+            naive.exec.parallel_min_work = cached.exec.parallel_min_work = 0;
+            std::vector<float> all;
+            for (int T = prompt_len; T <= int(tokens.size()); T++) {
+                const std::span<const int> prefix(tokens.data(), T);
+                const std::vector<float>& ln = naive.forward(prefix);
+                all.insert(all.end(), ln.begin(), ln.end());
+                const std::vector<float>& lc = T == prompt_len ? cached.prefill(prefix) : cached.decode(tokens[T - 1]);
+                all.insert(all.end(), lc.begin(), lc.end());
+            }
+            runs.push_back(std::move(all));
+        }
+        for (int i : {1, 2})
+            if (auto diff = first_difference(runs[0], runs[i]))
+                RC_FAIL(fmt::format("1 thread vs {} threads, {}: {}", i == 1 ? 2 : 4, c.describe(), *diff));
+    });
+}
+
+TEST_CASE("the contiguous cache holds exactly 2 * 4 B * n_layers * T * n_kv_heads * head_size", "[cache]") {
+    rc::prop("bytes agree with the formula at every length", [] {
+        const Config c = *gen_tiny_config();
+        const Model m = random_model(c, 1);
+        CachedDecoder dec(m);
+        RC_ASSERT(dec.cache().bytes_reserved() == 2ll * 4 * c.n_layers * c.max_seq * c.n_kv_heads * c.head_size());
+        const std::vector<int> tokens = gen_tokens(c);
+        for (int t : tokens) {
+            dec.decode(t);
+            const std::int64_t T = dec.pos();
+            RC_ASSERT(dec.cache().bytes_used() == 2 * 4 * c.n_layers * T * c.n_kv_heads * c.head_size());
+        }
+    });
+}
+
+TEST_CASE("unwritten cache memory is NaN, and truncate poisons what it forgets", "[cache]") {
+    const Config c{16, 8, 2, 2, 1, 10, 6};
+    const Model m = random_model(c, 3);
+    CachedDecoder dec(m);
+    const int tokens[] = {1, 2, 3};
+    dec.prefill(tokens);
+    CHECK(!std::isnan(dec.cache().key(1, 0, 2)[0]));
+    CHECK(std::isnan(dec.cache().key(1, 0, 3)[0]));
+    CHECK(std::isnan(dec.cache().value(0, 0, 5)[c.head_size() - 1]));
+    dec.cache().truncate(1);
+    CHECK(std::isnan(dec.cache().key(0, 0, 1)[0]));
+    CHECK(!std::isnan(dec.cache().key(0, 0, 0)[0]));
+    CHECK_THROWS_AS(dec.cache().truncate(2), Error);
+    CHECK_THROWS_AS(dec.cache().truncate(-1), Error);
+    // Decoding after a rollback equals decoding that never saw the forgotten tokens.
+    const std::vector<float> after_rollback = dec.decode(7);
+    CachedDecoder fresh(m);
+    fresh.decode(1);
+    CHECK(!first_difference(after_rollback, fresh.decode(7)));
+}
+
+TEST_CASE("bad tokens and overlong sequences are one-line errors, never truncation", "[errors]") {
+    const Config c{16, 8, 1, 2, 2, 10, 4};
+    const Model m = random_model(c, 3);
+    NaiveDecoder naive(m);
+    CachedDecoder cached(m);
+    const std::vector<int> too_long = {1, 2, 3, 4, 5};
+    CHECK_THROWS_WITH(naive.forward(too_long), "sequence of 5 tokens does not fit max_seq = 4");
+    CHECK_THROWS_WITH(cached.prefill(too_long), "sequence of 5 tokens does not fit max_seq = 4");
+    CHECK_THROWS_WITH(cached.decode(10), "token id 10 (at position 0) is outside the vocabulary [0, 10)");
+    CHECK_THROWS_WITH(cached.decode(-1), "token id -1 (at position 0) is outside the vocabulary [0, 10)");
+    CHECK_THROWS_WITH(naive.forward(std::vector<int>{}), Catch::Contains("at least one token"));
+    // A failed call leaves the cache as it was.
+    CHECK(cached.pos() == 0);
+    cached.prefill(std::vector<int>{1, 2, 3, 4});
+    CHECK_THROWS_WITH(cached.decode(5), "sequence of 5 tokens does not fit max_seq = 4");
+    CHECK(cached.pos() == 4);
+}
+
+TEST_CASE("config validation names the field at fault", "[errors]") {
+    auto message = [](Config c) {
+        try {
+            c.validate();
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    const Config ok{64, 172, 5, 8, 4, 512, 512};
+    CHECK(message(ok) == "no error");
+    CHECK(message({0, 172, 5, 8, 4, 512, 512}) == "config: dim must be positive, got 0");
+    CHECK(message({64, 172, -1, 8, 4, 512, 512}) == "config: n_layers must be positive, got -1");
+    CHECK(message({64, 172, 5, 3, 1, 512, 512}) == "config: n_heads (3) must divide dim (64)");
+    CHECK(message({64, 172, 5, 8, 3, 512, 512}) == "config: n_kv_heads (3) must divide n_heads (8)");
+    CHECK_THAT(message({1 << 30, 1 << 30, 1 << 30, 1, 1, 1 << 30, 1 << 30}), Catch::Contains("too large"));
+}

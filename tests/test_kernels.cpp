@@ -1,0 +1,120 @@
+// The kernels keep the numeric contract on their own: the fast product equals the textbook
+// one bit for bit, exp_f32 is accurate, and masking adds exact zeros.
+#include <catch2/catch.hpp>
+#include <rapidcheck/catch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels.h"
+#include "test_util.h"
+
+using namespace kvlab;
+using kvlab::test::first_difference;
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
+    SplitMix64 rng(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = float(rng.gaussian());
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("matmul equals the textbook triple loop bit for bit, for any shape, stride and thread count",
+          "[kernels][matmul]") {
+    rc::prop("fast and reference products agree", [] {
+        const int rows = *rc::gen::inRange(0, 40), n_in = *rc::gen::inRange(0, 80), n_out = *rc::gen::inRange(0, 150);
+        const int pad = *rc::gen::inRange(0, 5);  // row strides wider than the rows
+        const int threads = *rc::gen::elementOf(std::vector<int>{1, 2, 3, 4});
+        const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+        const int ldx = n_in + pad, ldw = n_out + pad, ldy = n_out + pad;
+        const std::vector<float> x = random_floats(std::size_t(rows) * ldx, seed);
+        const std::vector<float> w = random_floats(std::size_t(n_in) * ldw, seed + 1);
+        std::vector<float> fast(std::size_t(rows) * ldy, -1.0f), ref(fast);
+        Exec ex{threads, 0, 0};
+        matmul(ex, fast.data(), ldy, x.data(), ldx, w.data(), ldw, rows, n_in, n_out);
+        Exec ex_ref;
+        matmul_reference(ex_ref, ref.data(), ldy, x.data(), ldx, w.data(), ldw, rows, n_in, n_out);
+        if (auto diff = first_difference(fast, ref))
+            RC_FAIL(fmt::format("rows {} n_in {} n_out {} pad {} threads {}: {}", rows, n_in, n_out, pad, threads,
+                                *diff));
+        RC_ASSERT(ex.flops == 2ull * rows * n_in * n_out);  // every product counted, once
+    });
+}
+
+TEST_CASE("counter-test: summing the same products in another order changes bits", "[kernels][counter]") {
+    // Why the contract fixes the order: the reverse-order sum of one dot product differs from the
+    // forward one for ordinary inputs. If it never did, the matmul property would prove nothing.
+    const std::vector<float> x = random_floats(64, 5), w = random_floats(64, 6);
+    int differing = 0;
+    for (int n = 2; n <= 64; n++) {
+        float forward = 0.0f, reverse = 0.0f;
+        for (int k = 0; k < n; k++) forward = forward + x[k] * w[k];
+        for (int k = n - 1; k >= 0; k--) reverse = reverse + x[k] * w[k];
+        differing += float_bits(forward) != float_bits(reverse);
+    }
+    CHECK(differing > 10);
+}
+
+TEST_CASE("exp_f32 is within 1 ulp of the correctly rounded e^x", "[kernels][exp]") {
+    // A sweep over the whole useful range, in steps that land on many binades and fractions.
+    std::uint64_t worst = 0;
+    float worst_x = 0;
+    for (double xd = -103.0; xd <= 88.7; xd += 0.0137) {
+        const float x = float(xd);
+        const float want = float(std::exp(double(x)));  // correctly rounded except in rare ties
+        const std::uint64_t d = ulp_distance(exp_f32(x), want);
+        if (d > worst) worst = d, worst_x = x;
+    }
+    INFO("worst case x = " << worst_x);
+    CHECK(worst <= 1);
+}
+
+TEST_CASE("exp_f32 handles the edges: -inf is an exact zero, overflow is inf, NaN stays NaN", "[kernels][exp]") {
+    const float inf = std::numeric_limits<float>::infinity();
+    CHECK(float_bits(exp_f32(-inf)) == float_bits(0.0f));
+    CHECK(float_bits(exp_f32(-1000.0f)) == float_bits(0.0f));
+    CHECK(exp_f32(0.0f) == 1.0f);
+    CHECK(exp_f32(89.0f) == inf);
+    CHECK(exp_f32(inf) == inf);
+    CHECK(std::isnan(exp_f32(std::numeric_limits<float>::quiet_NaN())));
+    // The subnormal range: positive, increasing, and close to the true value.
+    float prev = 0.0f;
+    for (float x = -103.9f; x < -87.0f; x += 0.05f) {
+        const float y = exp_f32(x);
+        CHECK(y >= prev);
+        CHECK(std::fabs(double(y) - std::exp(double(x))) <= 1.5 * std::numeric_limits<float>::denorm_min() +
+                                                             2e-7 * std::exp(double(x)));
+        prev = y;
+    }
+}
+
+TEST_CASE("masked scores add exact zeros: a causal row equals the unmasked prefix", "[kernels][mask]") {
+    rc::prop("softmax over a row with -inf tail, then the product with V, equals the prefix alone", [] {
+        const int T = *rc::gen::inRange(1, 40), n = *rc::gen::inRange(1, T + 1), hs = *rc::gen::inRange(1, 20);
+        const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+        std::vector<float> row = random_floats(T, seed), prefix(row.begin(), row.begin() + n);
+        for (int j = n; j < T; j++) row[j] = -std::numeric_limits<float>::infinity();
+        softmax(row.data(), T);
+        softmax(prefix.data(), n);
+        for (int j = n; j < T; j++) RC_ASSERT(float_bits(row[j]) == 0u);
+        const std::vector<float> v = random_floats(std::size_t(T) * hs, seed + 7);  // V [T, hs]
+        std::vector<float> full(hs), part(hs);
+        Exec ex;
+        matmul(ex, full.data(), hs, row.data(), T, v.data(), hs, 1, T, hs);
+        matmul(ex, part.data(), hs, prefix.data(), n, v.data(), hs, 1, n, hs);
+        if (auto diff = first_difference(full, part)) RC_FAIL(*diff);
+    });
+}
+
+TEST_CASE("ulp_distance counts representable floats between two values", "[kernels][ulp]") {
+    CHECK(ulp_distance(1.0f, 1.0f) == 0);
+    CHECK(ulp_distance(1.0f, std::nextafter(1.0f, 2.0f)) == 1);
+    CHECK(ulp_distance(-1.0f, std::nextafter(-1.0f, -2.0f)) == 1);
+    CHECK(ulp_distance(0.0f, -0.0f) == 1);  // bitwise exactness tells the zeros apart
+    CHECK(ulp_distance(1.0f, 2.0f) == (1u << 23));
+    CHECK(ulp_distance(std::numeric_limits<float>::quiet_NaN(), 1.0f) == std::numeric_limits<std::uint64_t>::max());
+}

@@ -1,0 +1,93 @@
+// Helpers shared by kvlab's tests: generators, bitwise comparison with a readable report,
+// and the skip convention for data that may be absent.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <rapidcheck.h>
+
+#include "config.h"
+#include "models_dir.h"
+#include "numerics.h"
+
+namespace kvlab {
+// How RapidCheck prints a Config in a counterexample.
+inline void showValue(const Config& c, std::ostream& os) { os << c.describe(); }
+}  // namespace kvlab
+
+namespace kvlab::test {
+
+// What llama2.c's own test (test_all.py, test_runc) records for `run stories260K.bin -z tok512.bin
+// -t 0.0 -n 200`: 200 greedy steps from BOS.
+inline const char* const kLlama2cExpected =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw "
+    "a big, red ball. She wanted to play with it, but it was too high.\nLily's mom said, \"Lily, let's go to the "
+    "park.\" Lily was sad and didn't know what to do. She said, \"I want to play with your ball, but I can't find "
+    "it.\"\nLily was sad and didn't know what to do. She said, \"I'm sorry, Lily. I didn't know what to do.\"\nLily "
+    "didn't want to help her mom, so she";
+
+// The path of a file in the shared models folder, or "" when it is absent. Absent under ctest
+// (which runs one test per process, with a filter) ends the process with 77, which ctest reports
+// as skipped; in a whole-binary run the caller returns instead, so other results still count.
+inline std::string model_file(const std::string& name) {
+    const std::string dir = models_dir();
+    const std::string path = dir.empty() ? "../shared/models/" + name : (std::filesystem::path(dir) / name).string();
+    if (!dir.empty() && std::filesystem::exists(path)) return path;
+    std::printf("SKIPPED: %s not found (set KVLAB_MODELS_DIR to the folder holding it)\n", path.c_str());
+    std::fflush(stdout);
+    if (Catch::getCurrentContext().getConfig()->hasTestFilters()) std::exit(77);
+    return "";
+}
+#define KVLAB_MODEL_FILE_OR_SKIP(var, name)               \
+    const std::string var = kvlab::test::model_file(name); \
+    if (var.empty()) return
+
+// The first element where two logit vectors differ bit for bit, described for a failure
+// message: index, both values in decimal and hex, their distance in ulps.
+inline std::optional<std::string> first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return fmt::format("sizes differ: {} vs {}", a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); i++)
+        if (float_bits(a[i]) != float_bits(b[i]))
+            return fmt::format("first differing index {}: {:.9g} (0x{:08x}) vs {:.9g} (0x{:08x}), {} ulp", i, a[i],
+                               float_bits(a[i]), b[i], float_bits(b[i]), ulp_distance(a[i], b[i]));
+    return std::nullopt;
+}
+
+// The tiny configs the properties range over: 1-4 layers, 1-8 heads, n_kv_heads any divisor
+// of n_heads, head_size 1-32, hidden_dim 1-64, vocab 1-300, max_seq 1-64. RapidCheck scales
+// ranges by a size that grows over the run, which would leave most cases near the minimum;
+// kFullSize draws from the whole ranges in every case (shrinking still finds the small ones).
+inline constexpr int kFullSize = 100;
+inline rc::Gen<Config> gen_tiny_config(int max_head_size = 32, int max_seq = 64) {
+    return rc::gen::resize(kFullSize, rc::gen::exec([=] {
+        Config c;
+        c.n_layers = *rc::gen::inRange(1, 5);
+        c.n_heads = *rc::gen::inRange(1, 9);
+        std::vector<int> divisors;
+        for (int d = 1; d <= c.n_heads; d++)
+            if (c.n_heads % d == 0) divisors.push_back(d);
+        c.n_kv_heads = *rc::gen::elementOf(divisors);
+        c.dim = c.n_heads * *rc::gen::inRange(1, max_head_size + 1);
+        c.hidden_dim = *rc::gen::inRange(1, 65);
+        c.vocab_size = *rc::gen::inRange(1, 301);
+        c.max_seq = *rc::gen::inRange(1, max_seq + 1);
+        return c;
+    }));
+}
+
+// A sequence of 1..max_seq token ids below vocab_size.
+inline std::vector<int> gen_tokens(const Config& c, int min_len = 1) {
+    const int n = *rc::gen::resize(kFullSize, rc::gen::inRange(min_len, c.max_seq + 1));
+    return *rc::gen::resize(kFullSize,
+                            rc::gen::container<std::vector<int>>(std::size_t(n), rc::gen::inRange(0, c.vocab_size)));
+}
+
+}  // namespace kvlab::test
