@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
     demo_cmd->add_option("--prompt", demo.prompt, "prompt text (needs a tokenizer)");
     demo_cmd->add_option("--tokens", demo.tokens, "prompt as token ids, e.g. 1,403,407");
     demo_cmd->add_option("--steps", demo.steps, "tokens to decode after the prompt")->check(CLI::Range(1, 1 << 20));
-    demo_cmd->add_option("--threads", demo.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    demo_cmd->add_option("--threads", demo.threads,
+                         "threads for the kernels (on a busy machine also set OMP_WAIT_POLICY=PASSIVE)")->check(CLI::Range(1, 256));
     demo_cmd->add_flag("--json", demo.json, "machine-readable output");
 
     GenerateOptions gen;

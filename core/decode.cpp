@@ -178,11 +178,13 @@ void CachedDecoder::attention(int l, std::span<const int> positions) {
     const Config& c = model_.config();
     const int hs = c.head_size(), n_heads = c.n_heads, rows = int(positions.size());
     const std::int64_t n_items = std::int64_t(rows) * n_heads;
+    std::int64_t work = 0;  // multiply-adds, to decide whether threads pay off
     for (int pos : positions) {
         assert(pos < cache_.layer_length(l));  // rows 0..pos of layer l are written
         exec.flops += n_heads * attention_row_flops(hs, pos + 1);
+        work += std::int64_t(n_heads) * 2 * hs * (pos + 1);
     }
-    const bool parallel = exec.n_threads > 1 && n_items > 1;
+    const bool parallel = exec.n_threads > 1 && n_items > 1 && work >= exec.parallel_min_work;
     // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
 #pragma omp parallel for num_threads(exec.n_threads) schedule(static) if (parallel)
     for (std::int64_t item = 0; item < n_items; item++) {

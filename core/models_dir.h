@@ -13,7 +13,8 @@ namespace kvlab {
 inline std::string models_dir() {
     namespace fs = std::filesystem;
     std::error_code ec;
-    if (const char* env = std::getenv("KVLAB_MODELS_DIR"); env && *env) return fs::is_directory(env, ec) ? env : "";
+    if (const char* env = std::getenv("KVLAB_MODELS_DIR"); env && *env)
+        return fs::is_regular_file(fs::path(env) / "stories260K.bin", ec) ? env : "";
 #ifdef KVLAB_MODELS_DIR
     const char* candidates[] = {"../shared/models", KVLAB_MODELS_DIR};
 #else
