@@ -80,18 +80,10 @@ void transpose(const float* src, float* dst, std::int64_t layers, std::int64_t r
             for (std::int64_t k = 0; k < cols; k++) dst[k * rows + r] = src[r * cols + k];
 }
 
-// Paths go into one-line messages: control characters must not break the line.
-std::string printable(const std::string& path) {
-    std::string s = path;
-    for (char& ch : s)
-        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
-    return s;
-}
-
 // Builds the one-line errors for one file.
 struct Where {
     std::string prefix;
-    explicit Where(const std::string& path) : prefix(fmt::format("checkpoint '{}'", printable(path))) {}
+    explicit Where(const std::string& path) : prefix(fmt::format("checkpoint '{}'", one_line(path))) {}
     Error operator()(std::string_view problem) const { return Error(fmt::format("{}: {}", prefix, problem)); }
 };
 

@@ -18,6 +18,13 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
 
 }  // namespace
 
+std::string one_line(const std::string& text) {
+    std::string out = text;
+    for (char& ch : out)
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    return out;
+}
+
 void Config::validate() const {
     const std::pair<const char*, int> fields[] = {
         {"dim", dim},           {"hidden_dim", hidden_dim}, {"n_layers", n_layers}, {"n_heads", n_heads},

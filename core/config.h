@@ -21,6 +21,9 @@ struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// Text (a file name, say) made safe for a one-line message: control characters become '?'.
+std::string one_line(const std::string& text);
+
 struct Config {
     int dim = 0;
     int hidden_dim = 0;

@@ -21,14 +21,6 @@ namespace {
 // not a reason to allocate.
 constexpr std::int32_t kMaxPieceBytes = 1 << 20;
 
-// A path safe to put in a one-line message (a newline in a file name must not split it).
-std::string one_line(const std::string& s) {
-    std::string out = s;
-    for (char& c : out)
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-    return out;
-}
-
 struct FileCloser {
     void operator()(std::FILE* f) const { std::fclose(f); }
 };
