@@ -17,6 +17,16 @@ void Activations::resize(const Config& c, int n) {
     for (auto* t : {&x, &xb, &q, &att, &out}) t->resize(r * c.dim);
     for (auto* t : {&k, &v}) t->resize(r * c.kv_dim());
     for (auto* t : {&h1, &h3}) t->resize(r * c.hidden_dim);
+    check(c);
+}
+
+void Activations::check(const Config& c) const {
+    const std::size_t r = std::size_t(rows);
+    assert(x.size() == r * c.dim && xb.size() == r * c.dim && q.size() == r * c.dim);
+    assert(att.size() == r * c.dim && out.size() == r * c.dim);
+    assert(k.size() == r * c.kv_dim() && v.size() == r * c.kv_dim());
+    assert(h1.size() == r * c.hidden_dim && h3.size() == r * c.hidden_dim);
+    (void)c, (void)r;
 }
 
 void check_tokens(const Config& c, std::span<const int> tokens, int start_pos) {
@@ -58,6 +68,8 @@ void attention_inputs(Exec& ex, Products mm, const Model& m, int l, Activations&
     const Config& c = m.config();
     const PackedLayer& w = m.packed[l];
     const int dim = c.dim, kv_dim = c.kv_dim(), n = a.rows;
+    a.check(c);
+    assert(int(positions.size()) == n);
     rmsnorm(ex, a.xb.data(), a.x.data(), m.w.rms_att.data() + std::int64_t(l) * dim, n, dim);
     mm.weights(ex, a.q.data(), dim, a.xb.data(), dim, w.wq, n);
     mm.weights(ex, a.k.data(), kv_dim, a.xb.data(), dim, w.wk, n);
@@ -71,6 +83,7 @@ void attention_output_and_ffn(Exec& ex, Products mm, const Model& m, int l, Acti
     const Config& c = m.config();
     const PackedLayer& w = m.packed[l];
     const int dim = c.dim, hidden = c.hidden_dim, n = a.rows;
+    a.check(c);
     mm.weights(ex, a.out.data(), dim, a.att.data(), dim, w.wo, n);
     add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
     rmsnorm(ex, a.xb.data(), a.x.data(), m.w.rms_ffn.data() + std::int64_t(l) * dim, n, dim);
@@ -121,8 +134,9 @@ void NaiveDecoder::attention(int l, int T) {
     (void)l;  // K and V come from this layer's rows in act_, recomputed every step
     const Config& c = model_.config();
     const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
-    kt_.resize(std::size_t(hs) * T);
-    scores_.resize(std::size_t(T) * T);
+    kt_.resize(std::size_t(hs) * T);      // [head_size, T]
+    scores_.resize(std::size_t(T) * T);   // [T, T]
+    assert(act_.rows == T);
     const float scale = attention_scale(hs);
     const float neg_inf = -std::numeric_limits<float>::infinity();
     const MatmulFn mm = Products{matmul}.activations();

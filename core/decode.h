@@ -34,6 +34,7 @@ struct Activations {
     std::vector<float> h1;   // [rows, hidden_dim]
     std::vector<float> h3;   // [rows, hidden_dim]
     void resize(const Config& c, int rows);
+    void check(const Config& c) const;  // asserts every shape above
 };
 
 class NaiveDecoder {
