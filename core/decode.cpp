@@ -120,7 +120,7 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
     embed(model_, tokens, act_);
     for (int l = 0; l < c.n_layers; l++) {
         attention_inputs(exec, Products{matmul}, model_, l, act_, positions);
-        attention(l, T);
+        attention(T);
         attention_output_and_ffn(exec, Products{matmul}, model_, l, act_);
     }
     classify(exec, Products{matmul}, model_, act_, logits_);
@@ -130,8 +130,8 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
 // For each head: S = Q_h K_h^T / sqrt(head_size) with S[i][j] = -inf for j > i, P = softmax by
 // row, att_h = P V_h. Masked entries become exact zeros in P and add exact zeros to P V_h, so row
 // i computes bit for bit what a cached decode computes at position i (NUMERICS.md).
-void NaiveDecoder::attention(int l, int T) {
-    (void)l;  // K and V come from this layer's rows in act_, recomputed every step
+// K and V are this layer's rows in act_, recomputed every step.
+void NaiveDecoder::attention(int T) {
     const Config& c = model_.config();
     const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
     kt_.resize(std::size_t(hs) * T);      // [head_size, T]

@@ -49,7 +49,7 @@ public:
     MatmulFn matmul = nullptr;
 
 private:
-    void attention(int l, int T);
+    void attention(int T);
     const Model& model_;
     Activations act_;
     std::vector<float> kt_;      // [head_size, T]  one KV head's keys, transposed
