@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint.h"
+#include "decode.h"
 #include "models_dir.h"
 
 namespace kvlab::cli {
@@ -61,6 +62,18 @@ std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, 
     for (int i = 0; i < 7 && i + 1 < m.model.config().max_seq; i++)
         ids.push_back(int(rng.next() % std::uint64_t(m.model.config().vocab_size)));
     for (int& id : ids) id %= m.model.config().vocab_size;
+    return ids;
+}
+
+std::vector<int> checked_prompt(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
+                                const std::string& default_text, int steps, int extra) {
+    const Config& c = m.model.config();
+    std::vector<int> ids = prompt_tokens(m, prompt, tokens, default_text);
+    check_tokens(c, ids, 0);
+    const std::int64_t needed = std::int64_t(ids.size()) + steps + extra;
+    if (needed > c.max_seq)
+        throw Error(fmt::format("prompt ({} tokens) plus --steps {} needs {} positions, more than max_seq = {}",
+                                ids.size(), steps, needed, c.max_seq));
     return ids;
 }
 

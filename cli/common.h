@@ -29,6 +29,11 @@ LoadedModel load_model(const std::string& model_path, const std::string& tokeniz
 std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
                                const std::string& default_text);
 
+// prompt_tokens, checked: every id inside the vocabulary, and the prompt plus --steps needing
+// P + steps + extra positions at most max_seq (an error, never a silent truncation).
+std::vector<int> checked_prompt(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
+                                const std::string& default_text, int steps, int extra);
+
 // "1,2,3" -> {1, 2, 3}; anything else is an Error.
 std::vector<int> parse_token_list(const std::string& text);
 

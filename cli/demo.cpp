@@ -45,12 +45,9 @@ struct StepRow {
 int run_demo(const DemoOptions& o) {
     const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
     const Config& c = lm.model.config();
-    std::vector<int> tokens = prompt_tokens(lm, o.prompt, o.tokens, "Once upon a time");
+    // Every decoded token is fed back: the run needs P + steps positions.
+    std::vector<int> tokens = checked_prompt(lm, o.prompt, o.tokens, "Once upon a time", o.steps, 0);
     const int P = int(tokens.size());
-    check_tokens(c, tokens, 0);
-    if (std::int64_t(P) + o.steps > c.max_seq)
-        throw Error(fmt::format("prompt ({} tokens) plus --steps {} is {} positions, more than max_seq = {}", P,
-                                o.steps, std::int64_t(P) + o.steps, c.max_seq));
 
     NaiveDecoder naive(lm.model, o.threads);
     CachedDecoder cached(lm.model, o.threads);
@@ -150,7 +147,7 @@ int run_demo(const DemoOptions& o) {
                             : fmt::format("DIFFER (max {} ulp, first at index {})", r.cmp.max_ulp, r.cmp.first_diff);
             fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9.3f} {:>11.3f} {:>9.3f} {:>11.3f} {:>7.1f}x  {}\n",
                        i == 0 ? std::string("prefill") : fmt::format("{}", i), pos, r.token,
-                       "\"" + escape(r.text) + "\"", r.naive_s * 1e3, r.naive_flops / 1e6, r.cached_s * 1e3,
+                       fmt::format("\"{}\"", escape(r.text)), r.naive_s * 1e3, r.naive_flops / 1e6, r.cached_s * 1e3,
                        r.cached_flops / 1e6, r.naive_s / r.cached_s, verdict);
         }
         fmt::print("\ngenerated  \"{}\"\n", escape(generated));

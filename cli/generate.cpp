@@ -14,13 +14,9 @@ namespace kvlab::cli {
 int run_generate(const GenerateOptions& o) {
     const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
     const Config& c = lm.model.config();
-    std::vector<int> tokens = prompt_tokens(lm, o.prompt, o.tokens, "");
-    const int P = int(tokens.size());
-    check_tokens(c, tokens, 0);
     // The last sampled token is printed but never fed back, so it needs no position.
-    if (std::int64_t(P) + o.steps - 1 > c.max_seq)
-        throw Error(fmt::format("prompt ({} tokens) plus --steps {} needs {} positions, more than max_seq = {}", P,
-                                o.steps, std::int64_t(P) + o.steps - 1, c.max_seq));
+    std::vector<int> tokens = checked_prompt(lm, o.prompt, o.tokens, "", o.steps, -1);
+    const int P = int(tokens.size());
     Sampler sampler(c.vocab_size, o.temperature, o.top_p, o.sample_seed);
     CachedDecoder dec(lm.model, o.threads);
 
