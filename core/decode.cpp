@@ -176,15 +176,15 @@ const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
     act_.resize(c, n);
     embed(model_, tokens, act_);
     for (int l = 0; l < c.n_layers; l++) {
-        attention_inputs(exec, Products{}, model_, l, act_, positions);
+        attention_inputs(exec, Products{matmul}, model_, l, act_, positions);
         // Write first, then read: row i attends over 0..pos0+i, its own K and V included.
         for (int i = 0; i < n; i++)
             cache_.write(l, positions[i], act_.k.data() + std::size_t(i) * c.kv_dim(),
                          act_.v.data() + std::size_t(i) * c.kv_dim());
         attention(l, positions);
-        attention_output_and_ffn(exec, Products{}, model_, l, act_);
+        attention_output_and_ffn(exec, Products{matmul}, model_, l, act_);
     }
-    classify(exec, Products{}, model_, act_, logits_);
+    classify(exec, Products{matmul}, model_, act_, logits_);
     return logits_;
 }
 

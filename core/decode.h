@@ -71,6 +71,7 @@ public:
     void reset() { cache_.clear(); }
 
     Exec exec;
+    MatmulFn matmul = nullptr;  // as NaiveDecoder::matmul: nullptr is the kernels
 
 private:
     void attention(int l, std::span<const int> positions);

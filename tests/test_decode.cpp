@@ -1,10 +1,11 @@
 // The decoders' exactness properties P1-P3, the counter-test that shows P1 can fail, and the
 // contiguous cache's bookkeeping.
-#include <catch2/catch.hpp>
 #include <rapidcheck/catch.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "decode.h"
 #include "test_util.h"
@@ -17,8 +18,8 @@ using kvlab::test::gen_tokens;
 namespace {
 
 // P1's body: for a generated config, seed and token sequence, the naive decoder (with product
-// `naive_matmul`, or the kernels when nullptr) and the cached decoder give bitwise-equal logits at every step. The first
-// `prompt_len` tokens are prefilled, the rest decoded one at a time.
+// `naive_matmul`, or the kernels when nullptr) and the cached decoder give bitwise-equal logits at every step. The
+// first `prompt_len` tokens are prefilled, the rest decoded one at a time.
 void check_naive_equals_cached(MatmulFn naive_matmul) {
     const Config c = *gen_tiny_config();
     const auto seed = *rc::gen::arbitrary<std::uint64_t>();
@@ -38,20 +39,52 @@ void check_naive_equals_cached(MatmulFn naive_matmul) {
     }
 }
 
-// An order-changing product: for more than one row it sums each dot product as two halves
-// added at the end, a split that depends on the number of rows. Real engines do this (split-K
-// kernels picked by problem size); it breaks the numeric contract.
-void matmul_split_k_when_many_rows(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw,
-                                   int rows, int n_in, int n_out) {
-    if (rows == 1) return matmul(ex, y, ldy, x, ldx, w, ldw, rows, n_in, n_out);
-    const int half = n_in / 2;
+// Y = X W with each dot product summed as `parts` chunks of k, added at the end.
+void matmul_split_k(int parts, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
+                    int n_out) {
     for (int r = 0; r < rows; r++)
         for (int o = 0; o < n_out; o++) {
-            float a = 0.0f, b = 0.0f;
-            for (int k = 0; k < half; k++) a = a + x[r * ldx + k] * w[k * ldw + o];
-            for (int k = half; k < n_in; k++) b = b + x[r * ldx + k] * w[k * ldw + o];
-            y[r * ldy + o] = a + b;
+            float total = 0.0f;
+            for (int p = 0; p < parts; p++) {
+                float s = 0.0f;
+                for (int k = n_in * p / parts; k < n_in * (p + 1) / parts; k++) s = s + x[r * ldx + k] * w[k * ldw + o];
+                total = total + s;
+            }
+            y[r * ldy + o] = total;
         }
+}
+
+// Planted bugs. Real engines do both: split-K kernels chosen by problem size, and reductions
+// split across however many threads there are. Each breaks the numeric contract.
+// 1. The split depends on the number of rows: two halves when there is more than one row.
+void matmul_split_k_when_many_rows(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw,
+                                   int rows, int n_in, int n_out) {
+    ex.flops += 2ull * rows * n_in * n_out;
+    matmul_split_k(rows == 1 ? 1 : 2, y, ldy, x, ldx, w, ldw, rows, n_in, n_out);
+}
+// 2. The split depends on the number of threads: one chunk of k per thread.
+void matmul_split_k_per_thread(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
+                               int n_in, int n_out) {
+    ex.flops += 2ull * rows * n_in * n_out;
+    matmul_split_k(ex.n_threads, y, ldy, x, ldx, w, ldw, rows, n_in, n_out);
+}
+
+// Runs a property with a planted bug (fixed seed, so the printed counterexample can be
+// replayed) and checks RapidCheck finds a failure that `expected` describes, and shrinks it.
+void expect_caught(const std::function<void()>& property, const std::string& expected, const char* bug) {
+    rc::detail::TestParams params;
+    params.seed = 20261121;
+    const auto result = rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params);
+    REQUIRE(result.is<rc::detail::FailureResult>());
+    rc::detail::FailureResult failure;
+    result.match(failure);
+    std::string example;
+    for (const auto& [type, value] : failure.counterExample) example += type + " = " + value + "\n";
+    INFO("shrunk counterexample:\n" << example << failure.description);
+    CHECK(!failure.reproduce.shrinkPath.empty());
+    CHECK(failure.description.find(expected) != std::string::npos);
+    std::printf("planted bug (%s) caught after %d passing cases, shrunk in %zu steps to:\n%s\n", bug,
+                failure.numSuccess, failure.reproduce.shrinkPath.size(), example.c_str());
 }
 
 }  // namespace
@@ -61,81 +94,91 @@ TEST_CASE("P1: cached decode equals naive decode, bit for bit, at every step", "
 }
 
 TEST_CASE("P1 counter-test: an order-changing matmul in the naive path is caught and shrunk", "[P1][counter]") {
-    rc::detail::TestParams params;
-    params.seed = 20261121;  // fixed, so the shrunk counterexample printed below is reproducible
-    const auto result = rc::detail::checkTestable([] { check_naive_equals_cached(matmul_split_k_when_many_rows); },
-                                                  rc::detail::TestMetadata{}, params);
-    REQUIRE(result.is<rc::detail::FailureResult>());
-    rc::detail::FailureResult failure;
-    result.match(failure);
-    std::string example;
-    for (const auto& [type, value] : failure.counterExample) example += type + " = " + value + "\n";
-    INFO("shrunk counterexample:\n" << example << failure.description);
-    // It failed, RapidCheck shrank it, and the shrunk case is about a step with more than one row.
-    CHECK(!failure.reproduce.shrinkPath.empty());
-    CHECK(failure.description.find("naive vs cached at T = ") != std::string::npos);
-    CHECK(failure.description.find("at T = 1 ") == std::string::npos);
-    std::printf("planted split-K bug caught after %d passing cases and %zu shrink steps:\n%s\n", failure.numSuccess,
-                failure.reproduce.shrinkPath.size(), failure.description.c_str());
+    // The shrunk case needs a step with more than one row, so T > 1.
+    expect_caught([] { check_naive_equals_cached(matmul_split_k_when_many_rows); },
+                  "naive vs cached at T = ", "split-K when rows > 1, naive path");
+}
+
+// P2's body: prefill (with product `matmul`, or the kernels when nullptr) then decode equals
+// decoding every token one by one from an empty cache, logits and cache contents.
+void check_prefill_equals_one_by_one(MatmulFn matmul) {
+    const Config c = *gen_tiny_config();
+    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+    const std::vector<int> tokens = gen_tokens(c);
+    const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+    const Model m = random_model(c, seed);
+    CachedDecoder batched(m), one_by_one(m);
+    batched.matmul = one_by_one.matmul = matmul;
+    std::vector<float> lb = batched.prefill(std::span<const int>(tokens.data(), prompt_len));
+    std::vector<float> lo;
+    for (int t = 0; t < prompt_len; t++) lo = one_by_one.decode(tokens[t]);
+    for (int T = prompt_len;; T++) {
+        if (auto diff = first_difference(lb, lo))
+            RC_FAIL(fmt::format("prefill({}) vs one by one, logits at T = {}: {}", prompt_len, T, *diff));
+        if (T == int(tokens.size())) break;
+        lb = batched.decode(tokens[T]);
+        lo = one_by_one.decode(tokens[T]);
+    }
+    const KVCache &a = batched.cache(), &b = one_by_one.cache();
+    RC_ASSERT(a.length() == b.length());
+    const int hs = c.head_size();
+    for (int l = 0; l < c.n_layers; l++)
+        for (int h = 0; h < c.n_kv_heads; h++)
+            for (int t = 0; t < a.length(); t++)
+                if (std::memcmp(a.key(l, h, t), b.key(l, h, t), 4 * hs) ||
+                    std::memcmp(a.value(l, h, t), b.value(l, h, t), 4 * hs))
+                    RC_FAIL(
+                        fmt::format("prefill({}) vs one by one, cache rows differ at layer {}, KV head {}, position {}",
+                                    prompt_len, l, h, t));
 }
 
 TEST_CASE("P2: prefill then decode equals decoding every token from an empty cache", "[P2]") {
-    rc::prop("logits and cache contents are bitwise equal", [] {
-        const Config c = *gen_tiny_config();
-        const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-        const std::vector<int> tokens = gen_tokens(c);
-        const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
-        const Model m = random_model(c, seed);
-        CachedDecoder batched(m), one_by_one(m);
-        std::vector<float> lb = batched.prefill(std::span<const int>(tokens.data(), prompt_len));
-        std::vector<float> lo;
-        for (int t = 0; t < prompt_len; t++) lo = one_by_one.decode(tokens[t]);
-        for (int T = prompt_len;; T++) {
-            if (auto diff = first_difference(lb, lo))
-                RC_FAIL(fmt::format("prefill({}) vs one by one, logits at T = {}: {}", prompt_len, T, *diff));
-            if (T == int(tokens.size())) break;
-            lb = batched.decode(tokens[T]);
-            lo = one_by_one.decode(tokens[T]);
+    rc::prop("logits and cache contents are bitwise equal", [] { check_prefill_equals_one_by_one(nullptr); });
+}
+
+TEST_CASE("P2 counter-test: a row-dependent split in prefill is caught", "[P2][counter]") {
+    expect_caught([] { check_prefill_equals_one_by_one(matmul_split_k_when_many_rows); }, " vs one by one, ",
+                  "split-K when rows > 1, both cached decoders");
+}
+
+// P3's body: 1, 2 and 4 threads give the same bits, naive and cached (with product `matmul`,
+// or the kernels when nullptr).
+void check_thread_count_invariance(MatmulFn matmul) {
+    const Config c = *gen_tiny_config();
+    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+    const std::vector<int> tokens = gen_tokens(c);
+    const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+    const Model m = random_model(c, seed);
+    std::vector<std::vector<float>> runs;  // per thread count: naive logits then cached logits, every step
+    for (int threads : {1, 2, 4}) {
+        NaiveDecoder naive(m, threads);
+        CachedDecoder cached(m, threads);
+        naive.matmul = cached.matmul = matmul;
+        // Force every product onto the threads, however small, so the split is exercised.
+        naive.exec.parallel_min_work = cached.exec.parallel_min_work = 0;
+        std::vector<float> all;
+        for (int T = prompt_len; T <= int(tokens.size()); T++) {
+            const std::span<const int> prefix(tokens.data(), T);
+            const std::vector<float>& ln = naive.forward(prefix);
+            all.insert(all.end(), ln.begin(), ln.end());
+            const std::vector<float>& lc = T == prompt_len ? cached.prefill(prefix) : cached.decode(tokens[T - 1]);
+            all.insert(all.end(), lc.begin(), lc.end());
         }
-        const KVCache &a = batched.cache(), &b = one_by_one.cache();
-        RC_ASSERT(a.length() == b.length());
-        const int hs = c.head_size();
-        for (int l = 0; l < c.n_layers; l++)
-            for (int h = 0; h < c.n_kv_heads; h++)
-                for (int t = 0; t < a.length(); t++)
-                    if (std::memcmp(a.key(l, h, t), b.key(l, h, t), 4 * hs) ||
-                        std::memcmp(a.value(l, h, t), b.value(l, h, t), 4 * hs))
-                        RC_FAIL(fmt::format("cache rows differ at layer {}, KV head {}, position {}", l, h, t));
-    });
+        runs.push_back(std::move(all));
+    }
+    for (int i : {1, 2})
+        if (auto diff = first_difference(runs[0], runs[i]))
+            RC_FAIL(fmt::format("1 thread vs {} threads, {}: {}", i == 1 ? 2 : 4, c.describe(), *diff));
 }
 
 TEST_CASE("P3: results do not depend on the number of threads", "[P3]") {
-    rc::prop("1, 2 and 4 threads give bitwise-equal logits, naive and cached", [] {
-        const Config c = *gen_tiny_config();
-        const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-        const std::vector<int> tokens = gen_tokens(c);
-        const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
-        const Model m = random_model(c, seed);
-        std::vector<std::vector<float>> runs;  // per thread count: naive logits then cached logits, every step
-        for (int threads : {1, 2, 4}) {
-            NaiveDecoder naive(m, threads);
-            CachedDecoder cached(m, threads);
-            // Force every product onto the threads, however small, so the split is exercised.
-            naive.exec.parallel_min_work = cached.exec.parallel_min_work = 0;
-            std::vector<float> all;
-            for (int T = prompt_len; T <= int(tokens.size()); T++) {
-                const std::span<const int> prefix(tokens.data(), T);
-                const std::vector<float>& ln = naive.forward(prefix);
-                all.insert(all.end(), ln.begin(), ln.end());
-                const std::vector<float>& lc = T == prompt_len ? cached.prefill(prefix) : cached.decode(tokens[T - 1]);
-                all.insert(all.end(), lc.begin(), lc.end());
-            }
-            runs.push_back(std::move(all));
-        }
-        for (int i : {1, 2})
-            if (auto diff = first_difference(runs[0], runs[i]))
-                RC_FAIL(fmt::format("1 thread vs {} threads, {}: {}", i == 1 ? 2 : 4, c.describe(), *diff));
-    });
+    rc::prop("1, 2 and 4 threads give bitwise-equal logits, naive and cached",
+             [] { check_thread_count_invariance(nullptr); });
+}
+
+TEST_CASE("P3 counter-test: a reduction split across threads is caught", "[P3][counter]") {
+    expect_caught([] { check_thread_count_invariance(matmul_split_k_per_thread); }, "1 thread vs ",
+                  "one chunk of k per thread");
 }
 
 TEST_CASE("the contiguous cache holds exactly 2 * 4 B * n_layers * T * n_kv_heads * head_size", "[cache]") {
