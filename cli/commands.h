@@ -9,9 +9,9 @@
 namespace kvlab::cli {
 
 struct ModelOptions {
-    std::string model;      // llama2.c checkpoint; default: the shared stories260K, else random
-    std::string tokenizer;  // llama2.c tokenizer.bin
-    std::uint64_t seed = 7; // for the random model
+    std::string model;       // llama2.c checkpoint; default: the shared stories260K, else random
+    std::string tokenizer;   // llama2.c tokenizer.bin
+    std::uint64_t seed = 7;  // for the random model
 };
 
 struct DemoOptions {

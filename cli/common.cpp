@@ -1,9 +1,9 @@
 #include "common.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <filesystem>
-
-#include <fmt/format.h>
 
 #include "checkpoint.h"
 #include "decode.h"
@@ -85,10 +85,14 @@ std::string token_text(const LoadedModel& m, int prev, int token) {
 std::string escape(const std::string& s) {
     std::string out;
     for (char ch : s) {
-        if (ch == '\n') out += "\\n";
-        else if (ch == '\t') out += "\\t";
-        else if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
-        else out += ch;
+        if (ch == '\n')
+            out += "\\n";
+        else if (ch == '\t')
+            out += "\\t";
+        else if (static_cast<unsigned char>(ch) < 0x20)
+            out += fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
+        else
+            out += ch;
     }
     return out;
 }

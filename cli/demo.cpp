@@ -1,10 +1,10 @@
 // kvlab demo: the main job. Naive and cached decode run side by side from one prompt; every
 // step prints both paths' time and counted FLOPs and whether their full logit vectors are
 // bitwise equal.
-#include <algorithm>
-
-#include <nlohmann/json.hpp>
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"
@@ -151,8 +151,8 @@ int run_demo(const DemoOptions& o) {
                        r.cached_flops / 1e6, r.naive_s / r.cached_s, verdict);
         }
         fmt::print("\ngenerated  \"{}\"\n", escape(generated));
-        fmt::print("equality   {} of {} steps bitwise equal (full logit vectors of {} floats)\n", n_equal,
-                   rows.size(), c.vocab_size);
+        fmt::print("equality   {} of {} steps bitwise equal (full logit vectors of {} floats)\n", n_equal, rows.size(),
+                   c.vocab_size);
         fmt::print("time       naive {:.1f} ms, cached {:.1f} ms: cached is {:.1f}x faster over the run\n",
                    naive_total * 1e3, cached_total * 1e3, naive_total / cached_total);
         if (rows.size() >= 11) {
@@ -164,10 +164,11 @@ int run_demo(const DemoOptions& o) {
                 std::sort(r.begin(), r.end());
                 return r[2];
             };
-            fmt::print("trend      per-step speedup {:.1f}x around T = {}, {:.1f}x around T = {}: naive grows with T, "
-                       "cached does not\n",
-                       median_speedup(1), rows[3].pos_last + 1, median_speedup(rows.size() - 5),
-                       rows[rows.size() - 3].pos_last + 1);
+            fmt::print(
+                "trend      per-step speedup {:.1f}x around T = {}, {:.1f}x around T = {}: naive grows with T, "
+                "cached does not\n",
+                median_speedup(1), rows[3].pos_last + 1, median_speedup(rows.size() - 5),
+                rows[rows.size() - 3].pos_last + 1);
         }
         fmt::print("FLOPs      naive {:.2f} M, cached {:.2f} M: ratio {:.1f}x (counted by the kernels)\n",
                    naive_flops / 1e6, cached_flops / 1e6, double(naive_flops) / double(cached_flops));

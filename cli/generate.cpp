@@ -1,8 +1,8 @@
 // kvlab generate: text from the cached decoder, sampled as llama2.c samples it.
-#include <cstdio>
-
-#include <nlohmann/json.hpp>
 #include <fmt/format.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"

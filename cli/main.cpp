@@ -1,10 +1,10 @@
 // kvlab: the command-line program. Each command lives in its own file; this one only parses.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <limits>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "checkpoint.h"
 #include "commands.h"
@@ -34,8 +34,9 @@ int run_export(const ExportOptions& o) {
 namespace {
 
 void add_model_options(CLI::App* cmd, kvlab::cli::ModelOptions& m) {
-    cmd->add_option("--model", m.model, "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, "
-                                        "else a random model of its shape)");
+    cmd->add_option("--model", m.model,
+                    "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, "
+                    "else a random model of its shape)");
     cmd->add_option("--tokenizer", m.tokenizer, "llama2.c tokenizer.bin (default: tok512.bin beside the shared model)");
     cmd->add_option("--model-seed", m.seed, "seed of the random model used when there is no checkpoint");
 }
@@ -53,8 +54,10 @@ int main(int argc, char** argv) {
     demo_cmd->add_option("--prompt", demo.prompt, "prompt text (needs a tokenizer)");
     demo_cmd->add_option("--tokens", demo.tokens, "prompt as token ids, e.g. 1,403,407");
     demo_cmd->add_option("--steps", demo.steps, "tokens to decode after the prompt")->check(CLI::Range(1, 1 << 20));
-    demo_cmd->add_option("--threads", demo.threads,
-                         "threads for the kernels (on a busy machine also set OMP_WAIT_POLICY=PASSIVE)")->check(CLI::Range(1, 256));
+    demo_cmd
+        ->add_option("--threads", demo.threads,
+                     "threads for the kernels (on a busy machine also set OMP_WAIT_POLICY=PASSIVE)")
+        ->check(CLI::Range(1, 256));
     demo_cmd->add_flag("--json", demo.json, "machine-readable output");
 
     GenerateOptions gen;
@@ -62,9 +65,10 @@ int main(int argc, char** argv) {
     add_model_options(gen_cmd, gen.m);
     gen_cmd->add_option("--prompt", gen.prompt, "prompt text (needs a tokenizer)");
     gen_cmd->add_option("--tokens", gen.tokens, "prompt as token ids, e.g. 1,403,407");
-    gen_cmd->add_option("--steps", gen.steps,
-                        "tokens to generate after the prompt (llama2.c's -n counts the prompt too: "
-                        "its -n 200 from BOS is --steps 199)")
+    gen_cmd
+        ->add_option("--steps", gen.steps,
+                     "tokens to generate after the prompt (llama2.c's -n counts the prompt too: "
+                     "its -n 200 from BOS is --steps 199)")
         ->check(CLI::Range(1, 1 << 20));
     gen_cmd->add_option("--temperature", gen.temperature, "0 = greedy; otherwise sample from softmax(logits / T)")
         ->check(CLI::Range(0.0f, 1e6f));

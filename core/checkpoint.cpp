@@ -105,7 +105,8 @@ public:
     void bytes(void* dst, std::int64_t n) {
         in_.read(static_cast<char*>(dst), n);
         if (in_.gcount() != n)
-            throw where_(fmt::format("read failed at byte {} (did the file change while being read?)", offset_ + in_.gcount()));
+            throw where_(
+                fmt::format("read failed at byte {} (did the file change while being read?)", offset_ + in_.gcount()));
         offset_ += n;
     }
     void skip(std::int64_t n) { seek(offset_ + n); }
@@ -193,12 +194,16 @@ Model load_checkpoint(const std::string& path) {
     std::int64_t header_bytes = 0, params_at = 0;
     bool shared = true;
     if (v1) {
-        if (size < 8) throw where(fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
+        if (size < 8)
+            throw where(
+                fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
         const std::int32_t version = i32(4);
         if (version == 2) throw where("version 2 (int8) checkpoints are not supported");
-        if (version != 1) throw where(fmt::format("ak42 version {} is not supported (only version 1, float32)", version));
+        if (version != 1)
+            throw where(fmt::format("ak42 version {} is not supported (only version 1, float32)", version));
         if (size < kV1HeaderBytes)
-            throw where(fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
+            throw where(
+                fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
         header_bytes = kV1HeaderBytes;
         params_at = 8;
         const unsigned flag = head[36];
@@ -206,7 +211,8 @@ Model load_checkpoint(const std::string& path) {
         shared = flag == 1;
     } else {
         if (size < kLegacyHeaderBytes)
-            throw where(fmt::format("is shorter than the {}-byte llama2.c header ({})", kLegacyHeaderBytes, plural_bytes(size)));
+            throw where(fmt::format("is shorter than the {}-byte llama2.c header ({})", kLegacyHeaderBytes,
+                                    plural_bytes(size)));
         header_bytes = kLegacyHeaderBytes;
         params_at = 0;
     }
@@ -221,7 +227,8 @@ Model load_checkpoint(const std::string& path) {
     c.max_seq = i32(params_at + 24);
     if (!v1) {
         // The legacy format's only flag: a negative vocab_size means an unshared classifier.
-        if (c.vocab_size == INT_MIN) throw where(fmt::format("bad header: vocab_size {} is out of range", c.vocab_size));
+        if (c.vocab_size == INT_MIN)
+            throw where(fmt::format("bad header: vocab_size {} is out of range", c.vocab_size));
         shared = c.vocab_size > 0;
         c.vocab_size = std::abs(c.vocab_size);
     }
@@ -247,16 +254,20 @@ Model load_checkpoint(const std::string& path) {
     const Layout t = layout(c);
     in.seek(header_bytes);
     if (v1) {
-        for (const Tensor* x : {&t.rms_att, &t.rms_ffn, &t.rms_final, &t.emb, &t.wq, &t.wk, &t.wv, &t.wo, &t.w1, &t.w2, &t.w3})
+        for (const Tensor* x :
+             {&t.rms_att, &t.rms_ffn, &t.rms_final, &t.emb, &t.wq, &t.wk, &t.wv, &t.wo, &t.w1, &t.w2, &t.w3})
             in.read_tensor(w, *x);
     } else {
-        for (const Tensor* x : {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
+        for (const Tensor* x :
+             {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
             in.read_tensor(w, *x);
         // The RoPE tables are ours to compute (RopeTable), not to trust from the file.
         in.skip(2 * rope_floats * 4);
     }
-    if (shared) w.tie_classifier();
-    else in.read_tensor(w, t.cls);
+    if (shared)
+        w.tie_classifier();
+    else
+        in.read_tensor(w, t.cls);
     if (!in.at_end()) throw where("grew while being read");
     return Model(std::move(w));
 }
@@ -273,7 +284,8 @@ void save_checkpoint(const std::string& path, const Model& model) {
 
     // Sizes are checked here, not by assert: a mis-sized public vector would otherwise be over-read.
     const Layout t = layout(c);
-    for (const Tensor* x : {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final, &t.cls}) {
+    for (const Tensor* x :
+         {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final, &t.cls}) {
         const std::size_t have = (w.*x->member).size();
         if (static_cast<std::int64_t>(have) != x->count())
             throw where(fmt::format("cannot save: {} has {} floats, its shape needs {}", x->name, have, x->count()));
@@ -281,23 +293,28 @@ void save_checkpoint(const std::string& path, const Model& model) {
     const RopeTable& rope = model.rope;
     const std::int64_t rope_floats = std::int64_t{c.max_seq} * (c.head_size() / 2);
     if (rope.max_seq != c.max_seq || rope.n_pairs != c.head_size() / 2 ||
-        static_cast<std::int64_t>(rope.cos.size()) != rope_floats || static_cast<std::int64_t>(rope.sin.size()) != rope_floats)
-        throw where(fmt::format("cannot save: RoPE table is [{}, {}], the config needs [{}, {}]", rope.max_seq, rope.n_pairs,
-                                c.max_seq, c.head_size() / 2));
+        static_cast<std::int64_t>(rope.cos.size()) != rope_floats ||
+        static_cast<std::int64_t>(rope.sin.size()) != rope_floats)
+        throw where(fmt::format("cannot save: RoPE table is [{}, {}], the config needs [{}, {}]", rope.max_seq,
+                                rope.n_pairs, c.max_seq, c.head_size() / 2));
     // A shared model stores only the embedding; a classifier that drifted from it would be lost.
     if (w.shared_classifier) {
         for (std::int64_t v = 0; v < c.vocab_size; v++)
             for (std::int64_t i = 0; i < c.dim; i++)
                 if (std::memcmp(&w.wcls[i * c.vocab_size + v], &w.token_embedding[v * c.dim + i], 4) != 0)
-                    throw where(fmt::format("cannot save: shared classifier differs from the token embedding at token {}, "
-                                            "component {} (call tie_classifier() or mark it unshared)", v, i));
+                    throw where(
+                        fmt::format("cannot save: shared classifier differs from the token embedding at token {}, "
+                                    "component {} (call tie_classifier() or mark it unshared)",
+                                    v, i));
     }
 
     Writer out(path, where);
-    const std::int32_t header[7] = {c.dim,        c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
-                                    w.shared_classifier ? c.vocab_size : -c.vocab_size, c.max_seq};
+    const std::int32_t header[7] = {c.dim,     c.hidden_dim, c.n_layers,
+                                    c.n_heads, c.n_kv_heads, w.shared_classifier ? c.vocab_size : -c.vocab_size,
+                                    c.max_seq};
     out.bytes(header, sizeof header);
-    for (const Tensor* x : {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
+    for (const Tensor* x :
+         {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
         out.write_tensor(w, *x);
     out.bytes(rope.cos.data(), rope_floats * 4);  // freq_cis_real [max_seq, head_size/2]
     out.bytes(rope.sin.data(), rope_floats * 4);  // freq_cis_imag [max_seq, head_size/2]

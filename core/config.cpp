@@ -27,13 +27,13 @@ std::string one_line(const std::string& text) {
 
 void Config::validate() const {
     const std::pair<const char*, int> fields[] = {
-        {"dim", dim},           {"hidden_dim", hidden_dim}, {"n_layers", n_layers}, {"n_heads", n_heads},
-        {"n_kv_heads", n_kv_heads}, {"vocab_size", vocab_size}, {"max_seq", max_seq},
+        {"dim", dim},         {"hidden_dim", hidden_dim}, {"n_layers", n_layers},
+        {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads}, {"vocab_size", vocab_size},
+        {"max_seq", max_seq},
     };
     for (auto [name, value] : fields)
         if (value <= 0) throw Error(fmt::format("config: {} must be positive, got {}", name, value));
-    if (dim % n_heads != 0)
-        throw Error(fmt::format("config: n_heads ({}) must divide dim ({})", n_heads, dim));
+    if (dim % n_heads != 0) throw Error(fmt::format("config: n_heads ({}) must divide dim ({})", n_heads, dim));
     if (n_heads % n_kv_heads != 0)
         throw Error(fmt::format("config: n_kv_heads ({}) must divide n_heads ({})", n_kv_heads, n_heads));
     // Every tensor, and the whole model, must have a size we can index and allocate.
@@ -47,10 +47,10 @@ void Config::validate() const {
 std::int64_t Config::n_params(bool shared_classifier) const {
     const std::int64_t L = n_layers;
     std::int64_t per_layer = 0;
-    per_layer += 2 * std::int64_t{dim};                                    // two RMSNorm weights
-    per_layer += 2 * checked_mul(dim, dim, "dim * dim");                    // wq, wo
-    per_layer += 2 * checked_mul(dim, kv_dim(), "dim * kv_dim");            // wk, wv
-    per_layer += 3 * checked_mul(dim, hidden_dim, "dim * hidden_dim");      // w1, w2, w3
+    per_layer += 2 * std::int64_t{dim};                                 // two RMSNorm weights
+    per_layer += 2 * checked_mul(dim, dim, "dim * dim");                // wq, wo
+    per_layer += 2 * checked_mul(dim, kv_dim(), "dim * kv_dim");        // wk, wv
+    per_layer += 3 * checked_mul(dim, hidden_dim, "dim * hidden_dim");  // w1, w2, w3
     std::int64_t total = checked_mul(L, per_layer, "n_layers * layer size");
     const std::int64_t embed = checked_mul(vocab_size, dim, "vocab_size * dim");
     total += embed + dim + (shared_classifier ? 0 : embed);
@@ -75,14 +75,22 @@ Config Config::parse(const std::string& spec, Config c) {
         auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
         if (ec != std::errc() || end != text.data() + text.size())
             throw Error(fmt::format("shape: '{}' is not an integer for {}", text, name));
-        if (name == "dim") c.dim = value;
-        else if (name == "hidden_dim") c.hidden_dim = value;
-        else if (name == "n_layers") c.n_layers = value;
-        else if (name == "n_heads") c.n_heads = value;
-        else if (name == "n_kv_heads") c.n_kv_heads = value;
-        else if (name == "vocab_size") c.vocab_size = value;
-        else if (name == "max_seq") c.max_seq = value;
-        else throw Error(fmt::format("shape: unknown field '{}'", name));
+        if (name == "dim")
+            c.dim = value;
+        else if (name == "hidden_dim")
+            c.hidden_dim = value;
+        else if (name == "n_layers")
+            c.n_layers = value;
+        else if (name == "n_heads")
+            c.n_heads = value;
+        else if (name == "n_kv_heads")
+            c.n_kv_heads = value;
+        else if (name == "vocab_size")
+            c.vocab_size = value;
+        else if (name == "max_seq")
+            c.max_seq = value;
+        else
+            throw Error(fmt::format("shape: unknown field '{}'", name));
     }
     return c;
 }

@@ -1,13 +1,12 @@
 #include "decode.h"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cassert>
 #include <limits>
 #include <numeric>
-
-#include <fmt/format.h>
 
 namespace kvlab {
 
@@ -36,8 +35,8 @@ void check_tokens(const Config& c, std::span<const int> tokens, int start_pos) {
             throw Error(fmt::format("token id {} (at position {}) is outside the vocabulary [0, {})", tokens[i],
                                     start_pos + std::int64_t(i), c.vocab_size));
     if (start_pos + std::int64_t(tokens.size()) > c.max_seq)
-        throw Error(fmt::format("sequence of {} tokens does not fit max_seq = {}", start_pos + tokens.size(),
-                                c.max_seq));
+        throw Error(
+            fmt::format("sequence of {} tokens does not fit max_seq = {}", start_pos + tokens.size(), c.max_seq));
 }
 
 namespace {
@@ -49,7 +48,8 @@ void embed(const Model& m, std::span<const int> tokens, Activations& a) {
     const int dim = m.config().dim;
     assert(a.rows == int(tokens.size()) && a.x.size() == std::size_t(a.rows) * dim);
     for (int i = 0; i < a.rows; i++)
-        std::copy_n(m.w.token_embedding.data() + std::int64_t(tokens[i]) * dim, dim, a.x.data() + std::int64_t(i) * dim);
+        std::copy_n(m.w.token_embedding.data() + std::int64_t(tokens[i]) * dim, dim,
+                    a.x.data() + std::int64_t(i) * dim);
 }
 
 // How the layer code multiplies: weights through their packed panels, activations with
@@ -57,8 +57,10 @@ void embed(const Model& m, std::span<const int> tokens, Activations& a) {
 struct Products {
     MatmulFn planted = nullptr;
     void weights(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows) const {
-        if (planted) planted(ex, y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
-        else matmul_packed(ex, y, ldy, x, ldx, w, rows);
+        if (planted)
+            planted(ex, y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
+        else
+            matmul_packed(ex, y, ldy, x, ldx, w, rows);
     }
     MatmulFn activations() const { return planted ? planted : kvlab::matmul; }
 };
@@ -134,8 +136,8 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
 void NaiveDecoder::attention(int T) {
     const Config& c = model_.config();
     const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
-    kt_.resize(std::size_t(hs) * T);      // [head_size, T]
-    scores_.resize(std::size_t(T) * T);   // [T, T]
+    kt_.resize(std::size_t(hs) * T);     // [head_size, T]
+    scores_.resize(std::size_t(T) * T);  // [T, T]
     assert(act_.rows == T);
     const float scale = attention_scale(hs);
     const float neg_inf = -std::numeric_limits<float>::infinity();

@@ -43,7 +43,7 @@ public:
     // Logits [vocab_size] after the full forward over tokens[0..T).
     const std::vector<float>& forward(std::span<const int> tokens);
 
-    Exec exec;                      // threads, and the FLOPs counted so far
+    Exec exec;  // threads, and the FLOPs counted so far
     // nullptr: the kernels. A test may plant an order-changing product here; it then replaces
     // every product the naive path computes (weights and attention alike).
     MatmulFn matmul = nullptr;

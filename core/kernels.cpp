@@ -38,17 +38,25 @@ void tile(float* y, int ldy, const float* x, int ldx, const float* w, int ldw, i
 template <int NB>
 void tile_rows(int rows, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int n_in) {
     switch (rows) {
-        case 4: tile<4, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
-        case 3: tile<3, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
-        case 2: tile<2, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
-        case 1: tile<1, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
-        default: assert(false);
+        case 4:
+            tile<4, NB>(y, ldy, x, ldx, w, ldw, n_in);
+            break;
+        case 3:
+            tile<3, NB>(y, ldy, x, ldx, w, ldw, n_in);
+            break;
+        case 2:
+            tile<2, NB>(y, ldy, x, ldx, w, ldw, n_in);
+            break;
+        case 1:
+            tile<1, NB>(y, ldy, x, ldx, w, ldw, n_in);
+            break;
+        default:
+            assert(false);
     }
 }
 
 // Columns left over after the vector tiles: the same k-order sum, one element at a time.
-void scalar_cols(int rows, int n_cols, float* y, int ldy, const float* x, int ldx, const float* w, int ldw,
-                 int n_in) {
+void scalar_cols(int rows, int n_cols, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int n_in) {
     for (int r = 0; r < rows; r++)
         for (int o = 0; o < n_cols; o++) {
             float s = 0.0f;
@@ -121,14 +129,13 @@ void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const P
             // The padded last panel: compute all kNR lanes, keep the real columns.
             float tmp[kMR * kNR];
             tile_rows<kNB>(mr, tmp, kNR, xt, ldx, panel, kNR, n_in);
-            for (int r = 0; r < mr; r++)
-                std::copy_n(tmp + r * kNR, nc, y + std::int64_t(r0 + r) * ldy + c0);
+            for (int r = 0; r < mr; r++) std::copy_n(tmp + r * kNR, nc, y + std::int64_t(r0 + r) * ldy + c0);
         }
     }
 }
 
-void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
-                      int n_in, int n_out) {
+void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
+                      int n_out) {
     ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
     scalar_cols(rows, n_out, y, ldy, x, ldx, w, ldw, n_in);
 }

@@ -37,8 +37,8 @@ void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const P
 
 // The same product written as the textbook triple loop: the algorithmic reference that the fast
 // matmul must match bit for bit (tests/test_kernels.cpp); otherwise identical.
-void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
-                      int n_in, int n_out);
+void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
+                      int n_out);
 
 // out[rows, dim] = x * w / sqrt(mean(x^2) + 1e-5), per row (llama2.c's order of operations).
 void rmsnorm(Exec& ex, float* out, const float* x, const float* w, int rows, int dim);

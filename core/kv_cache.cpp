@@ -1,11 +1,11 @@
 #include "kv_cache.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cstring>
 #include <limits>
-
-#include <fmt/format.h>
 
 namespace kvlab {
 
@@ -40,8 +40,7 @@ void KVCache::write(int l, int pos, const float* k_row, const float* v_row) {
 }
 
 void KVCache::truncate(int n) {
-    if (n < 0 || n > length_)
-        throw Error(fmt::format("kv cache: cannot truncate to {} (length is {})", n, length_));
+    if (n < 0 || n > length_) throw Error(fmt::format("kv cache: cannot truncate to {} (length is {})", n, length_));
     const int hs = config_.head_size();
     for (int l = 0; l < config_.n_layers; l++) {
         for (int h = 0; h < config_.n_kv_heads; h++) {

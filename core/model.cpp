@@ -128,8 +128,10 @@ Model random_model(const Config& c, std::uint64_t seed, bool shared_classifier) 
     fill(w.w2, 1.0 / std::sqrt(double(c.hidden_dim)));
     fill(w.w3, 1.0 / std::sqrt(double(c.dim)));
     fill_norm(w.rms_final);
-    if (shared_classifier) w.tie_classifier();
-    else fill(w.wcls, 1.0 / std::sqrt(double(c.dim)));
+    if (shared_classifier)
+        w.tie_classifier();
+    else
+        fill(w.wcls, 1.0 / std::sqrt(double(c.dim)));
     return Model(std::move(w));
 }
 

@@ -26,7 +26,7 @@ struct Weights {
     std::vector<float> w2;               // [n_layers, hidden_dim, dim]   (in, out)
     std::vector<float> w3;               // [n_layers, dim, hidden_dim]   (in, out)
     std::vector<float> rms_final;        // [dim]
-    std::vector<float> wcls;             // [dim, vocab_size]             (in, out); the embedding transposed when shared
+    std::vector<float> wcls;  // [dim, vocab_size]             (in, out); the embedding transposed when shared
 
     // Allocates every tensor at its shape for `config` (validated), zero-filled.
     explicit Weights(const Config& config, bool shared_classifier = true);
@@ -45,9 +45,9 @@ struct Weights {
 // head_size the last element of each head has no partner and is left as it is.
 struct RopeTable {
     int max_seq = 0;
-    int n_pairs = 0;          // head_size / 2
-    std::vector<float> cos;   // [max_seq, n_pairs]
-    std::vector<float> sin;   // [max_seq, n_pairs]
+    int n_pairs = 0;         // head_size / 2
+    std::vector<float> cos;  // [max_seq, n_pairs]
+    std::vector<float> sin;  // [max_seq, n_pairs]
     RopeTable(int max_seq, int head_size, float theta = 10000.0f);
     RopeTable() = default;
 };
@@ -57,10 +57,10 @@ struct RopeTable {
 // every k, contiguously, the last panel padded with zeros. Only the memory order changes; each
 // output element is summed exactly as matmul sums it.
 struct PackedMatrix {
-    static const int kPanel;     // columns per panel (two vector registers)
+    static const int kPanel;  // columns per panel (two vector registers)
     int n_in = 0, n_out = 0;
-    const float* w = nullptr;    // [n_in, n_out] the unpacked original (owned by Weights)
-    std::vector<float> panels;   // [ceil(n_out / kPanel), n_in, kPanel]
+    const float* w = nullptr;   // [n_in, n_out] the unpacked original (owned by Weights)
+    std::vector<float> panels;  // [ceil(n_out / kPanel), n_in, kPanel]
     PackedMatrix() = default;
     PackedMatrix(const float* w, int n_in, int n_out);
 };
@@ -92,8 +92,8 @@ struct SplitMix64 {
     std::uint64_t state;
     explicit SplitMix64(std::uint64_t seed) : state(seed) {}
     std::uint64_t next();
-    double uniform();  // [0, 1), 53 random bits
-    double gaussian(); // mean 0, variance 1 (Irwin-Hall, 12 terms)
+    double uniform();   // [0, 1), 53 random bits
+    double gaussian();  // mean 0, variance 1 (Irwin-Hall, 12 terms)
 };
 
 }  // namespace kvlab

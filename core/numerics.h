@@ -18,13 +18,13 @@ namespace kvlab {
 //   e^x = e^r * 2^n               (2^n built from its bits; two steps below the normal range)
 inline float exp_f32(float x) {
     constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kLn2Hi = 0.693359375f;          // 9 significant bits
-    constexpr float kLn2Lo = -2.12194440e-4f;       // ln 2 - kLn2Hi
-    constexpr float kOverflow = 88.7228394f;        // ln(FLT_MAX), rounded up
-    constexpr float kUnderflow = -103.972084f;      // below this e^x rounds to +0
-    if (x != x) return x;                           // NaN stays NaN
+    constexpr float kLn2Hi = 0.693359375f;      // 9 significant bits
+    constexpr float kLn2Lo = -2.12194440e-4f;   // ln 2 - kLn2Hi
+    constexpr float kOverflow = 88.7228394f;    // ln(FLT_MAX), rounded up
+    constexpr float kUnderflow = -103.972084f;  // below this e^x rounds to +0
+    if (x != x) return x;                       // NaN stays NaN
     if (x > kOverflow) return std::numeric_limits<float>::infinity();
-    if (x < kUnderflow) return 0.0f;                // -inf included: masked scores become exact zeros
+    if (x < kUnderflow) return 0.0f;  // -inf included: masked scores become exact zeros
     const float n = std::floor(x * kLog2e + 0.5f);
     const float r = (x - n * kLn2Hi) - n * kLn2Lo;
     float p = 1.0f / 5040.0f;
@@ -37,7 +37,7 @@ inline float exp_f32(float x) {
     p = p * r + 1.0f;
     // 2^k as a float for k in [-126, 127]: exponent bits only.
     auto pow2 = [](int k) { return std::bit_cast<float>(std::uint32_t(k + 127) << 23); };
-    const int k = int(n);                           // in [-150, 128]
+    const int k = int(n);  // in [-150, 128]
     if (k > 127) return p * pow2(127) * 2.0f;
     if (k < -126) return p * pow2(k + 100) * pow2(-100);  // first product exact, second rounds once
     return p * pow2(k);

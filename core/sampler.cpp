@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "config.h"
-
 #include "numerics.h"
 
 namespace kvlab {
@@ -35,8 +34,7 @@ int Sampler::sample(std::vector<float>& logits) {
         throw Error(fmt::format("sampler: got {} logits for vocab_size={}", logits.size(), n));
     // A NaN logit means the forward pass is broken; run.c would quietly pick some token.
     for (int i = 0; i < n; i++)
-        if (std::isnan(logits[static_cast<std::size_t>(i)]))
-            throw Error(fmt::format("sampler: logits[{}] is NaN", i));
+        if (std::isnan(logits[static_cast<std::size_t>(i)])) throw Error(fmt::format("sampler: logits[{}] is NaN", i));
 
     // Greedy: the first index of the largest logit (strict '>').
     if (temperature_ == 0.0f) {
@@ -50,8 +48,8 @@ int Sampler::sample(std::vector<float>& logits) {
     for (float& x : logits) x /= temperature_;
     const float max_val = *std::max_element(logits.begin(), logits.end());
     if (!std::isfinite(max_val))
-        throw Error(fmt::format("sampler: the largest logit / temperature is {} (temperature={})", max_val,
-                                temperature_));
+        throw Error(
+            fmt::format("sampler: the largest logit / temperature is {} (temperature={})", max_val, temperature_));
     float sum = 0.0f;
     for (float& x : logits) {
         x = exp_f32(x - max_val);
@@ -81,7 +79,8 @@ int Sampler::sample_top_p(const std::vector<float>& probs, float coin) {
     const float cutoff = (1.0f - top_p_) / static_cast<float>(n - 1);
     candidates_.clear();
     for (int i = 0; i < n; i++)
-        if (probs[static_cast<std::size_t>(i)] >= cutoff) candidates_.push_back({probs[static_cast<std::size_t>(i)], i});
+        if (probs[static_cast<std::size_t>(i)] >= cutoff)
+            candidates_.push_back({probs[static_cast<std::size_t>(i)], i});
     if (candidates_.empty())
         for (int i = 0; i < n; i++) candidates_.push_back({probs[static_cast<std::size_t>(i)], i});
 

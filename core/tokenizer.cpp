@@ -81,8 +81,7 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
                                     vocab_size, len, max_len));
         std::string piece(static_cast<std::size_t>(len), '\0');
         const std::size_t got = read_bytes(f, piece.data(), piece.size());
-        if (got != piece.size())
-            throw short_read(at(fmt::format("piece cut short: {} of {} bytes", got, len).c_str()));
+        if (got != piece.size()) throw short_read(at(fmt::format("piece cut short: {} of {} bytes", got, len).c_str()));
         t.pieces_.push_back(std::move(piece));
         t.scores_.push_back(score);
     }
@@ -157,8 +156,10 @@ std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) 
     // (run.c stores whatever lookup(" ") returns, -1 included; we fall back to the byte instead.)
     if (!text.empty()) {
         const int dummy_prefix = lookup(" ");
-        if (dummy_prefix >= 0) tokens.push_back(dummy_prefix);
-        else push_bytes(tokens, " ");
+        if (dummy_prefix >= 0)
+            tokens.push_back(dummy_prefix);
+        else
+            push_bytes(tokens, " ");
     }
 
     // One token per UTF-8 codepoint: a lead (or stray) byte plus up to 3 continuation bytes
@@ -169,8 +170,10 @@ std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) 
         while (end < text.size() && end - i < 4 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) end++;
         codepoint.assign(text, i, end - i);
         const int id = lookup(codepoint);
-        if (id >= 0) tokens.push_back(id);
-        else push_bytes(tokens, codepoint);
+        if (id >= 0)
+            tokens.push_back(id);
+        else
+            push_bytes(tokens, codepoint);
         i = end;
     }
 

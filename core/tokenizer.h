@@ -55,9 +55,9 @@ private:
     void build_index();
     void check_id(int id) const;
 
-    std::vector<std::string> pieces_;            // [vocab_size]
-    std::vector<float> scores_;                  // [vocab_size]; merge priority, higher first
-    std::unordered_map<std::string, int> index_; // piece -> lowest id with that piece
+    std::vector<std::string> pieces_;             // [vocab_size]
+    std::vector<float> scores_;                   // [vocab_size]; merge priority, higher first
+    std::unordered_map<std::string, int> index_;  // piece -> lowest id with that piece
     int max_token_length_ = 0;
 };
 

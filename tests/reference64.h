@@ -12,7 +12,6 @@
 #include <span>
 #include <stdexcept>
 #include <vector>
-
 #include <xtensor/xmath.hpp>
 #include <xtensor/xtensor.hpp>
 #include <xtensor/xview.hpp>
@@ -106,10 +105,10 @@ struct Gain {
     static double attention_head(double kq, const Vec& kk, const Vec& kv, const Vec& q, const Mat& K, const Mat& V,
                                  const Vec& p, const Vec& out) {
         const double hs = double(q.size());
-        const Vec knorm = xt::sqrt(xt::sum(K * K, {1}));                                   // [t+1]
-        const Vec vnorm = xt::sqrt(xt::sum(V * V, {1}));                                   // [t+1]
-        const Vec dev = xt::sqrt(xt::sum(xt::square(V - out), {1}));                      // [t+1]
-        const Vec dscore = xt::sqrt(kq * kq + kk * kk) * norm(q) * knorm / hs;             // [t+1]
+        const Vec knorm = xt::sqrt(xt::sum(K * K, {1}));                        // [t+1]
+        const Vec vnorm = xt::sqrt(xt::sum(V * V, {1}));                        // [t+1]
+        const Vec dev = xt::sqrt(xt::sum(xt::square(V - out), {1}));            // [t+1]
+        const Vec dscore = xt::sqrt(kq * kq + kk * kk) * norm(q) * knorm / hs;  // [t+1]
         const double from_p = norm(p * dscore * dev), from_v = norm(p * kv * vnorm);
         return from_p * from_p + from_v * from_v;
     }
@@ -195,9 +194,9 @@ struct Reference64 {
                 for (int h = 0; h < c.n_heads; h++) {
                     auto qcols = range(h * hs, (h + 1) * hs);
                     auto kvcols = range((h / group) * hs, (h / group + 1) * hs);
-                    const Vec qh = view(q, t, qcols);                 // [hs]
-                    const Mat Kh = view(k, range(0, t + 1), kvcols);  // [t+1, hs]
-                    const Mat Vh = view(v, range(0, t + 1), kvcols);  // [t+1, hs]
+                    const Vec qh = view(q, t, qcols);                                  // [hs]
+                    const Mat Kh = view(k, range(0, t + 1), kvcols);                   // [t+1, hs]
+                    const Mat Vh = view(v, range(0, t + 1), kvcols);                   // [t+1, hs]
                     const Vec scores = xt::sum(Kh * qh, {1}) / std::sqrt(double(hs));  // [t+1]
                     const Vec p = softmax(scores);
                     const Vec out = xt::sum(view(p, all(), xt::newaxis()) * Vh, {0});  // [hs]
@@ -219,8 +218,8 @@ struct Reference64 {
                 const Vec x2 = x1 + o2;
                 // conditioning (rmsnorm is scale-invariant: xb inherits x1's)
                 const double kx1 = Gain::add(kx[t], view(x, t, all()), amp(katt[t], Gain::matvec(a, Wo, o)), o, x1);
-                const double kg = Gain::silu_mul(amp(kx1, Gain::matvec(xb, W1, h1)), h1,
-                                                 amp(kx1, Gain::matvec(xb, W3, h3)), h3, g);
+                const double kg =
+                    Gain::silu_mul(amp(kx1, Gain::matvec(xb, W1, h1)), h1, amp(kx1, Gain::matvec(xb, W3, h3)), h3, g);
                 kx[t] = Gain::add(kx1, x1, amp(kg, Gain::matvec(g, W2, o2)), o2, x2);
                 view(x, t, all()) = x2;
             }

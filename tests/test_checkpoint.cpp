@@ -1,15 +1,12 @@
 // Checkpoint I/O: bit-exact round trips, the documented byte layouts (written here by hand, index
 // by index, independently of core/checkpoint.cpp), every malformed-file error, and the real
 // stories260K checkpoint.
-#include "checkpoint.h"
-#include "test_util.h"
-
-#include <catch2/catch.hpp>
-#include <rapidcheck/catch.h>
 #include <fmt/format.h>
+#include <rapidcheck/catch.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint.h"
+#include "test_util.h"
 
 // Largest single allocation since the last reset: lets the error tests prove that a header claiming
 // billions of parameters is rejected without trying to allocate them. Every unaligned form is
@@ -64,7 +63,8 @@ struct TempFile {
     std::string path;
     TempFile() {
         static int counter = 0;
-        path = (fs::temp_directory_path() / fmt::format("kvlab_test_checkpoint_{}_{}.bin", getpid(), counter++)).string();
+        path =
+            (fs::temp_directory_path() / fmt::format("kvlab_test_checkpoint_{}_{}.bin", getpid(), counter++)).string();
     }
     ~TempFile() {
         std::error_code ec;
@@ -102,7 +102,8 @@ void put_matrix(Bytes& b, const std::vector<float>& ours, int L, int in, int out
 }
 
 void put_params(Bytes& b, const Config& c, std::int32_t vocab_field) {
-    for (std::int32_t v : {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, vocab_field, c.max_seq}) put_i32(b, v);
+    for (std::int32_t v : {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, vocab_field, c.max_seq})
+        put_i32(b, v);
 }
 
 // The legacy layout, straight from llama2.c's export.py legacy_export.
@@ -160,9 +161,17 @@ std::string weight_diff(const Weights& a, const Weights& b) {
     if (!(a.config == b.config)) return "config: " + a.config.describe() + " vs " + b.config.describe();
     if (a.shared_classifier != b.shared_classifier) return "shared_classifier";
     const std::pair<const char*, std::vector<float> Weights::*> tensors[] = {
-        {"token_embedding", &Weights::token_embedding}, {"rms_att", &Weights::rms_att}, {"wq", &Weights::wq},
-        {"wk", &Weights::wk}, {"wv", &Weights::wv}, {"wo", &Weights::wo}, {"rms_ffn", &Weights::rms_ffn},
-        {"w1", &Weights::w1}, {"w2", &Weights::w2}, {"w3", &Weights::w3}, {"rms_final", &Weights::rms_final},
+        {"token_embedding", &Weights::token_embedding},
+        {"rms_att", &Weights::rms_att},
+        {"wq", &Weights::wq},
+        {"wk", &Weights::wk},
+        {"wv", &Weights::wv},
+        {"wo", &Weights::wo},
+        {"rms_ffn", &Weights::rms_ffn},
+        {"w1", &Weights::w1},
+        {"w2", &Weights::w2},
+        {"w3", &Weights::w3},
+        {"rms_final", &Weights::rms_final},
         {"wcls", &Weights::wcls},
     };
     for (auto [name, member] : tensors) {
@@ -206,7 +215,8 @@ Bytes header(std::int32_t dim, std::int32_t hidden, std::int32_t layers, std::in
 }
 
 // A small model with every size distinct, so a swapped dimension cannot go unnoticed.
-const Config kSmall{/*dim*/ 8, /*hidden_dim*/ 12, /*n_layers*/ 2, /*n_heads*/ 2, /*n_kv_heads*/ 1, /*vocab_size*/ 10,
+const Config kSmall{/*dim*/ 8,     /*hidden_dim*/ 12, /*n_layers*/ 2,
+                    /*n_heads*/ 2, /*n_kv_heads*/ 1,  /*vocab_size*/ 10,
                     /*max_seq*/ 6};
 
 Config gen_config() {
@@ -280,14 +290,14 @@ TEST_CASE("a version-1 file written by hand loads to the same weights as the leg
 
 TEST_CASE("the saved file has the size the legacy format implies", "[checkpoint]") {
     // kSmall: dim 8, hidden 12, 2 layers, 2 heads (head_size 4), 1 KV head (kv_dim 4), vocab 10, max_seq 6.
-    const std::int64_t floats = 10 * 8            // token_embedding [vocab, dim]
-                                + 2 * 8           // rms_att [L, dim]
-                                + 2 * 8 * 8       // wq [L, dim, dim]
-                                + 2 * 4 * 8 * 2   // wk, wv [L, kv_dim, dim]
-                                + 2 * 8 * 8       // wo [L, dim, dim]
-                                + 2 * 8           // rms_ffn [L, dim]
-                                + 3 * 2 * 12 * 8  // w1, w2, w3 [L, hidden, dim] (w2 transposed, same count)
-                                + 8               // rms_final [dim]
+    const std::int64_t floats = 10 * 8              // token_embedding [vocab, dim]
+                                + 2 * 8             // rms_att [L, dim]
+                                + 2 * 8 * 8         // wq [L, dim, dim]
+                                + 2 * 4 * 8 * 2     // wk, wv [L, kv_dim, dim]
+                                + 2 * 8 * 8         // wo [L, dim, dim]
+                                + 2 * 8             // rms_ffn [L, dim]
+                                + 3 * 2 * 12 * 8    // w1, w2, w3 [L, hidden, dim] (w2 transposed, same count)
+                                + 8                 // rms_final [dim]
                                 + 2 * 6 * (4 / 2);  // freq_cis_real, freq_cis_imag [max_seq, head_size/2]
     REQUIRE(floats == 1104);
     TempFile f;
@@ -311,9 +321,12 @@ TEST_CASE("malformed files are one-line kvlab::Errors naming the file and the pr
     SECTION("a directory") { check_load_error(fs::temp_directory_path().string(), "not a regular file"); }
     SECTION("empty file") { check_load_error(with({}), "is shorter than the 28-byte llama2.c header (0 bytes)"); }
     SECTION("part of a header") {
-        check_load_error(with(Bytes(good.begin(), good.begin() + 27)), "shorter than the 28-byte llama2.c header (27 bytes)");
+        check_load_error(with(Bytes(good.begin(), good.begin() + 27)),
+                         "shorter than the 28-byte llama2.c header (27 bytes)");
     }
-    SECTION("header only") { check_load_error(with(Bytes(good.begin(), good.begin() + 28)), "truncated: expected 4444 bytes, found 28"); }
+    SECTION("header only") {
+        check_load_error(with(Bytes(good.begin(), good.begin() + 28)), "truncated: expected 4444 bytes, found 28");
+    }
     SECTION("truncated by one byte") {
         check_load_error(with(Bytes(good.begin(), good.end() - 1)), "truncated: expected 4444 bytes, found 4443");
     }
@@ -329,7 +342,9 @@ TEST_CASE("malformed files are one-line kvlab::Errors naming the file and the pr
         check_load_error(with(b), "truncated: expected 4764 bytes, found 4444");
     }
     SECTION("dim = 0") { check_load_error(with(header(0, 12, 2, 2, 1, 10, 6)), "dim must be positive, got 0"); }
-    SECTION("negative n_layers") { check_load_error(with(header(8, 12, -1, 2, 1, 10, 6)), "n_layers must be positive, got -1"); }
+    SECTION("negative n_layers") {
+        check_load_error(with(header(8, 12, -1, 2, 1, 10, 6)), "n_layers must be positive, got -1");
+    }
     SECTION("n_heads does not divide dim") {
         check_load_error(with(header(64, 12, 2, 3, 1, 10, 6)), "n_heads (3) must divide dim (64)");
     }
@@ -345,13 +360,17 @@ TEST_CASE("malformed files are one-line kvlab::Errors naming the file and the pr
     }
     SECTION("a valid Llama-2-7B-sized header on a tiny file is not allocated") {
         // 6.6e9 parameters: within kMaxElements, so only the size check stands between it and 26 GB.
-        check_load_error(with(header(4096, 11008, 32, 32, 32, 32000, 4096)), "truncated: expected 26431471644 bytes, found 28");
+        check_load_error(with(header(4096, 11008, 32, 32, 32, 32000, 4096)),
+                         "truncated: expected 26431471644 bytes, found 28");
     }
-    SECTION("ak42 version 2 (int8)") { check_load_error(with(v1_bytes(m.w, 2)), "version 2 (int8) checkpoints are not supported"); }
+    SECTION("ak42 version 2 (int8)") {
+        check_load_error(with(v1_bytes(m.w, 2)), "version 2 (int8) checkpoints are not supported");
+    }
     SECTION("ak42 unknown version") { check_load_error(with(v1_bytes(m.w, 7)), "ak42 version 7 is not supported"); }
     SECTION("ak42 header cut short") {
         const Bytes v1 = v1_bytes(m.w);
-        check_load_error(with(Bytes(v1.begin(), v1.begin() + 100)), "shorter than the 256-byte ak42 header (100 bytes)");
+        check_load_error(with(Bytes(v1.begin(), v1.begin() + 100)),
+                         "shorter than the 256-byte ak42 header (100 bytes)");
     }
     SECTION("ak42 truncated by one byte") {
         const Bytes v1 = v1_bytes(m.w);

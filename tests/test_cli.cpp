@@ -1,16 +1,14 @@
 // The kvlab program end to end: every command runs, and bad input gets one clear line on
 // stderr and a non-zero exit, never a crash, a hang or a silent truncation.
-#include <catch2/catch.hpp>
-
 #include <sys/wait.h>
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "checkpoint.h"
 #include "test_util.h"

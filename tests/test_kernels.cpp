@@ -1,8 +1,8 @@
 // The kernels keep the numeric contract on their own: the fast product equals the textbook
 // one bit for bit, exp_f32 is accurate, and masking adds exact zeros.
-#include <catch2/catch.hpp>
 #include <rapidcheck/catch.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 
@@ -39,8 +39,8 @@ TEST_CASE("matmul equals the textbook triple loop bit for bit, for any shape, st
         Exec ex_ref;
         matmul_reference(ex_ref, ref.data(), ldy, x.data(), ldx, w.data(), ldw, rows, n_in, n_out);
         if (auto diff = first_difference(fast, ref))
-            RC_FAIL(fmt::format("rows {} n_in {} n_out {} pad {} threads {}: {}", rows, n_in, n_out, pad, threads,
-                                *diff));
+            RC_FAIL(
+                fmt::format("rows {} n_in {} n_out {} pad {} threads {}: {}", rows, n_in, n_out, pad, threads, *diff));
         RC_ASSERT(ex.flops == 2ull * rows * n_in * n_out);  // every product counted, once
     });
 }
@@ -86,8 +86,8 @@ TEST_CASE("exp_f32 handles the edges: -inf is an exact zero, overflow is inf, Na
     for (float x = -103.9f; x < -87.0f; x += 0.05f) {
         const float y = exp_f32(x);
         CHECK(y >= prev);
-        CHECK(std::fabs(double(y) - std::exp(double(x))) <= 1.5 * std::numeric_limits<float>::denorm_min() +
-                                                             2e-7 * std::exp(double(x)));
+        CHECK(std::fabs(double(y) - std::exp(double(x))) <=
+              1.5 * std::numeric_limits<float>::denorm_min() + 2e-7 * std::exp(double(x)));
         prev = y;
     }
 }

@@ -1,9 +1,9 @@
 // Tests for core/tokenizer (llama2.c tokenizer.bin + run.c's BPE) and core/sampler (run.c's sampler).
-#include <catch2/catch.hpp>
 #include <rapidcheck/catch.h>
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,7 +22,6 @@
 #include "sampler.h"
 #include "test_util.h"
 #include "tokenizer.h"
-
 
 namespace fs = std::filesystem;
 using kvlab::Sampler;
@@ -130,8 +129,8 @@ const std::vector<Entry>& small_merges() {
         std::vector<Entry> m;
         for (const char* s : {" ", "a", "d", "e", "h", "i", "l", "n", "o", "s", "t", "T", "g", "r"})
             m.push_back({-1000.0f, s});
-        const char* pieces[] = {" t", "he", " a", "in", "th", " the", "nd", " and", "ing", "on", " o",
-                                "ll", " s", "er", "an", "the", " th", "ng", "it", "is", " is"};
+        const char* pieces[] = {" t", "he", " a", "in", "th",  " the", "nd", " and", "ing", "on", " o",
+                                "ll", " s", "er", "an", "the", " th",  "ng", "it",   "is",  " is"};
         float score = 0.0f;
         int k = 0;
         for (const char* p : pieces) {
@@ -255,7 +254,8 @@ TEST_CASE("tokenizer load errors are kvlab::Error with one-line messages", "[tok
 }
 
 TEST_CASE("a duplicated piece resolves to its lowest id", "[tokenizer]") {
-    const Tokenizer t = load_entries(llama_layout({{0.0f, " "}, {0.0f, "a"}, {0.0f, "b"}, {-1.0f, "ab"}, {9.0f, "ab"}}));
+    const Tokenizer t =
+        load_entries(llama_layout({{0.0f, " "}, {0.0f, "a"}, {0.0f, "b"}, {-1.0f, "ab"}, {9.0f, "ab"}}));
     const int first = t.lookup("ab");
     CHECK(first == 3 + 256 + 3);
     CHECK(t.encode("ab", false, false) == std::vector<int>{t.lookup(" "), first});
@@ -264,8 +264,8 @@ TEST_CASE("a duplicated piece resolves to its lowest id", "[tokenizer]") {
 TEST_CASE("token ids outside the vocabulary are errors", "[tokenizer]") {
     const Tokenizer& t = small_tokenizer();
     const int n = t.vocab_size();
-    CHECK(error_of([&] { (void)t.piece(n); }) == "token id " + std::to_string(n) + " is outside the vocabulary [0, " +
-                                                      std::to_string(n) + ")");
+    CHECK(error_of([&] { (void)t.piece(n); }) ==
+          "token id " + std::to_string(n) + " is outside the vocabulary [0, " + std::to_string(n) + ")");
     CHECK(contains(error_of([&] { (void)t.piece(-1); }), "token id -1 is outside"));
     CHECK(contains(error_of([&] { (void)t.score(n); }), "outside the vocabulary"));
     CHECK(contains(error_of([&] { (void)t.decode(1, n + 5); }), "outside the vocabulary"));
@@ -294,9 +294,15 @@ TEST_CASE("encode merges the best-scoring pair first", "[tokenizer]") {
     CHECK(encode_abc(-2.0f, -1.0f) == std::vector<std::string>{" ", "a", "bc"});
 
     // Score, not position, decides.
-    const Tokenizer t = load_entries(llama_layout(
-        {{-100.0f, " "}, {-100.0f, "a"}, {-100.0f, "b"}, {-100.0f, "c"}, {-100.0f, "d"}, {-5.0f, "ab"},
-         {-1.0f, "cd"}, {-3.0f, "bc"}, {-4.0f, "abcd"}}));
+    const Tokenizer t = load_entries(llama_layout({{-100.0f, " "},
+                                                   {-100.0f, "a"},
+                                                   {-100.0f, "b"},
+                                                   {-100.0f, "c"},
+                                                   {-100.0f, "d"},
+                                                   {-5.0f, "ab"},
+                                                   {-1.0f, "cd"},
+                                                   {-3.0f, "bc"},
+                                                   {-4.0f, "abcd"}}));
     // "bcd": cd (-1) beats the leftmost pair bc (-3); "bcd" is not a piece, so it stops there.
     CHECK(pieces_of(t, t.encode("bcd", false, false)) == std::vector<std::string>{" ", "b", "cd"});
     // "abcd": cd (-1), then ab (-5), the only pair left that merges, then abcd (-4) appears.
@@ -321,8 +327,8 @@ TEST_CASE("encode merges across BOS exactly as run.c (BOS takes part in merging)
 }
 
 TEST_CASE("encode falls back to byte tokens (id = byte + 3) for unknown codepoints", "[tokenizer]") {
-    const Tokenizer t = load_entries(llama_layout(
-        {{0.0f, " "}, {0.0f, "a"}, {0.0f, "\xE2\x82\xAC"} /* euro sign */, {0.0f, "\x80\x80\x80\x80"}}));
+    const Tokenizer t = load_entries(
+        llama_layout({{0.0f, " "}, {0.0f, "a"}, {0.0f, "\xE2\x82\xAC"} /* euro sign */, {0.0f, "\x80\x80\x80\x80"}}));
     const int space = t.lookup(" "), a = t.lookup("a"), euro = t.lookup("\xE2\x82\xAC");
     const int stray4 = t.lookup("\x80\x80\x80\x80");
     // ASCII not in the vocabulary.
@@ -450,7 +456,7 @@ TEST_CASE("tok512.bin loads with vocab_size 512 and round-trips text", "[tok512]
     const auto toks = t.encode(text, true, false);
     REQUIRE(toks.size() >= 2);
     CHECK(toks.front() == Tokenizer::kBos);
-    CHECK(toks.size() < text.size());  // merges happened
+    CHECK(toks.size() < text.size());        // merges happened
     CHECK(t.piece(toks[1]).front() == ' ');  // the dummy prefix merged into the first word
     CHECK(decode_all(t, toks) == text);
 
@@ -501,7 +507,8 @@ TEST_CASE("same seed gives the same sequence", "[sampler]") {
         std::vector<int> out;
         for (int step = 0; step < 200; step++) {
             std::vector<float> logits(16);
-            for (int i = 0; i < 16; i++) logits[static_cast<std::size_t>(i)] = std::sin(0.7f * static_cast<float>(i + step));
+            for (int i = 0; i < 16; i++)
+                logits[static_cast<std::size_t>(i)] = std::sin(0.7f * static_cast<float>(i + step));
             out.push_back(s.sample(logits));
         }
         return out;

@@ -2,6 +2,10 @@
 // and the skip convention for data that may be absent.
 #pragma once
 
+#include <fmt/format.h>
+#include <rapidcheck.h>
+
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -9,10 +13,6 @@
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
-#include <fmt/format.h>
-#include <rapidcheck.h>
 
 #include "config.h"
 #include "models_dir.h"
@@ -46,7 +46,7 @@ inline std::string model_file(const std::string& name) {
     if (Catch::getCurrentContext().getConfig()->hasTestFilters()) std::exit(77);
     return "";
 }
-#define KVLAB_MODEL_FILE_OR_SKIP(var, name)               \
+#define KVLAB_MODEL_FILE_OR_SKIP(var, name)                \
     const std::string var = kvlab::test::model_file(name); \
     if (var.empty()) return
 
@@ -68,19 +68,19 @@ inline std::optional<std::string> first_difference(const std::vector<float>& a, 
 inline constexpr int kFullSize = 100;
 inline rc::Gen<Config> gen_tiny_config(int max_head_size = 32, int max_seq = 64) {
     return rc::gen::resize(kFullSize, rc::gen::exec([=] {
-        Config c;
-        c.n_layers = *rc::gen::inRange(1, 5);
-        c.n_heads = *rc::gen::inRange(1, 9);
-        std::vector<int> divisors;
-        for (int d = 1; d <= c.n_heads; d++)
-            if (c.n_heads % d == 0) divisors.push_back(d);
-        c.n_kv_heads = *rc::gen::elementOf(divisors);
-        c.dim = c.n_heads * *rc::gen::inRange(1, max_head_size + 1);
-        c.hidden_dim = *rc::gen::inRange(1, 65);
-        c.vocab_size = *rc::gen::inRange(1, 301);
-        c.max_seq = *rc::gen::inRange(1, max_seq + 1);
-        return c;
-    }));
+                               Config c;
+                               c.n_layers = *rc::gen::inRange(1, 5);
+                               c.n_heads = *rc::gen::inRange(1, 9);
+                               std::vector<int> divisors;
+                               for (int d = 1; d <= c.n_heads; d++)
+                                   if (c.n_heads % d == 0) divisors.push_back(d);
+                               c.n_kv_heads = *rc::gen::elementOf(divisors);
+                               c.dim = c.n_heads * *rc::gen::inRange(1, max_head_size + 1);
+                               c.hidden_dim = *rc::gen::inRange(1, 65);
+                               c.vocab_size = *rc::gen::inRange(1, 301);
+                               c.max_seq = *rc::gen::inRange(1, max_seq + 1);
+                               return c;
+                           }));
 }
 
 // A sequence of 1..max_seq token ids below vocab_size.
