@@ -21,10 +21,7 @@ namespace {
 // `naive_matmul`, or the kernels when nullptr) and the cached decoder give bitwise-equal logits at every step. The
 // first `prompt_len` tokens are prefilled, the rest decoded one at a time.
 void check_naive_equals_cached(MatmulFn naive_matmul) {
-    const Config c = *gen_tiny_config();
-    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-    const std::vector<int> tokens = gen_tokens(c);
-    const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+    const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
     const Model m = random_model(c, seed);
     NaiveDecoder naive(m);
     naive.matmul = naive_matmul;
@@ -102,10 +99,7 @@ TEST_CASE("P1 counter-test: an order-changing matmul in the naive path is caught
 // P2's body: prefill (with product `matmul`, or the kernels when nullptr) then decode equals
 // decoding every token one by one from an empty cache, logits and cache contents.
 void check_prefill_equals_one_by_one(MatmulFn matmul) {
-    const Config c = *gen_tiny_config();
-    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-    const std::vector<int> tokens = gen_tokens(c);
-    const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+    const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
     const Model m = random_model(c, seed);
     CachedDecoder batched(m), one_by_one(m);
     batched.matmul = one_by_one.matmul = matmul;
@@ -144,10 +138,7 @@ TEST_CASE("P2 counter-test: a row-dependent split in prefill is caught", "[P2][c
 // P3's body: 1, 2 and 4 threads give the same bits, naive and cached (with product `matmul`,
 // or the kernels when nullptr).
 void check_thread_count_invariance(MatmulFn matmul) {
-    const Config c = *gen_tiny_config();
-    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-    const std::vector<int> tokens = gen_tokens(c);
-    const int prompt_len = *rc::gen::inRange(1, int(tokens.size()) + 1);
+    const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
     const Model m = random_model(c, seed);
     std::vector<std::vector<float>> runs;  // per thread count: naive logits then cached logits, every step
     for (int threads : {1, 2, 4}) {

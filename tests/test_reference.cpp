@@ -77,22 +77,6 @@ Deviation deviation(const std::vector<float>& l32, const ref::Vec& l64) {
     return d;
 }
 
-struct Case {
-    Config config;
-    std::uint64_t seed = 0;
-    std::vector<int> tokens;
-    int n_prefill = 0;  // CachedDecoder: prefill tokens[0, n_prefill), then decode the rest one by one
-};
-
-Case generate_case() {
-    Case k;
-    k.config = *test::gen_tiny_config();
-    k.seed = *rc::gen::arbitrary<std::uint64_t>();
-    k.tokens = test::gen_tokens(k.config);
-    k.n_prefill = *rc::gen::inRange(1, int(k.tokens.size()) + 1);
-    return k;
-}
-
 std::vector<float> cached_logits(const Model& m, const std::vector<int>& tokens, int n_prefill) {
     CachedDecoder dec(m);
     std::vector<float> logits = dec.prefill(std::span<const int>(tokens.data(), std::size_t(n_prefill)));
@@ -100,7 +84,7 @@ std::vector<float> cached_logits(const Model& m, const std::vector<int>& tokens,
     return logits;
 }
 
-std::string describe(const Case& k, const char* decoder, const Deviation& d, const std::vector<float>& l32,
+std::string describe(const test::DecodeCase& k, const char* decoder, const Deviation& d, const std::vector<float>& l32,
                      const ref::Vec& l64, double bound, double kappa) {
     std::string tokens;
     for (int t : k.tokens) tokens += (tokens.empty() ? "" : ", ") + std::to_string(t);
@@ -108,7 +92,7 @@ std::string describe(const Case& k, const char* decoder, const Deviation& d, con
         "{}: error {:.3g} > bound {:.3g} (kappa {:.3g}, S {})\n  config: {}\n  seed: {}\n  tokens ({}, prefill {}): "
         "[{}]\n  worst logit {}: float32 {:.9g}, float64 {:.17g}",
         decoder, d.err, bound, kappa, path_length(k.config, int(k.tokens.size())), k.config.describe(), k.seed,
-        k.tokens.size(), k.n_prefill, tokens, d.index, l32[d.index], l64(d.index));
+        k.tokens.size(), k.prompt_len, tokens, d.index, l32[d.index], l64(d.index));
 }
 
 }  // namespace
@@ -118,7 +102,7 @@ TEST_CASE("P4: float32 logits of both decoders stay within the rounding bound of
     double worst_ratio = 0;  // observed error / bound, over every case and both decoders
     int n_cases = 0;
     rc::prop("float32 logits within C kappa S u of the float64 ones", [&] {
-        const Case k = generate_case();
+        const test::DecodeCase k = test::gen_decode_case();
         const Model m = random_model(k.config, k.seed);
         double kappa = 0;
         const ref::Vec l64 = ref::Reference64(m.w).forward(k.tokens, 0, &kappa);
@@ -127,7 +111,7 @@ TEST_CASE("P4: float32 logits of both decoders stay within the rounding bound of
 
         NaiveDecoder naive(m);
         const std::vector<float> naive_logits = naive.forward(k.tokens);
-        const std::vector<float> cached = cached_logits(m, k.tokens, k.n_prefill);
+        const std::vector<float> cached = cached_logits(m, k.tokens, k.prompt_len);
         n_cases++;
         const std::pair<const char*, const std::vector<float>*> runs[] = {{"NaiveDecoder", &naive_logits},
                                                                           {"CachedDecoder", &cached}};

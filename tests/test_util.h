@@ -90,4 +90,21 @@ inline std::vector<int> gen_tokens(const Config& c, int min_len = 1) {
                             rc::gen::container<std::vector<int>>(std::size_t(n), rc::gen::inRange(0, c.vocab_size)));
 }
 
+// One generated run of a decoder: a tiny config, a model seed, the tokens, and how many of them
+// are prefilled before the rest are decoded one at a time.
+struct DecodeCase {
+    Config config;
+    std::uint64_t seed = 0;
+    std::vector<int> tokens;
+    int prompt_len = 0;
+};
+inline DecodeCase gen_decode_case() {
+    DecodeCase k;
+    k.config = *gen_tiny_config();
+    k.seed = *rc::gen::arbitrary<std::uint64_t>();
+    k.tokens = gen_tokens(k.config);
+    k.prompt_len = *rc::gen::inRange(1, int(k.tokens.size()) + 1);
+    return k;
+}
+
 }  // namespace kvlab::test
