@@ -220,8 +220,8 @@ const Config kSmall{/*dim*/ 8,     /*hidden_dim*/ 12, /*n_layers*/ 2,
                     /*max_seq*/ 6};
 
 Config gen_config() {
-    const int head_size = *rc::gen::inRange(1, 17);
-    const int n_heads = *rc::gen::inRange(1, 9);
+    const int head_size = *test::full_range(1, 17);
+    const int n_heads = *test::full_range(1, 9);
     std::vector<int> divisors;
     for (int d = 1; d <= n_heads; d++)
         if (n_heads % d == 0) divisors.push_back(d);
@@ -229,21 +229,11 @@ Config gen_config() {
     c.dim = n_heads * head_size;
     c.n_heads = n_heads;
     c.n_kv_heads = *rc::gen::elementOf(divisors);
-    c.n_layers = *rc::gen::inRange(1, 4);
-    c.hidden_dim = *rc::gen::inRange(1, 41);
-    c.vocab_size = *rc::gen::inRange(1, 65);
-    c.max_seq = *rc::gen::inRange(1, 33);
+    c.n_layers = *test::full_range(1, 4);
+    c.hidden_dim = *test::full_range(1, 41);
+    c.vocab_size = *test::full_range(1, 65);
+    c.max_seq = *test::full_range(1, 33);
     return c;
-}
-
-// Distance in units in the last place between two finite floats (0 when bit-identical).
-std::int64_t ulps(float a, float b) {
-    auto ordered = [](float x) {
-        std::uint32_t u;
-        std::memcpy(&u, &x, 4);
-        return (u & 0x80000000u) ? -std::int64_t(u & 0x7fffffffu) : std::int64_t(u);
-    };
-    return std::llabs(ordered(a) - ordered(b));
 }
 
 }  // namespace
@@ -443,7 +433,7 @@ TEST_CASE("stories260K loads, and saving it reproduces the file", "[stories260k]
         float a, b;
         std::memcpy(&a, orig.data() + rope_begin + 4 * k, 4);
         std::memcpy(&b, ours.data() + rope_begin + 4 * k, 4);
-        const std::int64_t d = ulps(a, b);
+        const std::int64_t d = std::int64_t(ulp_distance(a, b));
         differ += d != 0;
         worst = std::max(worst, d);
     }

@@ -11,6 +11,7 @@
 
 using namespace kvlab;
 using kvlab::test::first_difference;
+using kvlab::test::full_range;
 
 namespace {
 
@@ -26,8 +27,8 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
 TEST_CASE("matmul equals the textbook triple loop bit for bit, for any shape, stride and thread count",
           "[kernels][matmul]") {
     rc::prop("fast and reference products agree", [] {
-        const int rows = *rc::gen::inRange(0, 40), n_in = *rc::gen::inRange(0, 80), n_out = *rc::gen::inRange(0, 150);
-        const int pad = *rc::gen::inRange(0, 5);  // row strides wider than the rows
+        const int rows = *full_range(0, 40), n_in = *full_range(0, 80), n_out = *full_range(0, 150);
+        const int pad = *full_range(0, 5);  // row strides wider than the rows
         const int threads = *rc::gen::elementOf(std::vector<int>{1, 2, 3, 4});
         const auto seed = *rc::gen::arbitrary<std::uint64_t>();
         const int ldx = n_in + pad, ldw = n_out + pad, ldy = n_out + pad;
@@ -94,7 +95,7 @@ TEST_CASE("exp_f32 handles the edges: -inf is an exact zero, overflow is inf, Na
 
 TEST_CASE("masked scores add exact zeros: a causal row equals the unmasked prefix", "[kernels][mask]") {
     rc::prop("softmax over a row with -inf tail, then the product with V, equals the prefix alone", [] {
-        const int T = *rc::gen::inRange(1, 40), n = *rc::gen::inRange(1, T + 1), hs = *rc::gen::inRange(1, 20);
+        const int T = *full_range(1, 40), n = *full_range(1, T + 1), hs = *full_range(1, 20);
         const auto seed = *rc::gen::arbitrary<std::uint64_t>();
         std::vector<float> row = random_floats(T, seed), prefix(row.begin(), row.begin() + n);
         for (int j = n; j < T; j++) row[j] = -std::numeric_limits<float>::infinity();

@@ -66,6 +66,12 @@ inline std::optional<std::string> first_difference(const std::vector<float>& a, 
 // ranges by a size that grows over the run, which would leave most cases near the minimum;
 // kFullSize draws from the whole ranges in every case (shrinking still finds the small ones).
 inline constexpr int kFullSize = 100;
+// inRange drawing from the whole range in every case (see kFullSize).
+template <class T>
+rc::Gen<T> full_range(T lo, T hi) {
+    return rc::gen::resize(kFullSize, rc::gen::inRange(lo, hi));
+}
+
 inline rc::Gen<Config> gen_tiny_config(int max_head_size = 32, int max_seq = 64) {
     return rc::gen::resize(kFullSize, rc::gen::exec([=] {
                                Config c;
