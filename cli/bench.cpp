@@ -42,7 +42,7 @@ struct Row {
 
 int run_bench(const BenchOptions& o) {
     const Config c = shape_from_string(o.shape);
-    std::vector<int> lengths = parse_token_list(o.lengths);
+    std::vector<int> lengths = parse_int_list("--lengths", o.lengths);
     std::sort(lengths.begin(), lengths.end());
     for (int T : lengths)
         if (T < 1 || T > c.max_seq)

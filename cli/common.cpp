@@ -31,7 +31,7 @@ LoadedModel load_model(const std::string& model_path, const std::string& tokeniz
     return m;
 }
 
-std::vector<int> parse_token_list(const std::string& text) {
+std::vector<int> parse_int_list(const std::string& option, const std::string& text) {
     std::vector<int> out;
     std::size_t start = 0;
     while (start <= text.size()) {
@@ -40,7 +40,7 @@ std::vector<int> parse_token_list(const std::string& text) {
         int value = 0;
         auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
         if (item.empty() || ec != std::errc() || p != item.data() + item.size())
-            throw Error(fmt::format("--tokens: '{}' is not a token id (expected a list like 1,2,3)", item));
+            throw Error(fmt::format("{}: '{}' is not an integer (expected a list like 1,2,3)", option, item));
         out.push_back(value);
         start = end + 1;
     }
@@ -49,7 +49,7 @@ std::vector<int> parse_token_list(const std::string& text) {
 
 std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
                                const std::string& default_text) {
-    if (!tokens.empty()) return parse_token_list(tokens);
+    if (!tokens.empty()) return parse_int_list("--tokens", tokens);
     if (!prompt.empty()) {
         if (!m.tokenizer) throw Error("--prompt needs a tokenizer (give --tokenizer, or use --tokens 1,2,3)");
         return m.tokenizer->encode(prompt, true, false);

@@ -34,8 +34,8 @@ std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, 
 std::vector<int> checked_prompt(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
                                 const std::string& default_text, int steps, int extra);
 
-// "1,2,3" -> {1, 2, 3}; anything else is an Error.
-std::vector<int> parse_token_list(const std::string& text);
+// "1,2,3" -> {1, 2, 3}; anything else is an Error naming `option`.
+std::vector<int> parse_int_list(const std::string& option, const std::string& text);
 
 // Text of `token` after `prev` (with the tokenizer), or "<id>" without one.
 std::string token_text(const LoadedModel& m, int prev, int token);

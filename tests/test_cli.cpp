@@ -138,7 +138,8 @@ TEST_CASE("bad prompts are one-line errors: ids outside the vocabulary, too long
     const fs::path model = exported_model("prompt.bin", kTiny);
     check_refused("demo --model " + model.string() + " --tokens 1,40", "outside the vocabulary");
     check_refused("demo --model " + model.string() + " --tokens 1,-3", "outside the vocabulary");
-    check_refused("demo --model " + model.string() + " --tokens 1,x", "not a token id");
+    check_refused("demo --model " + model.string() + " --tokens 1,x", "--tokens: 'x' is not an integer");
+    check_refused("bench --lengths 8,,16", "--lengths");
     check_refused("demo --model " + model.string() + " --tokens 1,2 --steps 31", "max_seq");
     check_refused("generate --model " + model.string() + " --tokens 1,2 --steps 32", "max_seq");
     check_refused("demo --model " + model.string() + " --prompt hello", "tokenizer");
