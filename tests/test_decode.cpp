@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "baseline.h"
 #include "decode.h"
 #include "test_util.h"
 
@@ -170,6 +171,21 @@ TEST_CASE("P3: results do not depend on the number of threads", "[P3]") {
 TEST_CASE("P3 counter-test: a reduction split across threads is caught", "[P3][counter]") {
     expect_caught([] { check_thread_count_invariance(matmul_split_k_per_thread); }, "1 thread vs ",
                   "one chunk of k per thread");
+}
+
+TEST_CASE("the llama2.c-style sequential-dot decoder, the benchmark's yardstick, agrees bit for bit", "[baseline]") {
+    // Same per-element order in a plain scalar loop: what the fast kernels must reproduce.
+    rc::prop("sequential-dot logits equal naive logits at every step", [] {
+        const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
+        const Model m = random_model(c, seed);
+        NaiveDecoder naive(m);
+        SequentialDotDecoder seqdot(m);
+        for (int T = 1; T <= int(tokens.size()); T++) {
+            const std::vector<float> ls = seqdot.decode(tokens[T - 1]);
+            if (auto diff = first_difference(naive.forward(std::span<const int>(tokens.data(), T)), ls))
+                RC_FAIL(fmt::format("naive vs sequential-dot at T = {}, {}: {}", T, c.describe(), *diff));
+        }
+    });
 }
 
 TEST_CASE("the contiguous cache holds exactly 2 * 4 B * n_layers * T * n_kv_heads * head_size", "[cache]") {
