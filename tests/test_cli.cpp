@@ -23,13 +23,18 @@ struct Run {
     std::string out, err;
 };
 
+// A folder of this process's own, removed when the process ends.
 fs::path scratch() {
-    static const fs::path dir = [] {
-        fs::path d = fs::temp_directory_path() / ("kvlab_test_cli_" + std::to_string(::getpid()));
-        fs::create_directories(d);
-        return d;
-    }();
-    return dir;
+    struct Dir {
+        fs::path path = fs::temp_directory_path() / ("kvlab_test_cli_" + std::to_string(::getpid()));
+        Dir() { fs::create_directories(path); }
+        ~Dir() {
+            std::error_code ec;
+            fs::remove_all(path, ec);
+        }
+    };
+    static const Dir dir;
+    return dir.path;
 }
 
 std::string slurp(const fs::path& p) {
