@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <sstream>
 
@@ -25,14 +26,18 @@ std::string one_line(const std::string& text) {
     return out;
 }
 
+namespace {
+// Every field by its glossary name, in llama2.c's header order.
+constexpr std::pair<const char*, int Config::*> kFields[] = {
+    {"dim", &Config::dim},         {"hidden_dim", &Config::hidden_dim}, {"n_layers", &Config::n_layers},
+    {"n_heads", &Config::n_heads}, {"n_kv_heads", &Config::n_kv_heads}, {"vocab_size", &Config::vocab_size},
+    {"max_seq", &Config::max_seq},
+};
+}  // namespace
+
 void Config::validate() const {
-    const std::pair<const char*, int> fields[] = {
-        {"dim", dim},         {"hidden_dim", hidden_dim}, {"n_layers", n_layers},
-        {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads}, {"vocab_size", vocab_size},
-        {"max_seq", max_seq},
-    };
-    for (auto [name, value] : fields)
-        if (value <= 0) throw Error(fmt::format("config: {} must be positive, got {}", name, value));
+    for (auto [name, field] : kFields)
+        if (this->*field <= 0) throw Error(fmt::format("config: {} must be positive, got {}", name, this->*field));
     if (dim % n_heads != 0) throw Error(fmt::format("config: n_heads ({}) must divide dim ({})", n_heads, dim));
     if (n_heads % n_kv_heads != 0)
         throw Error(fmt::format("config: n_kv_heads ({}) must divide n_heads ({})", n_kv_heads, n_heads));
@@ -75,22 +80,10 @@ Config Config::parse(const std::string& spec, Config c) {
         auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
         if (ec != std::errc() || end != text.data() + text.size())
             throw Error(fmt::format("shape: '{}' is not an integer for {}", text, name));
-        if (name == "dim")
-            c.dim = value;
-        else if (name == "hidden_dim")
-            c.hidden_dim = value;
-        else if (name == "n_layers")
-            c.n_layers = value;
-        else if (name == "n_heads")
-            c.n_heads = value;
-        else if (name == "n_kv_heads")
-            c.n_kv_heads = value;
-        else if (name == "vocab_size")
-            c.vocab_size = value;
-        else if (name == "max_seq")
-            c.max_seq = value;
-        else
-            throw Error(fmt::format("shape: unknown field '{}'", name));
+        const auto* f = std::find_if(std::begin(kFields), std::end(kFields),
+                                     [&](const auto& entry) { return name == entry.first; });
+        if (f == std::end(kFields)) throw Error(fmt::format("shape: unknown field '{}'", name));
+        c.*(f->second) = value;
     }
     return c;
 }

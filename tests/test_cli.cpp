@@ -109,6 +109,9 @@ TEST_CASE("unknown commands and options are one-line errors", "[cli][errors]") {
     check_refused("generate --top-p 1.5", "top-p");
     check_refused("generate --seed 0", "seed");
     check_refused("export", "out");
+    check_refused("export --shape dim=16,bogus=3 x.bin", "unknown field 'bogus'");
+    check_refused("export --shape dim=sixteen x.bin", "'sixteen' is not an integer");
+    check_refused("export --shape dim=16,n_heads=3 x.bin", "n_heads (3) must divide dim (16)");
 }
 
 TEST_CASE("bad checkpoints are one-line errors: missing, truncated, oversized, nonsensical headers", "[cli][errors]") {
