@@ -38,20 +38,11 @@ void tile(float* y, int ldy, const float* x, int ldx, const float* w, int ldw, i
 template <int NB>
 void tile_rows(int rows, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int n_in) {
     switch (rows) {
-        case 4:
-            tile<4, NB>(y, ldy, x, ldx, w, ldw, n_in);
-            break;
-        case 3:
-            tile<3, NB>(y, ldy, x, ldx, w, ldw, n_in);
-            break;
-        case 2:
-            tile<2, NB>(y, ldy, x, ldx, w, ldw, n_in);
-            break;
-        case 1:
-            tile<1, NB>(y, ldy, x, ldx, w, ldw, n_in);
-            break;
-        default:
-            assert(false);
+        case 4: tile<4, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        case 3: tile<3, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        case 2: tile<2, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        case 1: tile<1, NB>(y, ldy, x, ldx, w, ldw, n_in); break;
+        default: assert(false);
     }
 }
 
@@ -65,26 +56,33 @@ void scalar_cols(int rows, int n_cols, float* y, int ldy, const float* x, int ld
         }
 }
 
+// Counts the product's FLOPs, then calls tile(r0, mr, c0, nc) for every kMR x kNR tile of
+// Y[rows, n_out] (the last ones may be smaller), on threads when the product is big enough.
+// Column tiles outside, row tiles inside: neighbouring tiles reuse the same strip of W.
+template <class Tile>
+void for_each_tile(Exec& ex, int rows, int n_in, int n_out, Tile tile) {
+    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
+    if (rows == 0 || n_out == 0) return;
+    const int n_row_tiles = (rows + kMR - 1) / kMR;
+    const std::int64_t n_tiles = std::int64_t(n_row_tiles) * ((n_out + kNR - 1) / kNR);
+    const bool parallel = ex.n_threads > 1 && std::int64_t(rows) * n_in * n_out >= ex.parallel_min_work;
+#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
+    for (std::int64_t i = 0; i < n_tiles; i++) {
+        const int r0 = int(i % n_row_tiles) * kMR, c0 = int(i / n_row_tiles) * kNR;
+        tile(r0, std::min(kMR, rows - r0), c0, std::min(kNR, n_out - c0));
+    }
+}
+
 }  // namespace
 
 void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
             int n_out) {
     assert(rows >= 0 && n_in >= 0 && n_out >= 0 && ldy >= n_out && ldx >= n_in && ldw >= n_out);
-    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
-    if (rows == 0 || n_out == 0) return;
-    // Tiles: kMR rows by kNR columns; the last column tile may be narrower (one register, then scalars).
-    const int n_row_tiles = (rows + kMR - 1) / kMR;
-    const int n_col_tiles = (n_out + kNR - 1) / kNR;
-    const std::int64_t n_tiles = std::int64_t(n_row_tiles) * n_col_tiles;
-    const bool parallel = ex.n_threads > 1 && std::int64_t(rows) * n_in * n_out >= ex.parallel_min_work;
-    // Column tiles outside, row tiles inside: neighbouring tiles reuse the same strip of W.
-#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
-    for (std::int64_t i = 0; i < n_tiles; i++) {
-        const int r0 = int(i % n_row_tiles) * kMR, c0 = int(i / n_row_tiles) * kNR;
-        const int mr = std::min(kMR, rows - r0), nc = std::min(kNR, n_out - c0);
+    for_each_tile(ex, rows, n_in, n_out, [&](int r0, int mr, int c0, int nc) {
         float* yt = y + std::int64_t(r0) * ldy + c0;
         const float* xt = x + std::int64_t(r0) * ldx;
         const float* wt = w + c0;
+        // A full tile in registers; a narrower last one a register at a time, then scalars.
         int done = 0;
         if (nc == kNR) {
             tile_rows<kNB>(mr, yt, ldy, xt, ldx, wt, ldw, n_in);
@@ -93,7 +91,7 @@ void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w
             for (; done + kB <= nc; done += kB) tile_rows<1>(mr, yt + done, ldy, xt, ldx, wt + done, ldw, n_in);
         }
         if (done < nc) scalar_cols(mr, nc - done, yt + done, ldy, xt, ldx, wt + done, ldw, n_in);
-    }
+    });
 }
 
 const int PackedMatrix::kPanel = kNR;
@@ -111,17 +109,8 @@ void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const P
     const int n_in = w.n_in, n_out = w.n_out;
     assert(rows >= 0 && ldy >= n_out && ldx >= n_in);
     assert(w.panels.size() == std::size_t((n_out + kNR - 1) / kNR) * n_in * kNR);
-    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
-    if (rows == 0 || n_out == 0) return;
-    const int n_row_tiles = (rows + kMR - 1) / kMR;
-    const int n_panels = (n_out + kNR - 1) / kNR;
-    const std::int64_t n_tiles = std::int64_t(n_row_tiles) * n_panels;
-    const bool parallel = ex.n_threads > 1 && std::int64_t(rows) * n_in * n_out >= ex.parallel_min_work;
-#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
-    for (std::int64_t i = 0; i < n_tiles; i++) {
-        const int r0 = int(i % n_row_tiles) * kMR, p = int(i / n_row_tiles), c0 = p * kNR;
-        const int mr = std::min(kMR, rows - r0), nc = std::min(kNR, n_out - c0);
-        const float* panel = w.panels.data() + std::size_t(p) * n_in * kNR;
+    for_each_tile(ex, rows, n_in, n_out, [&](int r0, int mr, int c0, int nc) {
+        const float* panel = w.panels.data() + std::size_t(c0 / kNR) * n_in * kNR;
         const float* xt = x + std::int64_t(r0) * ldx;
         if (nc == kNR) {
             tile_rows<kNB>(mr, y + std::int64_t(r0) * ldy + c0, ldy, xt, ldx, panel, kNR, n_in);
@@ -131,7 +120,7 @@ void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const P
             tile_rows<kNB>(mr, tmp, kNR, xt, ldx, panel, kNR, n_in);
             for (int r = 0; r < mr; r++) std::copy_n(tmp + r * kNR, nc, y + std::int64_t(r0 + r) * ldy + c0);
         }
-    }
+    });
 }
 
 void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
