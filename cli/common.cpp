@@ -97,11 +97,4 @@ std::string escape(const std::string& s) {
     return out;
 }
 
-int argmax(const std::vector<float>& logits) {
-    int best = 0;
-    for (int i = 1; i < int(logits.size()); i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
-}
-
 }  // namespace kvlab::cli

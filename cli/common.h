@@ -47,7 +47,4 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Index of the largest logit (the first one on ties), as llama2.c's greedy sampler picks.
-int argmax(const std::vector<float>& logits);
-
 }  // namespace kvlab::cli

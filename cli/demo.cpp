@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "common.h"
 #include "decode.h"
+#include "sampler.h"
 
 namespace kvlab::cli {
 

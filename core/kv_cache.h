@@ -27,7 +27,6 @@ public:
 
     int length() const { return length_; }
     int layer_length(int l) const { return layer_len_[l]; }
-    int capacity() const { return config_.max_seq; }
     // Forgets positions >= n (their memory is poisoned with NaN again).
     void truncate(int n);
     void clear() { truncate(0); }

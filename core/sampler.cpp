@@ -28,6 +28,13 @@ Sampler::Sampler(int vocab_size, float temperature, float top_p, std::uint64_t s
     candidates_.reserve(static_cast<std::size_t>(vocab_size));
 }
 
+int argmax(const std::vector<float>& logits) {
+    int best = 0;
+    for (int i = 1; i < int(logits.size()); i++)
+        if (logits[std::size_t(i)] > logits[std::size_t(best)]) best = i;  // strict: the first maximum wins
+    return best;
+}
+
 int Sampler::sample(std::vector<float>& logits) {
     const int n = vocab_size_;
     if (logits.size() != static_cast<std::size_t>(n))
@@ -37,12 +44,7 @@ int Sampler::sample(std::vector<float>& logits) {
         if (std::isnan(logits[static_cast<std::size_t>(i)])) throw Error(fmt::format("sampler: logits[{}] is NaN", i));
 
     // Greedy: the first index of the largest logit (strict '>').
-    if (temperature_ == 0.0f) {
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (logits[static_cast<std::size_t>(i)] > logits[static_cast<std::size_t>(best)]) best = i;
-        return best;
-    }
+    if (temperature_ == 0.0f) return argmax(logits);
 
     // Softmax of logits / temperature, in place, with the max subtracted so exp cannot overflow.
     for (float& x : logits) x /= temperature_;

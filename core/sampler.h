@@ -13,6 +13,9 @@ std::uint32_t random_u32(std::uint64_t& state);
 // A float in [0, 1) from the top 24 bits of random_u32.
 float random_f32(std::uint64_t& state);
 
+// The first index of the largest logit: greedy decoding, as llama2.c picks at temperature 0.
+int argmax(const std::vector<float>& logits);
+
 class Sampler {
 public:
     // temperature 0 is greedy (argmax); top_p in (0, 1) enables nucleus sampling, 0 or 1 disables

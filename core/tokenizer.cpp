@@ -96,18 +96,6 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
     return t;
 }
 
-Tokenizer Tokenizer::from_pieces(std::vector<std::string> pieces, std::vector<float> scores) {
-    if (pieces.empty()) throw Error("tokenizer: the vocabulary is empty");
-    if (pieces.size() != scores.size())
-        throw Error(fmt::format("tokenizer: {} pieces but {} scores", pieces.size(), scores.size()));
-    Tokenizer t;
-    t.pieces_ = std::move(pieces);
-    t.scores_ = std::move(scores);
-    for (const auto& p : t.pieces_) t.max_token_length_ = std::max(t.max_token_length_, static_cast<int>(p.size()));
-    t.build_index();
-    return t;
-}
-
 void Tokenizer::build_index() {
     index_.clear();
     index_.reserve(pieces_.size());

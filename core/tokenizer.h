@@ -23,10 +23,6 @@ public:
     // Reads tokenizer.bin; throws kvlab::Error (one line) when the file is missing, unreadable,
     // truncated, has an impossible length, or has more (or fewer) than vocab_size entries.
     static Tokenizer load(const std::string& path, int vocab_size);
-    // Builds a tokenizer from pieces and scores already in memory (tests, synthetic vocabularies).
-    // Throws kvlab::Error when the sizes disagree or the vocabulary is empty.
-    static Tokenizer from_pieces(std::vector<std::string> pieces, std::vector<float> scores);
-
     // run.c's encode: [BOS] + dummy " " prefix (non-empty text only) + one token per UTF-8
     // codepoint (byte fallback when the codepoint is not a piece), then greedy merges of the
     // adjacent pair whose concatenation is the best-scoring piece (first pair on ties) + [EOS].

@@ -4,22 +4,12 @@
 
 #include "checkpoint.h"
 #include "decode.h"
+#include "sampler.h"
 #include "test_util.h"
 #include "tokenizer.h"
 
 using namespace kvlab;
 using kvlab::test::first_difference;
-
-namespace {
-
-int argmax(const std::vector<float>& v) {
-    int best = 0;
-    for (int i = 1; i < int(v.size()); i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
-}  // namespace
 
 TEST_CASE("stories260K: 200 greedy steps from BOS reproduce llama2.c's recorded output, naive = cached bitwise",
           "[stories260k]") {
