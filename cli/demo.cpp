@@ -92,7 +92,7 @@ int run_demo(const DemoOptions& o) {
         n_equal += r.cmp.equal;
     }
     const int T = cached.pos();
-    const std::int64_t kv_bytes = cached.cache().bytes_used();
+    const std::int64_t kv_used = cached.cache().memory().used_bytes;
     std::string prompt_text;
     for (int i = tokens[0] == 1 ? 1 : 0; i < P; i++) prompt_text += token_text(lm, i ? tokens[i - 1] : 1, tokens[i]);
 
@@ -128,8 +128,8 @@ int run_demo(const DemoOptions& o) {
                         {"cached_flops", cached_flops},
                         {"flop_ratio", double(naive_flops) / double(cached_flops)},
                         {"kv_positions", T},
-                        {"kv_bytes", kv_bytes},
-                        {"kv_bytes_formula", KVCache::bytes_for(c, T)}};
+                        {"kv_bytes", kv_used},
+                        {"kv_bytes_formula", kv_bytes(c, T)}};
         fmt::print("{}\n", j.dump(2));
     } else {
         fmt::print("kvlab demo: naive vs KV-cached decode, bit for bit\n");
@@ -174,7 +174,7 @@ int run_demo(const DemoOptions& o) {
         fmt::print("FLOPs      naive {:.2f} M, cached {:.2f} M: ratio {:.1f}x (counted by the kernels)\n",
                    naive_flops / 1e6, cached_flops / 1e6, double(naive_flops) / double(cached_flops));
         fmt::print("KV cache   {} positions = {} bytes = 2 (K,V) x 4 B x {} layers x {} x {} KV heads x {} head_size\n",
-                   T, kv_bytes, c.n_layers, T, c.n_kv_heads, c.head_size());
+                   T, kv_used, c.n_layers, T, c.n_kv_heads, c.head_size());
     }
     if (n_equal != int(rows.size())) {
         fmt::print(stderr, "kvlab: error: naive and cached logits differ at {} of {} steps\n",

@@ -150,8 +150,10 @@ void NaiveDecoder::attention(int T) {
         mm(exec, scores_.data(), T, act_.q.data() + h * hs, dim, kt_.data(), T, T, hs, T);
         for (int i = 0; i < T; i++) {
             float* s = scores_.data() + std::size_t(i) * T;
-            for (int j = 0; j <= i; j++) s[j] = s[j] / scale;
-            for (int j = i + 1; j < T; j++) s[j] = neg_inf;
+            // The planted bug lets row i see one position into its future.
+            const int last = mutant == Mutant::mask_off_by_one ? std::min(i + 1, T - 1) : i;
+            for (int j = 0; j <= last; j++) s[j] = s[j] / scale;
+            for (int j = last + 1; j < T; j++) s[j] = neg_inf;
             softmax(s, T);
         }
         exec.flops += std::uint64_t(T) * (T + 1) / 2 + std::uint64_t(T) * softmax_flops(T);
@@ -163,54 +165,154 @@ void NaiveDecoder::attention(int T) {
 // ----------------------------------------------------------------------------------------------
 // Cached decode
 
-CachedDecoder::CachedDecoder(const Model& model, int n_threads) : model_(model), cache_(model.config()) {
+CachedDecoder::CachedDecoder(const Model& model, int n_threads)
+    : model_(model), own_(std::make_unique<ContiguousCache>(model.config())), cache_(own_.get()) {
     exec.n_threads = n_threads;
-    scores_.resize(std::size_t(n_threads) * model.config().max_seq);
+}
+
+CachedDecoder::CachedDecoder(const Model& model, Cache& cache, int n_threads) : model_(model), cache_(&cache) {
+    exec.n_threads = n_threads;
+    check_cache(cache);
+}
+
+void CachedDecoder::check_cache(const Cache& cache) const {
+    const Config &c = model_.config(), &k = cache.config();
+    if (k.n_layers != c.n_layers || k.n_kv_heads != c.n_kv_heads || k.head_size() != c.head_size() ||
+        k.max_seq != c.max_seq)
+        throw Error(fmt::format("cache shape ({}) does not fit the model ({})", k.describe(), c.describe()));
 }
 
 const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
-    const Config& c = model_.config();
-    const int pos0 = cache_.length();
-    check_tokens(c, tokens, pos0);
-    const int n = int(tokens.size());
-    std::vector<int> positions(n);
-    std::iota(positions.begin(), positions.end(), pos0);
-    act_.resize(c, n);
-    embed(model_, tokens, act_);
-    for (int l = 0; l < c.n_layers; l++) {
-        attention_inputs(exec, Products{matmul}, model_, l, act_, positions);
-        // Write first, then read: row i attends over 0..pos0+i, its own K and V included.
-        for (int i = 0; i < n; i++)
-            cache_.write(l, positions[i], act_.k.data() + std::size_t(i) * c.kv_dim(),
-                         act_.v.data() + std::size_t(i) * c.kv_dim());
-        attention(l, positions);
-        attention_output_and_ffn(exec, Products{matmul}, model_, l, act_);
+    check_tokens(model_.config(), tokens, pos());
+    // A variant that reads rows before a long append would overwrite them (a window's ring)
+    // takes the prefill in chunks; rows are independent, so the logits do not change.
+    const std::size_t chunk = std::size_t(std::max(1, cache_->max_append()));
+    Cache* const caches[] = {cache_};
+    for (std::size_t i = 0; i < tokens.size(); i += chunk) {
+        const std::span<const int> part = tokens.subspan(i, std::min(chunk, tokens.size() - i));
+        const std::vector<int> rows(part.begin(), part.end());
+        step(caches, std::span<const std::vector<int>>(&rows, 1));
     }
-    classify(exec, Products{matmul}, model_, act_, logits_);
     return logits_;
 }
 
-void CachedDecoder::attention(int l, std::span<const int> positions) {
+const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
     const Config& c = model_.config();
-    const int hs = c.head_size(), n_heads = c.n_heads, rows = int(positions.size());
+    check_tokens(c, sequence, 0);
+    prefix_hit_ = 0;
+    if (pos() == 0) {
+        prefix_hit_ = cache_->attach_prefix(sequence);
+        assert(prefix_hit_ < int(sequence.size()));
+    } else if (mutant != Mutant::stale_prefix) {
+        const std::span<const int> held = cache_->tokens();
+        const std::size_t n = std::min(held.size(), sequence.size());
+        const std::size_t i = std::mismatch(held.begin(), held.begin() + n, sequence.begin()).first - held.begin();
+        if (i < held.size() && i < sequence.size())
+            throw Error(fmt::format(
+                "stale cache: it holds {} tokens and the request differs at position {} (token {} cached, {} "
+                "requested); roll back to {} or start a new sequence",
+                held.size(), i, held[i], sequence[i], i));
+    }
+    if (std::size_t(pos()) >= sequence.size())
+        throw Error(fmt::format("the cache already holds all {} tokens of the request; roll back to run the last one",
+                                sequence.size()));
+    return prefill(sequence.subspan(pos()));
+}
+
+const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens) {
+    const Config& c = model_.config();
+    const int n_seqs = int(caches.size());
+    if (n_seqs == 0 || tokens.size() != caches.size())
+        throw Error(fmt::format("batch: {} caches and {} token lists", caches.size(), tokens.size()));
+    // Check everything first, then append; an append that fails undoes the earlier ones.
+    for (int s = 0; s < n_seqs; s++) {
+        check_cache(*caches[s]);
+        for (int r = 0; r < s; r++)
+            if (caches[r] == caches[s]) throw Error(fmt::format("batch: sequences {} and {} share one cache", r, s));
+        check_tokens(c, tokens[s], caches[s]->length());
+    }
+    std::vector<int> start(n_seqs);
+    for (int s = 0; s < n_seqs; s++) {
+        start[s] = caches[s]->length();
+        try {
+            caches[s]->append(tokens[s]);
+        } catch (...) {
+            for (int r = 0; r < s; r++) caches[r]->truncate(start[r]);
+            throw;
+        }
+    }
+    // Rows of every sequence, stacked: row i belongs to seq_of_row[i] at logical positions[i].
+    std::vector<int> all_tokens, seq_of_row, positions, rope_positions, last_row(n_seqs);
+    for (int s = 0; s < n_seqs; s++) {
+        for (std::size_t i = 0; i < tokens[s].size(); i++) {
+            const int pos = start[s] + int(i);
+            all_tokens.push_back(tokens[s][i]);
+            seq_of_row.push_back(s);
+            positions.push_back(pos);
+            // The planted bug rotates a decode step's row one position too far.
+            const bool off = mutant == Mutant::rope_decode_off && tokens[s].size() == 1 && start[s] > 0;
+            rope_positions.push_back(off ? (pos + 1) % c.max_seq : pos);
+        }
+        last_row[s] = int(positions.size()) - 1;
+    }
+    const int n = int(all_tokens.size());
+    act_.resize(c, n);
+    embed(model_, all_tokens, act_);
+    for (int l = 0; l < c.n_layers; l++) {
+        attention_inputs(exec, Products{matmul}, model_, l, act_, rope_positions);
+        // Write first, then read: row i attends over 0..pos, its own K and V included.
+        const int wl = mutant == Mutant::kv_wrong_layer ? (l + 1) % c.n_layers : l;
+        auto write_rows = [&] {
+            for (int i = 0; i < n; i++)
+                caches[seq_of_row[i]]->write(wl, positions[i], act_.k.data() + std::size_t(i) * c.kv_dim(),
+                                             act_.v.data() + std::size_t(i) * c.kv_dim());
+        };
+        if (mutant != Mutant::read_before_write) write_rows();
+        attention(l, caches, seq_of_row, positions);
+        if (mutant == Mutant::read_before_write) write_rows();
+        attention_output_and_ffn(exec, Products{matmul}, model_, l, act_);
+    }
+    // logits[s] = rmsnorm(x[last row of s]) · wcls, all sequences as one product.
+    last_.resize(std::size_t(n_seqs) * c.dim);  // [n_seqs, dim]
+    for (int s = 0; s < n_seqs; s++)
+        std::copy_n(act_.x.data() + std::size_t(last_row[s]) * c.dim, c.dim, last_.data() + std::size_t(s) * c.dim);
+    std::vector<float>& normed = act_.xb;  // [rows, dim], rows >= n_seqs: reused as scratch
+    assert(normed.size() >= last_.size());
+    rmsnorm(exec, normed.data(), last_.data(), model_.w.rms_final.data(), n_seqs, c.dim);
+    logits_.resize(std::size_t(n_seqs) * c.vocab_size);
+    Products{matmul}.weights(exec, logits_.data(), c.vocab_size, normed.data(), c.dim, model_.wcls, n_seqs);
+    return logits_;
+}
+
+void CachedDecoder::attention(int l, std::span<Cache* const> caches, std::span<const int> seq_of_row,
+                              std::span<const int> positions) {
+    const Config& c = model_.config();
+    const int hs = c.head_size(), n_heads = c.n_heads, rows = int(positions.size()), n_seqs = int(caches.size());
     const std::int64_t n_items = std::int64_t(rows) * n_heads;
     std::int64_t work = 0;  // multiply-adds, to decide whether threads pay off
     for (int pos : positions) {
-        assert(pos < cache_.layer_length(l));  // rows 0..pos of layer l are written
         exec.flops += n_heads * attention_row_flops(hs, pos + 1);
         work += std::int64_t(n_heads) * 2 * hs * (pos + 1);
     }
+    const std::size_t per_thread = std::size_t(c.max_seq);
+    scores_.resize(std::size_t(exec.n_threads) * per_thread);  // [n_threads, max_seq]
+    keys_.resize(std::size_t(exec.n_threads) * per_thread);    // [n_threads, max_seq]
+    values_.resize(std::size_t(exec.n_threads) * per_thread);  // [n_threads, max_seq]
     const bool parallel = exec.n_threads > 1 && n_items > 1 && work >= exec.parallel_min_work;
     // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
 #pragma omp parallel for num_threads(exec.n_threads) schedule(static) if (parallel)
     for (std::int64_t item = 0; item < n_items; item++) {
-        const int i = int(item / n_heads), h = int(item % n_heads), kvh = h / c.group();
-        const int pos = positions[i];
-        float* scores = scores_.data() + std::size_t(omp_get_thread_num()) * c.max_seq;
+        const int i = int(item / n_heads), h = int(item % n_heads);
+        // The planted GQA bug interleaves query heads over KV heads instead of grouping them.
+        const int kvh = mutant == Mutant::gqa_modulo ? h % c.n_kv_heads : h / c.group();
+        const int s = mutant == Mutant::batch_mixes_blocks ? (seq_of_row[i] + 1) % n_seqs : seq_of_row[i];
+        const std::size_t th = std::size_t(omp_get_thread_num()) * per_thread;
+        const float** keys = keys_.data() + th;
+        const float** values = values_.data() + th;
+        const int n = caches[s]->attended(l, kvh, positions[i], keys, values);
         attention_row(
-            act_.att.data() + std::size_t(i) * c.dim + h * hs, act_.q.data() + std::size_t(i) * c.dim + h * hs, hs,
-            pos + 1, [&](int t) { return cache_.key(l, kvh, t); }, [&](int t) { return cache_.value(l, kvh, t); },
-            scores);
+            act_.att.data() + std::size_t(i) * c.dim + h * hs, act_.q.data() + std::size_t(i) * c.dim + h * hs, hs, n,
+            [&](int t) { return keys[t]; }, [&](int t) { return values[t]; }, scores_.data() + th);
     }
 }
 

@@ -11,11 +11,12 @@
 // logits agree bit for bit (NUMERICS.md). Both return the logits of the last position.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "kernels.h"
-#include "kv_cache.h"
+#include "cache.h"
 #include "model.h"
 
 namespace kvlab {
@@ -47,6 +48,7 @@ public:
     // nullptr: the kernels. A test may plant an order-changing product here; it then replaces
     // every product the naive path computes (weights and attention alike).
     MatmulFn matmul = nullptr;
+    Mutant mutant = Mutant::none;  // a planted bug (mutants.h): here only mask_off_by_one
 
 private:
     void attention(int T);
@@ -59,27 +61,50 @@ private:
 
 class CachedDecoder {
 public:
+    // Runs on a cache of its own: contiguous, head-major.
     explicit CachedDecoder(const Model& model, int n_threads = 1);
-    // Runs tokens as rows at positions length()..length()+n-1, appending their K and V to the
-    // cache; returns the logits of the last one. decode(t) is prefill of one token.
+    // Runs on `cache` (any variant; it must outlive the decoder and fit the model's shape).
+    CachedDecoder(const Model& model, Cache& cache, int n_threads = 1);
+
+    // Runs tokens as rows at positions pos()..pos()+n-1, appending their K and V to the cache;
+    // returns the logits of the last one. decode(t) is prefill of one token.
     const std::vector<float>& prefill(std::span<const int> tokens);
     const std::vector<float>& decode(int token) { return prefill(std::span<const int>(&token, 1)); }
+    // Continues the cache with `sequence`, of which it must hold a prefix: an edited prompt is a
+    // stale-cache error, never silent garbage. An empty cache first maps what the prefix cache
+    // has of it (prefix_hit() positions); then the rest runs as a prefill.
+    const std::vector<float>& extend(std::span<const int> sequence);
+    int prefix_hit() const { return prefix_hit_; }
 
-    int pos() const { return cache_.length(); }  // the next position to be written
-    KVCache& cache() { return cache_; }
-    const KVCache& cache() const { return cache_; }
-    void reset() { cache_.clear(); }
+    // One step of a batch: sequence s appends tokens[s] to *caches[s]; every row of every
+    // sequence goes through each product together. Returns [n_seqs, vocab_size] logits, the last
+    // row of each sequence; each equals that sequence's solo run bit for bit. If any sequence does
+    // not fit, throws and leaves every cache as it was.
+    const std::vector<float>& step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens);
+
+    int pos() const { return cache_->length(); }  // the next position to be written
+    Cache& cache() { return *cache_; }
+    const Cache& cache() const { return *cache_; }
+    void reset() { cache_->clear(); }
 
     Exec exec;
-    MatmulFn matmul = nullptr;  // as NaiveDecoder::matmul: nullptr is the kernels
+    MatmulFn matmul = nullptr;      // as NaiveDecoder::matmul: nullptr is the kernels
+    Mutant mutant = Mutant::none;   // a planted bug (mutants.h); none in normal use
 
 private:
-    void attention(int l, std::span<const int> positions);
+    void check_cache(const Cache& cache) const;
+    void attention(int l, std::span<Cache* const> caches, std::span<const int> seq_of_row,
+                   std::span<const int> positions);
     const Model& model_;
-    KVCache cache_;
+    std::unique_ptr<Cache> own_;  // the default cache, when none was given
+    Cache* cache_;
     Activations act_;
-    std::vector<float> scores_;  // [n_threads, max_seq]  one attention row's scores per thread
-    std::vector<float> logits_;  // [vocab_size]
+    std::vector<float> scores_;        // [n_threads, max_seq]  one attention row's scores per thread
+    std::vector<const float*> keys_;   // [n_threads, max_seq]  the K rows it attends to
+    std::vector<const float*> values_; // [n_threads, max_seq]  the V rows
+    std::vector<float> last_;          // [n_seqs, dim]         each sequence's last residual row
+    std::vector<float> logits_;        // [n_seqs, vocab_size]
+    int prefix_hit_ = 0;
 };
 
 // Shared by both decoders and the baseline: one-line errors for tokens outside the

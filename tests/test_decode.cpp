@@ -12,7 +12,7 @@
 #include "test_util.h"
 
 using namespace kvlab;
-using kvlab::test::first_difference;
+using kvlab::first_difference;
 using kvlab::test::gen_tiny_config;
 using kvlab::test::gen_tokens;
 
@@ -114,7 +114,7 @@ void check_prefill_equals_one_by_one(MatmulFn matmul) {
         lb = batched.decode(tokens[T]);
         lo = one_by_one.decode(tokens[T]);
     }
-    const KVCache &a = batched.cache(), &b = one_by_one.cache();
+    const Cache &a = batched.cache(), &b = one_by_one.cache();
     RC_ASSERT(a.length() == b.length());
     const int hs = c.head_size();
     for (int l = 0; l < c.n_layers; l++)
@@ -193,12 +193,12 @@ TEST_CASE("the contiguous cache holds exactly 2 * 4 B * n_layers * T * n_kv_head
         const Config c = *gen_tiny_config();
         const Model m = random_model(c, 1);
         CachedDecoder dec(m);
-        RC_ASSERT(dec.cache().bytes_reserved() == 2ll * 4 * c.n_layers * c.max_seq * c.n_kv_heads * c.head_size());
+        RC_ASSERT(dec.cache().memory().reserved_bytes == 2ll * 4 * c.n_layers * c.max_seq * c.n_kv_heads * c.head_size());
         const std::vector<int> tokens = gen_tokens(c);
         for (int t : tokens) {
             dec.decode(t);
             const std::int64_t T = dec.pos();
-            RC_ASSERT(dec.cache().bytes_used() == 2 * 4 * c.n_layers * T * c.n_kv_heads * c.head_size());
+            RC_ASSERT(dec.cache().memory().used_bytes == 2 * 4 * c.n_layers * T * c.n_kv_heads * c.head_size());
         }
     });
 }

@@ -9,7 +9,7 @@
 #include "tokenizer.h"
 
 using namespace kvlab;
-using kvlab::test::first_difference;
+using kvlab::first_difference;
 
 TEST_CASE("stories260K: 200 greedy steps from BOS reproduce llama2.c's recorded output, naive = cached bitwise",
           "[stories260k]") {
@@ -47,5 +47,5 @@ TEST_CASE("stories260K: the cache after the prompt holds 2 * 4 B * 5 * T * 4 * 8
     CachedDecoder cached(m);
     const std::vector<int> prompt = tok.encode("Once upon a time", true, false);
     cached.prefill(prompt);
-    CHECK(cached.cache().bytes_used() == 2 * 4 * 5 * std::int64_t(prompt.size()) * 4 * 8);
+    CHECK(cached.cache().memory().used_bytes == 2 * 4 * 5 * std::int64_t(prompt.size()) * 4 * 8);
 }

@@ -1,0 +1,183 @@
+// kvlab core: the cache interface every decoder runs on, and the contiguous variants.
+//
+// A cache holds, for one sequence, the K and V rows of logical positions 0..length()-1: for
+// each layer l, KV head h and position t, head_size floats. Variants differ only in where those
+// rows live (one array per tensor, a growing array, blocks of a shared pool, a quantized copy, a
+// window). Attention asks for the rows a query at pos attends to and walks them in increasing
+// logical position, so every variant feeds the same kernel (kernels.h: attention_row).
+//
+// A step goes: append(tokens) makes room for the new positions and records their tokens; the
+// decoder then write()s each layer's rows and reads them back. Rows not yet written, and memory
+// not holding a row, read as NaN: a read past a sequence's valid rows poisons the logits at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+#include "mutants.h"
+
+namespace kvlab {
+
+// What a cache did, for the viewer and the tests. Positions are logical, blocks physical.
+enum class EventKind {
+    append,           // pos, count: positions made room for
+    block_allocated,  // block (taken from the free list, or from the prefix cache by eviction)
+    block_shared,     // block: one more sequence maps it (prefix hit or fork)
+    copy_on_write,    // block: the private copy; from: the shared original; pos: first row written
+    evicted,          // block: an unreferenced cached block reclaimed, or pos: a row out of a window
+    rolled_back,      // pos: the new length; count: positions forgotten
+    freed,            // block: back on the free list
+    prefix_hit,       // pos 0, count: tokens served from the prefix cache
+    grown,            // count: the new capacity in positions
+};
+std::string_view to_string(EventKind kind);
+
+struct CacheEvent {
+    EventKind kind;
+    int seq = -1;    // the sequence's id
+    int pos = -1;    // a logical position
+    int count = 0;   // positions
+    int block = -1;  // a physical block
+    int from = -1;   // the block copied from (copy_on_write)
+};
+
+// Memory a cache holds. reserved_bytes counts what the variant says it allocated for K and V
+// (payload plus metadata); allocated_bytes is measured from its buffers; they must agree.
+struct MemoryStats {
+    std::int64_t used_bytes = 0;       // fp32 K and V of the valid positions
+    std::int64_t reserved_bytes = 0;   // payload + metadata the variant accounts for
+    std::int64_t allocated_bytes = 0;  // summed from the buffers themselves
+    std::int64_t payload_bytes = 0;    // K and V values as stored (fp32, int8, packed int4)
+    std::int64_t metadata_bytes = 0;   // scales and zero points
+    std::int64_t scratch_bytes = 0;    // working memory outside the cache proper (dequantized rows)
+    std::int64_t reallocations = 0;    // growing cache: times the arrays moved
+    std::int64_t bytes_copied = 0;     // growing cache: bytes those moves copied
+    int blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_cached = 0;  // paged pools
+};
+
+class Cache {
+public:
+    explicit Cache(const Config& config);
+    virtual ~Cache() = default;
+    Cache(const Cache&) = delete;
+    Cache& operator=(const Cache&) = delete;
+
+    // Makes room for tokens at positions length()..length()+n-1 and records them; their rows are
+    // then written with write(). Throws Error and changes nothing when they do not fit.
+    void append(std::span<const int> tokens);
+    // Stores the rows [kv_dim] of layer l at position pos, one of the latest append()'s.
+    void write(int l, int pos, const float* k_row, const float* v_row);
+    // The head_size floats of layer l, KV head h, position t < length().
+    virtual const float* key(int l, int h, int t) const = 0;
+    virtual const float* value(int l, int h, int t) const = 0;
+    // Fills keys[i], values[i] with the rows a query at position pos attends to, in increasing
+    // logical position, and returns how many: pos + 1 for every exact variant (all of 0..pos).
+    virtual int attended(int l, int h, int pos, const float** keys, const float** values) const;
+    // The most positions one append() may add (a window's ring needs its rows read before they
+    // are overwritten); the decoder splits a longer prefill into chunks of this size.
+    virtual int max_append() const { return config_.max_seq; }
+
+    int length() const { return int(tokens_.size()); }
+    std::span<const int> tokens() const { return tokens_; }
+    // Rollback: forgets positions >= n, as speculative decoding does with rejected drafts.
+    void truncate(int n);
+    void clear() { truncate(0); }
+    // Prefix caching: maps already computed rows for the longest usable prefix of tokens into
+    // this empty cache and returns how many positions it now holds (0 for variants without).
+    virtual int attach_prefix(std::span<const int> tokens);
+
+    virtual MemoryStats memory() const = 0;
+    virtual std::string name() const = 0;  // the variant and its parameters
+    const Config& config() const { return config_; }
+
+    // The events of this cache are appended here when it is set (the viewer, tests).
+    std::vector<CacheEvent>* trace = nullptr;
+    int seq_id = 0;                 // names this sequence in events
+    Mutant mutant = Mutant::none;   // a planted bug (mutants.h); none in normal use
+
+protected:
+    // Room for positions up to new_length (exclusive); must throw before changing anything.
+    virtual void reserve(int new_length) = 0;
+    virtual void store(int l, int pos, const float* k_row, const float* v_row) = 0;
+    // Forget positions >= n; the rows' memory reads NaN again.
+    virtual void release(int n) = 0;
+    void record(EventKind kind, int pos = -1, int count = 0, int block = -1, int from = -1) const;
+    // For attach_prefix: positions 0..tokens.size()-1 now hold rows computed elsewhere.
+    void adopt(std::span<const int> tokens);
+
+    Config config_;
+
+private:
+    std::vector<int> tokens_;
+    int append_start_ = 0;  // first position of the latest append: rows before it are final
+};
+
+// One array per tensor, reserved for max_seq positions, in one of two layouts:
+//   head_major  [n_layers][n_kv_heads][max_seq][head_size]  the rows a head reads are adjacent
+//   seq_major   [n_layers][max_seq][n_kv_heads][head_size]  llama2.c's: a position's kv_dim
+//                                                            floats are adjacent
+class ContiguousCache : public Cache {
+public:
+    enum class Layout { head_major, seq_major };
+    explicit ContiguousCache(const Config& config, Layout layout = Layout::head_major);
+
+    const float* key(int l, int h, int t) const override { return k_.data() + offset(l, h, t); }
+    const float* value(int l, int h, int t) const override { return v_.data() + offset(l, h, t); }
+    MemoryStats memory() const override;
+    std::string name() const override;
+    Layout layout() const { return layout_; }
+
+protected:
+    void reserve(int new_length) override;
+    void store(int l, int pos, const float* k_row, const float* v_row) override;
+    void release(int n) override;
+
+private:
+    std::int64_t offset(int l, int h, int t) const {
+        const Config& c = config_;
+        if (layout_ == Layout::head_major)
+            return ((std::int64_t(l) * c.n_kv_heads + h) * c.max_seq + t) * c.head_size();
+        return ((std::int64_t(l) * c.max_seq + t) * c.n_kv_heads + h) * c.head_size();
+    }
+    Layout layout_;
+    std::vector<float> k_;  // [n_layers, n_kv_heads, max_seq, head_size] or [n_layers, max_seq, n_kv_heads, head_size]
+    std::vector<float> v_;  // the same shape as k_
+};
+
+// Head-major like ContiguousCache, but with no max_seq reservation: capacity starts small and
+// doubles when a position does not fit, moving every row (counted as reallocations and bytes
+// copied, the price of not knowing the length in advance).
+class GrowingCache : public Cache {
+public:
+    explicit GrowingCache(const Config& config, int initial_capacity = 1);
+
+    const float* key(int l, int h, int t) const override { return k_.data() + offset(l, h, t); }
+    const float* value(int l, int h, int t) const override { return v_.data() + offset(l, h, t); }
+    MemoryStats memory() const override;
+    std::string name() const override;
+    int capacity() const { return capacity_; }
+
+protected:
+    void reserve(int new_length) override;
+    void store(int l, int pos, const float* k_row, const float* v_row) override;
+    void release(int n) override;
+
+private:
+    std::int64_t offset(int l, int h, int t) const {
+        return ((std::int64_t(l) * config_.n_kv_heads + h) * capacity_ + t) * config_.head_size();
+    }
+    int initial_capacity_, capacity_;
+    std::int64_t reallocations_ = 0, bytes_copied_ = 0;
+    std::vector<float> k_;  // [n_layers, n_kv_heads, capacity, head_size]
+    std::vector<float> v_;  // [n_layers, n_kv_heads, capacity, head_size]
+};
+
+// fp32 bytes of K and V for T positions: 2 * 4 * n_layers * T * n_kv_heads * head_size.
+std::int64_t kv_bytes(const Config& config, std::int64_t T);
+
+}  // namespace kvlab

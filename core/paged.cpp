@@ -1,0 +1,309 @@
+#include "paged.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <limits>
+
+namespace kvlab {
+
+namespace {
+constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
+    // splitmix64's finalizer over h ^ x: every input bit reaches every output bit.
+    std::uint64_t z = h ^ (x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// The pool
+
+std::uint64_t BlockPool::BlockKey::hash() const {
+    std::uint64_t h = mix(parent, model);
+    for (int t : tokens) h = mix(h, std::uint64_t(std::uint32_t(t)));
+    return h;
+}
+
+BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching)
+    : config_(config), block_size_(block_size), n_blocks_(n_blocks), prefix_caching_(prefix_caching) {
+    config_.validate();
+    if (block_size < 1 || block_size > config_.max_seq)
+        throw Error(fmt::format("paged cache: block_size {} is outside [1, max_seq = {}]", block_size, config_.max_seq));
+    if (n_blocks < 1) throw Error(fmt::format("paged cache: a pool needs at least one block, not {}", n_blocks));
+    const std::size_t n = std::size_t(n_blocks) * config_.n_layers * config_.n_kv_heads * block_size * config_.head_size();
+    if (n > std::size_t(kMaxElements))
+        throw Error(fmt::format("paged cache: {} blocks of {} positions are too large", n_blocks, block_size));
+    k_.assign(n, kPoison);
+    v_.assign(n, kPoison);
+    assert(k_.size() == n && v_.size() == n);
+    refcount_.assign(n_blocks, 0);
+    published_.assign(n_blocks, 0);
+    keys_.resize(n_blocks);
+    last_used_.assign(n_blocks, 0);
+    for (int b = n_blocks - 1; b >= 0; b--) free_.push_back(b);  // block 0 is handed out first
+}
+
+int BlockPool::n_cached() const {
+    int n = 0;
+    for (int b = 0; b < n_blocks_; b++) n += refcount_[b] == 0 && published_[b];
+    return n;
+}
+
+int BlockPool::n_used() const {
+    int n = 0;
+    for (int b = 0; b < n_blocks_; b++) n += refcount_[b] > 0;
+    return n;
+}
+
+int BlockPool::allocate(int seq) {
+    int block = -1;
+    if (!free_.empty()) {
+        block = free_.back();
+        free_.pop_back();
+    } else {
+        // Evict the least recently used unreferenced published block (a linear scan: pools here
+        // are small; an engine keeps an ordered list).
+        for (int b = 0; b < n_blocks_; b++)
+            if (refcount_[b] == 0 && published_[b] && (block < 0 || last_used_[b] < last_used_[block])) block = b;
+        if (block < 0) throw Error("paged cache: no free block (callers check available() first)");
+        unpublish(block);
+        poison(block, 0);
+        event(EventKind::evicted, seq, block);
+    }
+    assert(refcount_[block] == 0);
+    refcount_[block] = 1;
+    last_used_[block] = ++tick_;
+    event(EventKind::block_allocated, seq, block);
+    return block;
+}
+
+void BlockPool::retain(int block, int seq) {
+    refcount_[block]++;
+    last_used_[block] = ++tick_;
+    event(EventKind::block_shared, seq, block);
+}
+
+void BlockPool::release(int block, int seq) {
+    assert(refcount_[block] > 0);
+    last_used_[block] = ++tick_;
+    if (--refcount_[block] > 0 || published_[block]) return;
+    poison(block, 0);
+    free_.push_back(block);
+    event(EventKind::freed, seq, block);
+}
+
+int BlockPool::lookup(const BlockKey& key) {
+    const auto [first, last] = by_hash_.equal_range(key.hash());
+    for (auto it = first; it != last; ++it)
+        if (keys_[it->second] == key) return it->second;  // the full key, so a hash collision never hits
+    return -1;
+}
+
+void BlockPool::publish(int block, BlockKey key) {
+    if (published_[block] || lookup(key) >= 0) return;  // already there (another sequence computed it too)
+    by_hash_.emplace(key.hash(), block);
+    keys_[block] = std::move(key);
+    published_[block] = 1;
+}
+
+void BlockPool::unpublish(int block) {
+    if (!published_[block]) return;
+    const auto [first, last] = by_hash_.equal_range(keys_[block].hash());
+    for (auto it = first; it != last; ++it)
+        if (it->second == block) {
+            by_hash_.erase(it);
+            break;
+        }
+    keys_[block] = BlockKey{};
+    published_[block] = 0;
+}
+
+void BlockPool::poison(int block, int from_slot) {
+    const int hs = config_.head_size();
+    for (int l = 0; l < config_.n_layers; l++)
+        for (int h = 0; h < config_.n_kv_heads; h++) {
+            std::fill_n(key_row(block, l, h, from_slot), std::size_t(block_size_ - from_slot) * hs, kPoison);
+            std::fill_n(value_row(block, l, h, from_slot), std::size_t(block_size_ - from_slot) * hs, kPoison);
+        }
+}
+
+void BlockPool::event(EventKind kind, int seq, int block, int from, int pos, int count) const {
+    if (trace) trace->push_back(CacheEvent{kind, seq, pos, count, block, from});
+}
+
+MemoryStats BlockPool::memory() const {
+    MemoryStats m;
+    m.payload_bytes = m.reserved_bytes = std::int64_t(n_blocks_) * block_bytes();
+    m.allocated_bytes = std::int64_t(sizeof(float) * (k_.size() + v_.size()));
+    m.blocks_total = n_blocks_;
+    m.blocks_free = n_free();
+    m.blocks_cached = n_cached();
+    m.blocks_used = n_used();
+    return m;
+}
+
+// ----------------------------------------------------------------------------------------------
+// One sequence
+
+PagedCache::PagedCache(BlockPool& pool, std::uint64_t model_identity, int id)
+    : Cache(pool.config()), pool_(pool), model_(model_identity), nan_row_(config_.head_size(), kPoison) {
+    seq_id = id;
+}
+
+PagedCache::~PagedCache() {
+    for (int block : table_) pool_.release(block, seq_id);
+}
+
+int PagedCache::slot(int pos) const {
+    const int bs = pool_.block_size();
+    // The planted bug takes the slot modulo a different block size than the block index.
+    if (mutant == Mutant::slot_wrong_block && bs > 1) return pos % (bs - 1);
+    return pos % bs;
+}
+
+const float* PagedCache::key(int l, int h, int t) const {
+    const std::size_t b = std::size_t(t / pool_.block_size());
+    if (b >= table_.size()) return nan_row_.data();
+    return pool_.key_row(table_[b], l, h, slot(t));
+}
+
+const float* PagedCache::value(int l, int h, int t) const {
+    const std::size_t b = std::size_t(t / pool_.block_size());
+    if (b >= table_.size()) return nan_row_.data();
+    return pool_.value_row(table_[b], l, h, slot(t));
+}
+
+BlockPool::BlockKey PagedCache::key_of(int b) const {
+    const int bs = pool_.block_size();
+    BlockPool::BlockKey key;
+    key.parent = b > 0 ? hashes_[b - 1] : 0;
+    // The planted bug keys blocks by tokens alone: another model's rows would hit.
+    key.model = pool_.mutant == Mutant::hash_ignores_model ? 0 : model_;
+    key.tokens.assign(tokens().begin() + std::int64_t(b) * bs, tokens().begin() + std::int64_t(b + 1) * bs);
+    return key;
+}
+
+void PagedCache::reserve(int new_length) {
+    const int bs = pool_.block_size();
+    const int n_new = std::max(0, (new_length + bs - 1) / bs - int(table_.size()));
+    // The block receiving the next row must be ours alone: shared (fork, prefix hit) or
+    // published blocks get a private copy first.
+    const int b = length() / bs;
+    const bool cow = length() % bs != 0 && b < int(table_.size()) &&
+                     (pool_.refcount(table_[b]) > 1 || pool_.published(table_[b])) &&
+                     pool_.mutant != Mutant::cow_no_copy;
+    const int needed = n_new + (cow ? 1 : 0);
+    if (needed > pool_.available())
+        throw Error(fmt::format("paged cache: sequence {} needs {} more blocks of {} positions, the pool has {} free",
+                                seq_id, needed, bs, pool_.available()));
+    // Nothing below throws.
+    if (cow) {
+        const int shared = table_[b], copy = pool_.allocate(seq_id);
+        std::copy_n(pool_.key_row(shared, 0, 0, 0), pool_.block_bytes() / 2 / sizeof(float),
+                    pool_.key_row(copy, 0, 0, 0));
+        std::copy_n(pool_.value_row(shared, 0, 0, 0), pool_.block_bytes() / 2 / sizeof(float),
+                    pool_.value_row(copy, 0, 0, 0));
+        pool_.poison(copy, length() % bs);  // rows past our length are not ours
+        pool_.release(shared, seq_id);
+        table_[b] = copy;
+        pool_.event(EventKind::copy_on_write, seq_id, copy, shared, length());
+    }
+    for (int i = 0; i < n_new; i++) table_.push_back(pool_.allocate(seq_id));
+}
+
+void PagedCache::store(int l, int pos, const float* k_row, const float* v_row) {
+    const int bs = pool_.block_size(), hs = config_.head_size();
+    const int block = table_[pos / bs], s = slot(pos);
+    if (pool_.refcount(block) > 1 || pool_.published(block)) pool_.shared_writes_++;
+    for (int h = 0; h < config_.n_kv_heads; h++) {
+        std::memcpy(pool_.key_row(block, l, h, s), k_row + h * hs, sizeof(float) * hs);
+        std::memcpy(pool_.value_row(block, l, h, s), v_row + h * hs, sizeof(float) * hs);
+    }
+    // The last layer's row that fills a block completes it: hash it, and publish it.
+    if (l == config_.n_layers - 1 && pos % bs == bs - 1 && pos / bs == int(hashes_.size())) {
+        BlockPool::BlockKey key = key_of(pos / bs);
+        hashes_.push_back(key.hash());
+        if (pool_.prefix_caching()) pool_.publish(block, std::move(key));
+    }
+}
+
+void PagedCache::release(int n) {
+    const int bs = pool_.block_size();
+    const int keep = (n + bs - 1) / bs;
+    while (int(table_.size()) > keep) {
+        pool_.release(table_.back(), seq_id);
+        table_.pop_back();
+    }
+    hashes_.resize(std::min<std::size_t>(hashes_.size(), std::size_t(n / bs)));
+    // A block cut in the middle: if it is ours alone, its rows past n are forgotten (and it is no
+    // longer full, so no longer a cached prefix); if shared, copy-on-write handles the next write.
+    if (n % bs != 0 && keep <= int(table_.size())) {
+        const int block = table_[keep - 1];
+        if (pool_.refcount(block) == 1 && !pool_.published(block)) pool_.poison(block, n % bs);
+    }
+}
+
+int PagedCache::attach_prefix(std::span<const int> tokens) {
+    if (length() != 0) throw Error("paged cache: a prefix attaches only to an empty sequence");
+    if (!pool_.prefix_caching() || tokens.empty()) return 0;
+    const int bs = pool_.block_size();
+    // At most tokens.size() - 1 positions: the last token always runs, for its logits.
+    const int max_blocks = int((tokens.size() - 1) / bs);
+    std::vector<int> blocks;
+    std::vector<std::uint64_t> hashes;
+    for (int b = 0; b < max_blocks; b++) {
+        BlockPool::BlockKey key;
+        key.parent = b > 0 ? hashes.back() : 0;
+        key.model = pool_.mutant == Mutant::hash_ignores_model ? 0 : model_;
+        key.tokens.assign(tokens.begin() + std::int64_t(b) * bs, tokens.begin() + std::int64_t(b + 1) * bs);
+        const int block = pool_.lookup(key);
+        if (block < 0) break;
+        blocks.push_back(block);
+        hashes.push_back(key.hash());
+    }
+    const int hit = int(blocks.size()) * bs;
+    if (hit == 0) return 0;
+    for (int block : blocks) pool_.retain(block, seq_id);
+    table_ = std::move(blocks);
+    hashes_ = std::move(hashes);
+    adopt(tokens.first(hit));
+    pool_.hit_positions_ += hit;
+    record(EventKind::prefix_hit, 0, hit);
+    return hit;
+}
+
+std::unique_ptr<PagedCache> PagedCache::fork(int new_seq_id) const {
+    auto child = std::make_unique<PagedCache>(pool_, model_, new_seq_id);
+    child->trace = trace;
+    child->mutant = mutant;
+    for (int block : table_) pool_.retain(block, new_seq_id);
+    child->table_ = table_;
+    child->hashes_ = hashes_;
+    child->adopt(tokens());
+    return child;
+}
+
+MemoryStats PagedCache::memory() const {
+    MemoryStats m;
+    m.used_bytes = kv_bytes(config_, length());
+    m.payload_bytes = m.reserved_bytes = std::int64_t(table_.size()) * pool_.block_bytes();
+    m.allocated_bytes = m.reserved_bytes;  // blocks live in the pool; BlockPool::memory() measures it
+    const MemoryStats p = pool_.memory();
+    m.blocks_total = p.blocks_total;
+    m.blocks_used = p.blocks_used;
+    m.blocks_free = p.blocks_free;
+    m.blocks_cached = p.blocks_cached;
+    return m;
+}
+
+std::string PagedCache::name() const {
+    return fmt::format("paged(block_size={}{})", pool_.block_size(), pool_.prefix_caching() ? ",prefix" : "");
+}
+
+}  // namespace kvlab
