@@ -1,0 +1,69 @@
+// kvlab core: StreamingLLM's window cache (attention sinks plus a sliding window).
+//
+// A query at pos attends to the first `sinks` positions (the sinks: softmax parks its excess mass
+// on them, and dropping them is what breaks a plain sliding window) and to the last `window`
+// positions up to pos. Everything in between is evicted, so memory stays bounded however long
+// the sequence grows. Exact while pos + 1 <= sinks + window, approximate after.
+//
+// Rows live in a physical ring: slot t for a sink t < S, and slot S + (t - S) % R for t >= S,
+// R = window + chunk - 1. A step writes at most chunk rows before reading them (max_append), so
+// the newest write, at most p0 + chunk - 1, reuses the slot of p0 + chunk - 1 - R = p0 - window,
+// just outside the window of the step's first query p0. When S + R >= max_seq the ring would be
+// no smaller than the sequence, so slot = pos and nothing is ever evicted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache.h"
+
+namespace kvlab {
+
+class WindowCache : public Cache {
+public:
+    // chunk: the most positions one append may add; 0 means window. Throws Error for sinks < 0,
+    // window < 1, chunk < 0.
+    WindowCache(const Config& config, int sinks, int window, int chunk = 0);
+
+    // The row of t if t is resident (its slot still holds it), else a NaN row.
+    const float* key(int l, int h, int t) const override;
+    const float* value(int l, int h, int t) const override;
+    // Sinks 0..min(S, pos + 1) - 1, then max(S, pos - W + 1)..pos, in increasing position.
+    int attended(int l, int h, int pos, const float** keys, const float** values) const override;
+    int max_append() const override { return chunk_; }
+    MemoryStats memory() const override;
+    std::string name() const override;  // "window(sinks=S,window=W)"
+
+    int sinks() const { return sinks_; }
+    int window() const { return window_; }
+    int chunk() const { return chunk_; }
+    int ring_size() const { return ring_size_; }
+    // The physical slot of logical position pos.
+    int slot(int pos) const;
+    // Whether position t < length() still has its rows in the ring.
+    bool resident(int t) const;
+
+protected:
+    void reserve(int new_length) override;
+    void store(int l, int pos, const float* k_row, const float* v_row) override;
+    // Throws Error, changing nothing, when a position a query at n would attend was evicted.
+    void release(int n) override;
+
+private:
+    std::int64_t offset(int l, int h, int slot) const {
+        return ((std::int64_t(l) * config_.n_kv_heads + h) * ring_size_ + slot) * config_.head_size();
+    }
+    void poison_slot(int slot);
+
+    int sinks_, window_, chunk_;
+    int ring_;                    // R = window + chunk - 1: the ring slots after the sinks
+    int ring_size_;               // min(sinks + R, max_seq) slots in all
+    bool direct_;                 // sinks + R >= max_seq: slot = pos, nothing is ever evicted
+    std::vector<float> k_;        // [n_layers, n_kv_heads, ring_size, head_size], NaN where nothing is stored
+    std::vector<float> v_;        // [n_layers, n_kv_heads, ring_size, head_size]
+    std::vector<int> owner_;      // [ring_size]: the position whose rows a slot holds, or -1
+    std::vector<float> nan_row_;  // [head_size] NaNs: what an evicted position reads as
+};
+
+}  // namespace kvlab
