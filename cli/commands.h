@@ -53,6 +53,15 @@ struct ExportOptions {
 };
 int run_export(const ExportOptions& o);
 
+struct VerifyCommandOptions {
+    std::string variant = "all";  // a variant, a mutant, or all / exact / approximate / mutants
+    int cases = 100;
+    std::uint64_t seed = 1;
+    bool json = false;
+    bool list = false;
+};
+int run_verify(const VerifyCommandOptions& o);
+
 // "stories260K", "stories15M", or "dim=64,n_layers=2,..." on top of stories260K's shape.
 Config shape_from_string(const std::string& spec);
 

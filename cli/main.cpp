@@ -8,6 +8,7 @@
 
 #include "checkpoint.h"
 #include "commands.h"
+#include "memory.h"
 #include "model.h"
 
 namespace kvlab::cli {
@@ -97,11 +98,26 @@ int main(int argc, char** argv) {
     export_cmd->add_flag("--unshared", exp.unshared, "write a separate classifier (negative vocab_size in the header)");
     export_cmd->add_option("out", exp.out, "output file")->required();
 
+    VerifyCommandOptions ver;
+    auto* verify_cmd =
+        app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
+    verify_cmd->add_option("variant", ver.variant, "a variant or mutant (see --list), or all, exact, approximate, mutants");
+    verify_cmd->add_option("--cases", ver.cases, "generated cases per property")->check(CLI::Range(1, 1000000));
+    verify_cmd->add_option("--seed", ver.seed, "RapidCheck seed: the same seed draws the same cases");
+    verify_cmd->add_flag("--json", ver.json, "machine-readable output");
+    verify_cmd->add_flag("--list", ver.list, "list the variants and mutants");
+
+    MemoryOptions mem;
+    auto* memory_cmd = app.add_subcommand(
+        "memory", "KV cache bytes of published model shapes, and the waste of reserving max_seq vs paging");
+    add_memory_options(memory_cmd, mem);
+
     // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
     const std::string first = argc > 1 ? argv[1] : "";
     if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "bench" &&
-        first != "export") {
-        fmt::print(stderr, "kvlab: error: unknown command '{}' (commands: demo, generate, bench, export)\n", argv[1]);
+        first != "export" && first != "verify" && first != "memory") {
+        fmt::print(stderr, "kvlab: error: unknown command '{}' (commands: demo, generate, bench, verify, memory, export)\n",
+                   argv[1]);
         return 2;
     }
     try {
@@ -119,6 +135,8 @@ int main(int argc, char** argv) {
         if (*gen_cmd) return run_generate(gen);
         if (*bench_cmd) return run_bench(bench);
         if (*export_cmd) return run_export(exp);
+        if (*verify_cmd) return run_verify(ver);
+        if (*memory_cmd) return run_memory(mem);
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
     } catch (const std::exception& e) {

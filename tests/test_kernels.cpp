@@ -10,7 +10,7 @@
 #include "test_util.h"
 
 using namespace kvlab;
-using kvlab::test::first_difference;
+using kvlab::first_difference;
 using kvlab::test::full_range;
 
 namespace {

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "models_dir.h"
 #include "numerics.h"
+#include "verify.h"
 
 namespace kvlab {
 // How RapidCheck prints a Config in a counterexample.
@@ -49,17 +50,6 @@ inline std::string model_file(const std::string& name) {
 #define KVLAB_MODEL_FILE_OR_SKIP(var, name)                \
     const std::string var = kvlab::test::model_file(name); \
     if (var.empty()) return
-
-// The first element where two logit vectors differ bit for bit, described for a failure
-// message: index, both values in decimal and hex, their distance in ulps.
-inline std::optional<std::string> first_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return fmt::format("sizes differ: {} vs {}", a.size(), b.size());
-    for (std::size_t i = 0; i < a.size(); i++)
-        if (float_bits(a[i]) != float_bits(b[i]))
-            return fmt::format("first differing index {}: {:.9g} (0x{:08x}) vs {:.9g} (0x{:08x}), {} ulp", i, a[i],
-                               float_bits(a[i]), b[i], float_bits(b[i]), ulp_distance(a[i], b[i]));
-    return std::nullopt;
-}
 
 // The tiny configs the properties range over: 1-4 layers, 1-8 heads, n_kv_heads any divisor
 // of n_heads, head_size 1-32, hidden_dim 1-64, vocab 1-300, max_seq 1-64. RapidCheck scales

@@ -1,0 +1,571 @@
+#include "verify.h"
+
+#include <fmt/format.h>
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "approx_metrics.h"
+#include "cache.h"
+#include "decode.h"
+#include "model.h"
+#include "numerics.h"
+#include "paged.h"
+#include "quantized_cache.h"
+#include "window_cache.h"
+
+namespace kvlab {
+
+std::optional<std::string> first_difference(std::span<const float> a, std::span<const float> b) {
+    if (a.size() != b.size()) return fmt::format("sizes differ: {} vs {}", a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); i++)
+        if (float_bits(a[i]) != float_bits(b[i]) && (std::isnan(a[i]) || std::isnan(b[i])))
+            return fmt::format("first differing index {}: {:.9g} (0x{:08x}) vs {:.9g} (0x{:08x})", i, a[i],
+                               float_bits(a[i]), b[i], float_bits(b[i]));
+        else if (float_bits(a[i]) != float_bits(b[i]))
+            return fmt::format("first differing index {}: {:.9g} (0x{:08x}) vs {:.9g} (0x{:08x}), {} ulp", i, a[i],
+                               float_bits(a[i]), b[i], float_bits(b[i]), ulp_distance(a[i], b[i]));
+    return std::nullopt;
+}
+
+namespace {
+
+// ----------------------------------------------------------------------------------------------
+// Generators. RapidCheck scales ranges by a size that grows over a run; drawing at full size
+// covers the whole range in every case, and shrinking still finds the small ones.
+
+template <class T>
+T draw(T lo, T hi_inclusive) {
+    return *rc::gen::resize(100, rc::gen::inRange(lo, T(hi_inclusive + 1)));
+}
+
+// Tiny models: 1-3 layers, 1-4 heads with n_kv_heads any divisor, head_size 1-8, max_seq
+// min_seq-20. Small enough that naive decode of every prefix takes microseconds.
+Config gen_config(int min_seq = 1, int min_vocab = 1) {
+    Config c;
+    c.n_layers = draw(1, 3);
+    c.n_heads = draw(1, 4);
+    std::vector<int> divisors;
+    for (int d = 1; d <= c.n_heads; d++)
+        if (c.n_heads % d == 0) divisors.push_back(d);
+    c.n_kv_heads = *rc::gen::elementOf(divisors);
+    c.dim = c.n_heads * draw(1, 8);
+    c.hidden_dim = draw(1, 16);
+    c.vocab_size = draw(min_vocab, 32);
+    c.max_seq = draw(min_seq, 20);
+    return c;
+}
+
+std::vector<int> gen_tokens(const Config& c, int n) {
+    std::vector<int> t(n);
+    for (int& x : t) x = draw(0, c.vocab_size - 1);
+    return t;
+}
+
+[[noreturn]] void fail(std::string message) {
+    throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Failure, std::move(message));
+}
+
+// Logits of a cached run against naive decode of the same sequence.
+void expect_naive(NaiveDecoder& naive, std::span<const int> sequence, std::span<const float> logits,
+                  const std::string& what) {
+    const std::vector<float>& ref = naive.forward(sequence);
+    if (auto diff = first_difference(ref, logits))
+        fail(fmt::format("{}: logits differ from naive at T = {}, {}", what, sequence.size(), *diff));
+}
+
+void expect_memory_consistent(const Cache& cache, const std::string& what) {
+    const MemoryStats m = cache.memory();
+    if (m.reserved_bytes != m.allocated_bytes)
+        fail(fmt::format("{}: reports {} bytes, allocated {}", what, m.reserved_bytes, m.allocated_bytes));
+    if (m.used_bytes != kv_bytes(cache.config(), cache.length()))
+        fail(fmt::format("{}: used bytes {} at length {}", what, m.used_bytes, cache.length()));
+}
+
+// A cache of one of the exact single-sequence variants, with its pool when paged.
+struct CacheUnderTest {
+    std::unique_ptr<BlockPool> pool;
+    std::unique_ptr<Cache> cache;
+};
+
+CacheUnderTest make_cache(std::string_view variant, const Config& c, Mutant mutant) {
+    CacheUnderTest u;
+    if (variant == "contiguous-head") {
+        u.cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::head_major);
+    } else if (variant == "contiguous-seq") {
+        u.cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::seq_major);
+    } else if (variant == "growing") {
+        u.cache = std::make_unique<GrowingCache>(c, draw(1, c.max_seq));
+    } else {
+        const int bs = draw(1, c.max_seq);
+        u.pool = std::make_unique<BlockPool>(c, bs, (c.max_seq + bs - 1) / bs + draw(0, 2));
+        u.pool->mutant = mutant;
+        u.cache = std::make_unique<PagedCache>(*u.pool);
+    }
+    u.cache->mutant = mutant;
+    return u;
+}
+
+struct Decoders {
+    NaiveDecoder naive;
+    CachedDecoder cached;
+    Decoders(const Model& m, Cache& cache, Mutant mutant) : naive(m), cached(m, cache) {
+        naive.mutant = cached.mutant = mutant;
+    }
+};
+
+// ----------------------------------------------------------------------------------------------
+// Exact variants
+
+// Prefill a prompt, decode the rest one token at a time; naive decode agrees at every step.
+void decode_property(std::string_view variant, Mutant mutant) {
+    const Config c = gen_config();
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    CacheUnderTest u = make_cache(variant, c, mutant);
+    Decoders d(m, *u.cache, mutant);
+    const std::string what = fmt::format("{}, {}, prompt {} of {}", u.cache->name(), c.describe(), prompt,
+                                         tokens.size());
+    const std::span<const int> all(tokens);
+    expect_naive(d.naive, all.first(prompt), d.cached.prefill(all.first(prompt)), what);
+    for (int T = prompt + 1; T <= int(tokens.size()); T++)
+        expect_naive(d.naive, all.first(T), d.cached.decode(tokens[T - 1]), what);
+    expect_memory_consistent(*u.cache, what);
+}
+
+// Request A runs; request B shares a prefix with it (none, part, all of A, or a block multiple)
+// and maps A's cached blocks; a third request from another model never hits.
+void prefix_property(Mutant mutant) {
+    const Config c = gen_config(2);
+    const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
+    const Model ma = random_model(c, seed), mb = random_model(c, seed + 1);
+    const std::uint64_t ida = ma.w.fingerprint(), idb = mb.w.fingerprint();
+    const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
+    BlockPool pool(c, bs, 3 * per_seq, true);  // room for all three: nothing is evicted here
+    pool.mutant = mutant;
+    const std::vector<int> a = gen_tokens(c, draw(1, c.max_seq));
+    const int la = int(a.size());
+    const int share_kind = draw(0, 3);  // none, part, all of A, a multiple of block_size
+    const int k = share_kind == 0 ? 0 : share_kind == 1 ? draw(0, la) : share_kind == 2 ? la : bs * draw(0, la / bs);
+    std::vector<int> b(a.begin(), a.begin() + k);
+    const std::vector<int> suffix = gen_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
+    b.insert(b.end(), suffix.begin(), suffix.end());
+    const int prompt_b = draw(1, int(b.size()));
+    const bool free_a = *rc::gen::arbitrary<bool>();
+    const std::string what = fmt::format("paged(block_size={},prefix), {}, A {} tokens, B shares {} of {} (prompt {})",
+                                         bs, c.describe(), la, k, b.size(), prompt_b);
+
+    auto seq_a = std::make_unique<PagedCache>(pool, ida, 0);
+    {
+        Decoders d(ma, *seq_a, mutant);
+        for (int T = 1; T <= la; T++)
+            expect_naive(d.naive, std::span(a).first(T), d.cached.extend(std::span(a).first(T)), "A: " + what);
+    }
+    if (free_a) seq_a.reset();  // its full blocks stay cached, unreferenced
+
+    PagedCache seq_b(pool, ida, 1);
+    Decoders d(ma, seq_b, mutant);
+    const std::span<const int> bspan(b);
+    expect_naive(d.naive, bspan.first(prompt_b), d.cached.extend(bspan.first(prompt_b)), "B: " + what);
+    int common = 0;
+    while (common < la && common < prompt_b && a[common] == b[common]) common++;
+    const int expected = bs * std::min({common / bs, la / bs, (prompt_b - 1) / bs});
+    if (d.cached.prefix_hit() != expected)
+        fail(fmt::format("{}: B's prefix hit {} positions, expected {}", what, d.cached.prefix_hit(), expected));
+    for (int T = prompt_b + 1; T <= int(b.size()); T++)
+        expect_naive(d.naive, bspan.first(T), d.cached.decode(b[T - 1]), "B: " + what);
+
+    // Another model's request with A's tokens: the same token ids, other rows.
+    PagedCache seq_c(pool, idb, 2);
+    Decoders dc(mb, seq_c, mutant);
+    expect_naive(dc.naive, std::span(a), dc.cached.extend(std::span(a)), "another model, A's tokens: " + what);
+    if (dc.cached.prefix_hit() != 0)
+        fail(fmt::format("{}: another model's request hit {} cached positions", what, dc.cached.prefix_hit()));
+}
+
+// A sequence forks into children at any position; all of them decode, interleaved, each its own
+// tokens; every one equals naive decode of its own sequence.
+void fork_property(Mutant mutant) {
+    const Config c = gen_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
+    const int n_children = draw(1, 3);
+    BlockPool pool(c, bs, (n_children + 1) * per_seq);
+    pool.mutant = mutant;
+    const int f = draw(1, c.max_seq - 1);  // fork after f positions
+    const std::string what = fmt::format("paged(block_size={}), {}, fork at {} into {} children", bs, c.describe(), f,
+                                         n_children);
+    std::vector<std::unique_ptr<PagedCache>> seqs;
+    seqs.push_back(std::make_unique<PagedCache>(pool, 0, 0));
+    seqs[0]->mutant = mutant;
+    std::vector<std::vector<int>> tokens(1, gen_tokens(c, f));
+    {
+        Decoders d(m, *seqs[0], mutant);
+        expect_naive(d.naive, tokens[0], d.cached.prefill(tokens[0]), what);
+    }
+    for (int i = 1; i <= n_children; i++) {
+        seqs.push_back(seqs[0]->fork(i));
+        tokens.push_back(tokens[0]);
+    }
+    // Each sequence's continuation, then a random interleaving of single decode steps.
+    std::vector<std::vector<int>> rest;
+    int total = 0;
+    for (int i = 0; i <= n_children; i++) {
+        rest.push_back(gen_tokens(c, draw(1, c.max_seq - f)));
+        total += int(rest.back().size());
+    }
+    std::vector<std::size_t> done(n_children + 1, 0);
+    NaiveDecoder naive(m);
+    naive.mutant = mutant;
+    for (int step = 0; step < total; step++) {
+        int s = draw(0, n_children);
+        while (done[s] == rest[s].size()) s = (s + 1) % (n_children + 1);
+        CachedDecoder dec(m, *seqs[s]);
+        dec.mutant = mutant;
+        tokens[s].push_back(rest[s][done[s]++]);
+        expect_naive(naive, tokens[s], dec.decode(tokens[s].back()), fmt::format("sequence {}: {}", s, what));
+    }
+    if (pool.shared_writes() != 0) fail(fmt::format("{}: {} writes into shared blocks", what, pool.shared_writes()));
+}
+
+// Decode, roll back any number of positions, decode other tokens, repeat; every step equals
+// naive decode of the tokens that were kept.
+void rollback_property(Mutant mutant) {
+    static const char* const kVariants[] = {"contiguous-head", "contiguous-seq", "growing", "paged"};
+    const std::string_view variant = kVariants[draw(0, 3)];
+    const Config c = gen_config();
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    CacheUnderTest u = make_cache(variant, c, mutant);
+    Decoders d(m, *u.cache, mutant);
+    std::vector<int> kept;
+    const int rounds = draw(1, 3);
+    std::string what = fmt::format("{}, {}", u.cache->name(), c.describe());
+    for (int r = 0; r <= rounds; r++) {
+        if (r > 0) {
+            const int n = draw(0, int(kept.size()));
+            what += fmt::format(", roll back to {}", n);
+            d.cached.cache().truncate(n);
+            kept.resize(n);
+        }
+        if (int(kept.size()) == c.max_seq) continue;
+        const std::vector<int> more = gen_tokens(c, draw(1, c.max_seq - int(kept.size())));
+        what += fmt::format(", +{}", more.size());
+        for (int t : more) {
+            kept.push_back(t);
+            expect_naive(d.naive, kept, d.cached.decode(t), what);
+        }
+    }
+    expect_memory_consistent(*u.cache, what);
+}
+
+// Sequences of different lengths, some joining later, step together over one pool: a
+// sequence's first step is its whole prompt, later ones one token. Each sequence's logits equal
+// its solo naive run at every step.
+void batch_property(Mutant mutant) {
+    const Config c = gen_config();
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
+    const int n_seqs = draw(2, 4);
+    BlockPool pool(c, bs, n_seqs * per_seq);
+    pool.mutant = mutant;
+    std::vector<std::unique_ptr<PagedCache>> seqs;
+    std::vector<std::vector<int>> tokens;
+    std::vector<int> prompt, joins, next;
+    for (int s = 0; s < n_seqs; s++) {
+        seqs.push_back(std::make_unique<PagedCache>(pool, 0, s));
+        seqs.back()->mutant = mutant;
+        tokens.push_back(gen_tokens(c, draw(1, c.max_seq)));
+        prompt.push_back(draw(1, int(tokens.back().size())));
+        joins.push_back(draw(0, 2));
+        next.push_back(0);
+    }
+    const std::string what = fmt::format("batch of {} over paged(block_size={}), {}", n_seqs, bs, c.describe());
+    CachedDecoder dec(m, *seqs[0]);
+    dec.mutant = mutant;
+    NaiveDecoder naive(m);
+    naive.mutant = mutant;
+    for (int step = 0;; step++) {
+        std::vector<Cache*> caches;
+        std::vector<std::vector<int>> rows;
+        std::vector<int> who;
+        for (int s = 0; s < n_seqs; s++) {
+            if (joins[s] > step || next[s] == int(tokens[s].size())) continue;
+            const int n = next[s] == 0 ? prompt[s] : 1;
+            caches.push_back(seqs[s].get());
+            rows.emplace_back(tokens[s].begin() + next[s], tokens[s].begin() + next[s] + n);
+            who.push_back(s);
+            next[s] += n;
+        }
+        if (caches.empty()) {
+            if (step > 2) break;
+            continue;
+        }
+        const std::vector<float>& logits = dec.step(caches, rows);
+        for (std::size_t i = 0; i < who.size(); i++) {
+            const int s = who[i];
+            expect_naive(naive, std::span(tokens[s]).first(next[s]),
+                         std::span(logits).subspan(i * c.vocab_size, c.vocab_size),
+                         fmt::format("sequence {} in a {}-sequence step: {}", s, who.size(), what));
+        }
+    }
+}
+
+// A cache continued with an edited prompt refuses; rolled back to the edit, it continues exactly.
+void stale_property(Mutant mutant) {
+    const Config c = gen_config(2, 2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    CacheUnderTest u = make_cache(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant);
+    Decoders d(m, *u.cache, mutant);
+    const std::vector<int> prompt = gen_tokens(c, draw(1, c.max_seq - 1));
+    const int i = draw(0, int(prompt.size()) - 1);
+    std::vector<int> edited = prompt;
+    edited[i] = (prompt[i] + draw(1, c.vocab_size - 1)) % c.vocab_size;
+    const std::vector<int> more = gen_tokens(c, draw(1, c.max_seq - int(prompt.size())));
+    edited.insert(edited.end(), more.begin(), more.end());
+    const std::string what = fmt::format("{}, {}, prompt of {} edited at {}", u.cache->name(), c.describe(),
+                                         prompt.size(), i);
+    d.cached.extend(prompt);
+    bool refused = false;
+    try {
+        expect_naive(d.naive, edited, d.cached.extend(edited), "stale cache reused: " + what);
+    } catch (const Error& e) {
+        refused = std::string_view(e.what()).starts_with("stale cache");
+        if (!refused) fail(fmt::format("{}: unexpected error: {}", what, e.what()));
+    }
+    if (!refused) return;
+    d.cached.cache().truncate(i);
+    expect_naive(d.naive, edited, d.cached.extend(edited), "after rolling back to the edit: " + what);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Approximate variants
+
+// StreamingLLM: sinks S and window W. exact_regime_only compares only while T <= S + W.
+void window_property(bool exact_regime_only) {
+    const Config c = gen_config();
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const int sinks = draw(0, 3), window = draw(1, 4), chunk = draw(0, 3);
+    WindowCache cache(c, sinks, window, chunk);
+    Decoders d(m, cache, Mutant::none);
+    const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    const std::span<const int> all(tokens);
+    auto check = [&](int T, const std::vector<float>& logits) {
+        if (exact_regime_only && T > sinks + window) return;
+        const std::vector<float>& ref = d.naive.forward(all.first(T));
+        if (auto diff = first_difference(ref, logits))
+            fail(fmt::format("window S = {}, W = {} (chunk {}), {}: first differs at T = {} = S + W + {}, {}", sinks,
+                             window, chunk, c.describe(), T, T - sinks - window, *diff));
+    };
+    check(prompt, d.cached.prefill(all.first(prompt)));
+    for (int T = prompt + 1; T <= int(tokens.size()); T++) check(T, d.cached.decode(tokens[T - 1]));
+}
+
+struct QuantVariant {
+    const char* name;
+    int bits;
+    QuantSpec::Axis key_axis;
+    double max_abs_bound;  // largest |logit error| we state and test
+    double kl_bound;       // largest KL(exact || quantized) of the next-token distribution
+};
+const QuantVariant kQuantVariants[] = {
+    {"quant-int8-kivi", 8, QuantSpec::Axis::per_channel, 0.2, 1e-3},
+    {"quant-int8-token", 8, QuantSpec::Axis::per_token, 0.2, 1e-3},
+    {"quant-int4-kivi", 4, QuantSpec::Axis::per_channel, 2.5, 0.15},
+    {"quant-int4-token", 4, QuantSpec::Axis::per_token, 2.5, 0.15},
+};
+
+// Quantized decode against exact cached decode (which equals naive): with bound, the error
+// stays within it; without, the logits are required bitwise equal (and are not).
+void quant_property(const QuantVariant& v, bool bound, ErrorSummary* summary) {
+    // Error bounds only mean something for one family of models: random models of stories260K's
+    // shape (head_size 8), context up to 32. Tiny models of every shape are for exactness.
+    Config c = stories260k_shape();
+    c.max_seq = 32;
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    QuantSpec spec;
+    spec.bits = v.bits;
+    spec.key_axis = v.key_axis;
+    spec.group = *rc::gen::elementOf(std::vector<int>{2, 4, 8});
+    QuantizedCache cache(c, spec);
+    CachedDecoder exact(m), quant(m, cache);
+    const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    const std::span<const int> all(tokens);
+    auto check = [&](int T, const std::vector<float>& ref, const std::vector<float>& got) {
+        const LogitError e = compare_logits(ref, got);
+        if (summary) summary->add(e);
+        const std::string what = fmt::format("{}, {} tokens, prompt {}", cache.name(), tokens.size(), prompt);
+        if (!bound) {
+            if (auto diff = first_difference(ref, got)) fail(fmt::format("{}: first differs at T = {}, {}", what, T, *diff));
+        } else if (!(e.max_abs <= v.max_abs_bound && e.kl <= v.kl_bound)) {
+            fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
+                             e.max_abs, v.max_abs_bound, e.kl, v.kl_bound));
+        }
+    };
+    check(prompt, exact.prefill(all.first(prompt)), quant.prefill(all.first(prompt)));
+    for (int T = prompt + 1; T <= int(tokens.size()); T++)
+        check(T, exact.decode(tokens[T - 1]), quant.decode(tokens[T - 1]));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Running a property
+
+struct Outcome {
+    bool passed = false;
+    int cases = 0;
+    std::string counterexample;
+};
+
+Outcome run_property(const std::function<void()>& body, const VerifyOptions& o) {
+    rc::detail::TestParams params;
+    params.seed = o.seed;
+    params.maxSuccess = o.cases;
+    params.maxSize = 100;
+    const rc::detail::TestResult result = rc::detail::checkTestable(body, rc::detail::TestMetadata{}, params);
+    Outcome out;
+    rc::detail::SuccessResult success;
+    rc::detail::FailureResult failure;
+    rc::detail::GaveUpResult gave_up;
+    rc::detail::Error error;
+    if (result.match(success)) {
+        out.passed = true;
+        out.cases = success.numSuccess;
+    } else if (result.match(failure)) {
+        out.cases = failure.numSuccess + 1;
+        out.counterexample = failure.description;
+    } else if (result.match(gave_up)) {
+        out.cases = gave_up.numSuccess;
+        out.counterexample = "gave up: " + gave_up.description;
+    } else if (result.match(error)) {
+        out.counterexample = "error: " + error.description;
+    }
+    for (char& ch : out.counterexample)
+        if (ch == '\n') ch = ' ';
+    return out;
+}
+
+struct Check {
+    std::string name, kind, parameters;
+    std::function<void(Mutant)> body;  // exact checks: the property, with a mutant or none
+};
+
+const std::vector<Check>& exact_checks() {
+    static const std::vector<Check> checks = [] {
+        std::vector<Check> v;
+        const std::string decode = "prompt 1..T, then decode to T <= max_seq";
+        for (const char* name : {"contiguous-head", "contiguous-seq"})
+            v.push_back({name, "exact", decode, [name](Mutant m) { decode_property(name, m); }});
+        v.push_back({"growing", "exact", "initial capacity 1..max_seq",
+                     [](Mutant m) { decode_property("growing", m); }});
+        v.push_back({"paged", "exact", "block_size 1..max_seq, 0-2 spare blocks",
+                     [](Mutant m) { decode_property("paged", m); }});
+        v.push_back({"prefix", "exact",
+                     "shared prefix none/part/all/k*block_size, other model",
+                     prefix_property});
+        v.push_back({"fork", "exact", "fork anywhere into 1-3 children, interleaved", fork_property});
+        v.push_back({"rollback", "exact", "4 layouts, 1-3 rollbacks of any length", rollback_property});
+        v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins", batch_property});
+        v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
+                     stale_property});
+        return v;
+    }();
+    return checks;
+}
+
+// Which check catches each planted bug.
+std::string_view check_for(Mutant m) {
+    switch (m) {
+        case Mutant::slot_wrong_block: return "paged";
+        case Mutant::stale_prefix: return "stale";
+        case Mutant::hash_ignores_model: return "prefix";
+        case Mutant::cow_no_copy: return "fork";
+        case Mutant::batch_mixes_blocks: return "batch";
+        case Mutant::rollback_keeps_length: return "rollback";
+        default: return "contiguous-head";
+    }
+}
+
+VerifyRow run_exact(const Check& check, const VerifyOptions& o) {
+    const Outcome r = run_property([&] { check.body(Mutant::none); }, o);
+    return {check.name,       check.kind, check.parameters, r.cases, r.passed ? "bitwise equal" : "FAILED", r.passed,
+            r.counterexample, ""};
+}
+
+VerifyRow run_mutant(const MutantInfo& info, const VerifyOptions& o) {
+    const std::string_view target = check_for(info.mutant);
+    const auto& checks = exact_checks();
+    const auto it = std::find_if(checks.begin(), checks.end(), [&](const Check& c) { return c.name == target; });
+    const Outcome r = run_property([&] { it->body(info.mutant); }, o);
+    return {std::string(info.name),
+            "mutant",
+            fmt::format("{} (check: {})", info.bug, target),
+            r.cases,
+            r.passed ? "NOT caught" : "caught",
+            !r.passed,
+            r.counterexample,
+            ""};
+}
+
+VerifyRow run_window(const VerifyOptions& o) {
+    const Outcome inside = run_property([] { window_property(true); }, o);
+    const Outcome everywhere = run_property([] { window_property(false); }, o);
+    VerifyRow row{"window", "approximate", "sinks S 0-3, window W 1-4, chunk 0-3", inside.cases, "", false, "", ""};
+    row.ok = inside.passed && !everywhere.passed;
+    row.result = !inside.passed ? "FAILED inside T <= S + W"
+                 : everywhere.passed ? "never differed (expected to beyond S + W)"
+                                     : "bitwise equal while T <= S + W; differs beyond";
+    row.counterexample = inside.passed ? everywhere.counterexample : inside.counterexample;
+    return row;
+}
+
+VerifyRow run_quant(const QuantVariant& v, const VerifyOptions& o) {
+    ErrorSummary summary;
+    const Outcome within = run_property([&] { quant_property(v, true, &summary); }, o);
+    const Outcome equal = run_property([&] { quant_property(v, false, nullptr); }, o);
+    VerifyRow row{v.name, "approximate", fmt::format("stories260K shape; |dlogit| <= {}, KL <= {}", v.max_abs_bound, v.kl_bound),
+                  within.cases, "", false, "", ""};
+    row.ok = within.passed && !equal.passed;
+    row.result = !within.passed ? "FAILED its error bound" : equal.passed ? "never differed" : "within bound; differs";
+    row.counterexample = within.passed ? equal.counterexample : within.counterexample;
+    row.figures = fmt::format("max |dlogit| {:.3g}, max KL {:.3g}, mean KL {:.3g}, top-1 agreement {:.1f}%",
+                              summary.max_abs, summary.max_kl, summary.mean_kl(), 100.0 * summary.top1_rate());
+    return row;
+}
+
+}  // namespace
+
+std::vector<std::string> verify_names() {
+    std::vector<std::string> names{"all", "exact", "approximate", "mutants"};
+    for (const Check& c : exact_checks()) names.push_back(c.name);
+    names.push_back("window");
+    for (const QuantVariant& q : kQuantVariants) names.push_back(q.name);
+    for (const MutantInfo& m : kMutants) names.push_back(std::string(m.name));
+    return names;
+}
+
+std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
+    if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
+    const std::vector<std::string> names = verify_names();
+    if (std::find(names.begin(), names.end(), which) == names.end()) {
+        std::string list;
+        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+        throw Error(fmt::format("verify: unknown variant '{}' (one of: {})", which, list));
+    }
+    const bool all = which == "all";
+    std::vector<VerifyRow> rows;
+    for (const Check& c : exact_checks())
+        if (all || which == "exact" || which == c.name) rows.push_back(run_exact(c, o));
+    if (all || which == "approximate" || which == "window") rows.push_back(run_window(o));
+    for (const QuantVariant& q : kQuantVariants)
+        if (all || which == "approximate" || which == q.name) rows.push_back(run_quant(q, o));
+    for (const MutantInfo& m : kMutants)
+        if (all || which == "mutants" || which == m.name) rows.push_back(run_mutant(m, o));
+    return rows;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,55 @@
+// kvlab core: the verification suite, one property per cache variant.
+//
+// Each check generates small models, token sequences and variant parameters with RapidCheck,
+// decodes them with a cached decoder on the variant, and compares the logits at every step
+// with naive decode, bit for bit. A failure is shrunk to the smallest case RapidCheck finds and
+// described in one line. The same checks run with each planted bug (mutants.h) switched on:
+// every one must be caught.
+//
+//   exact        must be bitwise equal at every step
+//   approximate  bitwise equal inside their exact regime (a window while T <= S + W) and shown
+//                to differ outside it; quantized caches within a stated error bound
+//   mutant       a correct check run on a planted bug: it must fail
+//
+// `kvlab verify` prints these rows; tests/test_verify.cpp asserts them. To add a variant of
+// your own, see "Adding a cache variant" in the README.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mutants.h"
+
+namespace kvlab {
+
+struct VerifyOptions {
+    int cases = 100;         // generated cases per property
+    std::uint64_t seed = 1;  // RapidCheck's seed: the same seed draws the same cases
+};
+
+struct VerifyRow {
+    std::string name;            // the variant, or the mutant
+    std::string kind;            // "exact", "approximate" or "mutant"
+    std::string parameters;      // what the generator ranges over
+    int cases = 0;               // cases run (a failing property stops at its first failure)
+    std::string result;          // "bitwise equal", "differs outside T <= S + W", "caught", ...
+    bool ok = false;             // the result is the one the variant promises
+    std::string counterexample;  // the shrunk failing case, in one line ("" when none)
+    std::string figures;         // measured figures (quantized error), "" when none
+};
+
+// The names verify() accepts: every variant and every mutant, plus "all", "exact",
+// "approximate" and "mutants".
+std::vector<std::string> verify_names();
+// Runs the named checks; throws Error for an unknown name.
+std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& options);
+
+// The first element where two logit vectors differ bit for bit, described for a failure
+// message: index, both values in decimal and hex, their distance in ulps.
+std::optional<std::string> first_difference(std::span<const float> a, std::span<const float> b);
+
+}  // namespace kvlab

@@ -1,0 +1,84 @@
+// The verification suite (core/verify.h) run as tests: every exact variant bitwise equal to
+// naive decode, every approximate one exact inside its regime and shown to differ outside it (or
+// within its stated error bound), and every planted bug caught with a shrunk counterexample.
+#include <catch2/catch.hpp>
+
+#include "test_util.h"
+#include "verify.h"
+
+using namespace kvlab;
+
+namespace {
+
+constexpr VerifyOptions kOptions{200, 20261121};
+
+void check_rows(std::string_view which, const VerifyOptions& o = kOptions) {
+    const std::vector<VerifyRow> rows = verify(which, o);
+    REQUIRE(!rows.empty());
+    for (const VerifyRow& r : rows) {
+        INFO(r.name << ": " << r.result << " after " << r.cases << " cases; " << r.counterexample);
+        CHECK(r.ok);
+        if (r.kind == "exact") CHECK(r.cases == o.cases);
+        // Whatever fails says where: the shrunk case and the step.
+        if (r.kind != "exact") CHECK(r.counterexample.find(" at T = ") != std::string::npos);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("exact variants: contiguous layouts, growing and paged caches equal naive decode", "[verify][exact]") {
+    for (const char* name : {"contiguous-head", "contiguous-seq", "growing", "paged"}) check_rows(name);
+}
+
+TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, batches", "[verify][exact]") {
+    for (const char* name : {"prefix", "fork", "rollback", "batch"}) check_rows(name);
+}
+
+TEST_CASE("an edited prompt is refused as a stale cache, and rolled back it continues exactly", "[verify][exact]") {
+    check_rows("stale");
+}
+
+TEST_CASE("sliding window: exact while T <= S + W, and differs beyond", "[verify][approx]") {
+    const std::vector<VerifyRow> rows = verify("window", kOptions);
+    REQUIRE(rows.size() == 1);
+    INFO(rows[0].counterexample);
+    CHECK(rows[0].ok);
+    // The first difference is past the window: "T = 7 = S + W + 6" (inside, the logits are exact).
+    CHECK(rows[0].counterexample.find(" = S + W + ") != std::string::npos);
+    CHECK(rows[0].counterexample.find(" = S + W + 0") == std::string::npos);
+    CHECK(rows[0].counterexample.find(" = S + W + -") == std::string::npos);
+}
+
+TEST_CASE("quantized caches stay within their stated bounds and are not bitwise exact", "[verify][approx]") {
+    check_rows("quant-int8-kivi", {60, 7});
+    check_rows("quant-int8-token", {60, 7});
+    check_rows("quant-int4-kivi", {60, 7});
+    check_rows("quant-int4-token", {60, 7});
+}
+
+TEST_CASE("every planted bug is caught, with a shrunk counterexample (kill rate 100%)", "[verify][mutants]") {
+    const std::vector<VerifyRow> rows = verify("mutants", kOptions);
+    REQUIRE(rows.size() == kMutants.size());
+    int caught = 0;
+    for (const VerifyRow& r : rows) {
+        INFO(r.name << ": " << r.result << "; " << r.counterexample);
+        CHECK(r.result == "caught");
+        CHECK(!r.counterexample.empty());
+        caught += r.ok;
+    }
+    CHECK(caught == int(kMutants.size()));
+}
+
+TEST_CASE("verify refuses unknown names and zero cases", "[verify][errors]") {
+    CHECK_THROWS_WITH(verify("paged2", kOptions), Catch::Contains("unknown variant 'paged2'"));
+    CHECK_THROWS_WITH(verify("paged", {0, 1}), Catch::Contains("at least 1"));
+}
+
+TEST_CASE("first_difference names the index, both values, and NaN as NaN", "[verify]") {
+    const std::vector<float> a{1.0f, 2.0f}, b{1.0f, std::nanf("")};
+    CHECK(!first_difference(a, a));
+    CHECK(first_difference(a, b)->find("index 1") != std::string::npos);
+    CHECK(first_difference(a, b)->find("ulp") == std::string::npos);
+    CHECK(first_difference(a, std::vector<float>{1.0f, std::nextafter(2.0f, 3.0f)})->find("1 ulp") !=
+          std::string::npos);
+}
