@@ -7,10 +7,14 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "approx_metrics.h"
 #include "baseline.h"
 #include "commands.h"
 #include "common.h"
 #include "decode.h"
+#include "paged.h"
+#include "quantized_cache.h"
+#include "window_cache.h"
 
 namespace kvlab::cli {
 
@@ -32,6 +36,104 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// One cache variant at context length T: decode step time relative to the contiguous cache.
+struct VariantRow {
+    std::string name;
+    bool exact;
+    double decode_s = 0;
+    MemoryStats memory;
+    bool equal = false;  // logits bitwise equal to the contiguous cache's
+    double max_abs = 0;  // otherwise: the largest logit error
+};
+
+// Decode one token at context length T on each variant, interleaved round by round so a noisy
+// neighbour slows them alike; each sample is the mean of `inner` steps (truncate, decode).
+std::vector<VariantRow> bench_variants(const Model& model, std::span<const int> tokens, const BenchOptions& o) {
+    const Config& c = model.config();
+    const int T = int(tokens.size()), reps = o.reps, threads = o.threads;
+    BlockPool pool(c, o.block_size, (c.max_seq + o.block_size - 1) / std::max(1, o.block_size));
+    struct Variant {
+        std::unique_ptr<Cache> cache;
+        bool exact;
+    };
+    std::vector<Variant> variants;
+    variants.push_back({std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::head_major), true});
+    variants.push_back({std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::seq_major), true});
+    variants.push_back({std::make_unique<GrowingCache>(c, 16), true});
+    variants.push_back({std::make_unique<PagedCache>(pool), true});
+    variants.push_back(
+        {std::make_unique<QuantizedCache>(c, QuantSpec{8, QuantSpec::Axis::per_channel, o.group}), false});
+    variants.push_back(
+        {std::make_unique<QuantizedCache>(c, QuantSpec{4, QuantSpec::Axis::per_channel, o.group}), false});
+    variants.push_back({std::make_unique<WindowCache>(c, 4, std::max(1, T / 2 - 4), 8), false});
+    std::vector<std::unique_ptr<CachedDecoder>> decoders;
+    for (auto& v : variants) {
+        decoders.push_back(std::make_unique<CachedDecoder>(model, *v.cache, threads));
+        if (T > 1) decoders.back()->prefill(tokens.first(T - 1));
+    }
+    std::vector<std::vector<double>> samples(variants.size());
+    std::vector<std::vector<float>> logits(variants.size());
+    const int inner = 4;
+    for (int r = 0; r < reps; r++)
+        for (std::size_t i = 0; i < variants.size(); i++) {
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int k = 0; k < inner; k++) {
+                variants[i].cache->truncate(T - 1);
+                logits[i] = decoders[i]->decode(tokens[T - 1]);
+            }
+            samples[i].push_back(seconds_since(t0) / inner);
+        }
+    std::vector<VariantRow> rows;
+    for (std::size_t i = 0; i < variants.size(); i++) {
+        std::sort(samples[i].begin(), samples[i].end());
+        VariantRow row{variants[i].cache->name(),           variants[i].exact,
+                       samples[i][samples[i].size() / 2],   variants[i].cache->memory(),
+                       bitwise_equal(logits[i], logits[0]), 0};
+        row.max_abs = compare_logits(logits[0], logits[i]).max_abs;
+        rows.push_back(row);
+    }
+    return rows;
+}
+
+// What the prefix cache saves: request B shares all but its last `suffix` tokens with A, which
+// ran before it. B's prefill with the cache against B's prefill in a pool without one.
+struct PrefixRow {
+    int prompt = 0, hit = 0;
+    double with_s = 0, without_s = 0;
+    bool equal = false;
+};
+
+PrefixRow bench_prefix(const Model& model, std::span<const int> a, int suffix, int reps, int threads) {
+    const Config& c = model.config();
+    const int block_size = std::min(16, c.max_seq), blocks = 2 * ((c.max_seq + block_size - 1) / block_size);
+    std::vector<int> b(a.begin(), a.end() - suffix);
+    for (int i = 0; i < suffix; i++) b.push_back((a[a.size() - suffix + i] + 1) % c.vocab_size);
+    PrefixRow row;
+    row.prompt = int(b.size());
+    std::vector<float> with, without;
+    std::vector<double> tw, tn;
+    for (int r = 0; r < reps; r++) {
+        BlockPool cached_pool(c, block_size, blocks, true), plain_pool(c, block_size, blocks, false);
+        PagedCache seq_a(cached_pool, model.w.fingerprint(), 0);
+        CachedDecoder(model, seq_a, threads).extend(a);
+        PagedCache seq_b(cached_pool, model.w.fingerprint(), 1), seq_plain(plain_pool, 0, 2);
+        CachedDecoder dec_b(model, seq_b, threads), dec_plain(model, seq_plain, threads);
+        auto t0 = std::chrono::steady_clock::now();
+        with = dec_b.extend(b);
+        tw.push_back(seconds_since(t0));
+        t0 = std::chrono::steady_clock::now();
+        without = dec_plain.extend(b);
+        tn.push_back(seconds_since(t0));
+        row.hit = dec_b.prefix_hit();
+    }
+    std::sort(tw.begin(), tw.end());
+    std::sort(tn.begin(), tn.end());
+    row.with_s = tw[tw.size() / 2];
+    row.without_s = tn[tn.size() / 2];
+    row.equal = bitwise_equal(with, without);
+    return row;
+}
+
 struct Row {
     int T;
     double prefill_s, cached_s, seqdot_s, naive_s;
@@ -40,13 +142,21 @@ struct Row {
 
 }  // namespace
 
-int run_bench(const BenchOptions& o) {
-    const Config c = shape_from_string(o.shape);
+int run_bench(const BenchOptions& options) {
+    const Config c = shape_from_string(options.shape);
+    BenchOptions o = options;
+    if (o.block_size == 0) o.block_size = std::min(16, c.max_seq);
+    if (o.group == 0)
+        for (int g = 1; g <= std::min(16, c.head_size()); g++)
+            if (c.head_size() % g == 0) o.group = g;
     std::vector<int> lengths = parse_int_list("--lengths", o.lengths);
     std::sort(lengths.begin(), lengths.end());
     for (int T : lengths)
         if (T < 1 || T > c.max_seq)
             throw Error(fmt::format("--lengths: T = {} is outside [1, max_seq = {}]", T, c.max_seq));
+    // Bad variant parameters are refused before anything runs (the constructors say why).
+    BlockPool(c, o.block_size, 1);
+    QuantizedCache(c, QuantSpec{8, QuantSpec::Axis::per_channel, o.group});
     const Model model = random_model(c, o.seed);
     std::vector<int> tokens(lengths.back());
     SplitMix64 rng(o.seed + 1);
@@ -82,8 +192,14 @@ int run_bench(const BenchOptions& o) {
         rows.push_back(r);
     }
 
-    bool all_equal = true;
+    const int T_var = lengths.back();
+    const std::vector<VariantRow> variants = bench_variants(model, std::span<const int>(tokens).first(T_var), o);
+    const int suffix = std::min(32, std::max(1, T_var / 4));
+    const PrefixRow prefix = bench_prefix(model, std::span<const int>(tokens).first(T_var), suffix, o.reps, o.threads);
+
+    bool all_equal = prefix.equal;
     for (const auto& r : rows) all_equal = all_equal && r.cached_eq_naive && r.seqdot_eq_naive;
+    for (const auto& v : variants) all_equal = all_equal && (v.equal || !v.exact);
     if (o.json) {
         nlohmann::json j;
         j["shape"] = c.describe();
@@ -99,6 +215,21 @@ int run_bench(const BenchOptions& o) {
                                  {"cached_vs_naive", r.naive_s / r.cached_s},
                                  {"cached_bitwise_equal_naive", r.cached_eq_naive},
                                  {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive}});
+        for (const auto& v : variants)
+            j["variants"].push_back({{"variant", v.name},
+                                     {"T", T_var},
+                                     {"decode_tokens_per_second", 1.0 / v.decode_s},
+                                     {"relative_to_contiguous", variants[0].decode_s / v.decode_s},
+                                     {"exact", v.exact},
+                                     {"bitwise_equal_contiguous", v.equal},
+                                     {"max_abs_logit_error", v.max_abs},
+                                     {"reserved_bytes", v.memory.reserved_bytes},
+                                     {"used_bytes", v.memory.used_bytes}});
+        j["prefix_cache"] = {{"prompt", prefix.prompt},
+                             {"positions_not_recomputed", prefix.hit},
+                             {"prefill_seconds_with", prefix.with_s},
+                             {"prefill_seconds_without", prefix.without_s},
+                             {"bitwise_equal", prefix.equal}};
         j["all_bitwise_equal"] = all_equal;
         fmt::print("{}\n", j.dump(2));
     } else {
@@ -118,6 +249,23 @@ int run_bench(const BenchOptions& o) {
             "\ncached tok/s: one decode step at context length T (T-1 positions cached).\n"
             "seqdot: llama2.c-style decode (weights [out][in], one sequential dot per output).\n"
             "naive tok/s: one full forward over T tokens, what naive decode pays per token.\n");
+        fmt::print("\ncache variants, one decode step at T = {} (interleaved, median of {} x 4 steps):\n", T_var,
+                   o.reps);
+        fmt::print("{:<52} {:>12} {:>14} {:>12} {:>12}  {}\n", "variant", "decode tok/s", "vs contiguous", "reserved",
+                   "used", "logits vs contiguous");
+        for (const auto& v : variants)
+            fmt::print("{:<52} {:>12.1f} {:>13.2f}x {:>10.2f}MB {:>10.2f}MB  {}\n", v.name, 1.0 / v.decode_s,
+                       variants[0].decode_s / v.decode_s, v.memory.reserved_bytes / 1e6, v.memory.used_bytes / 1e6,
+                       v.equal   ? "bitwise equal"
+                       : v.exact ? "DIFFER"
+                                 : fmt::format("approximate, max |dlogit| {:.3g}", v.max_abs));
+        fmt::print(
+            "\nprefix cache: a {}-token prompt sharing all but its last {} tokens with an earlier request\n"
+            "  {} positions served from cached blocks, {} recomputed; prefill {:.2f} ms with the cache, {:.2f} ms "
+            "without ({:.1f}x, {:.0f}% saved); logits {}\n",
+            prefix.prompt, suffix, prefix.hit, prefix.prompt - prefix.hit, prefix.with_s * 1e3, prefix.without_s * 1e3,
+            prefix.without_s / prefix.with_s, 100.0 * (1.0 - prefix.with_s / prefix.without_s),
+            prefix.equal ? "bitwise equal" : "DIFFER");
     }
     if (!all_equal) {
         fmt::print(stderr, "kvlab: error: the decoders' logits are not bitwise equal\n");

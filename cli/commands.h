@@ -41,6 +41,9 @@ struct BenchOptions {
     int reps = 5;
     int threads = 1;
     std::string lengths = "64,128,256";
+    int block_size = 0;  // the paged variant's; 0: 16, or max_seq if smaller
+    int group = 0;       // the quantized variants' (channels per value scale, positions per key scale);
+                         // 0: the largest divisor of head_size up to 16
     bool json = false;
 };
 int run_bench(const BenchOptions& o);

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "memory.h"
 #include "model.h"
+#include "pool.h"
 
 namespace kvlab::cli {
 
@@ -89,6 +90,12 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     bench_cmd->add_option("--threads", bench.threads, "threads for the kernels")->check(CLI::Range(1, 256));
     bench_cmd->add_option("--lengths", bench.lengths, "context lengths T to measure, e.g. 64,128,256");
+    bench_cmd->add_option("--block-size", bench.block_size, "positions per block of the paged variant (default 16)")
+        ->check(CLI::Range(1, 1 << 24));
+    bench_cmd
+        ->add_option("--group", bench.group,
+                     "quantization group of the quantized variants (divides head_size; default <= 16)")
+        ->check(CLI::Range(1, 1 << 24));
     bench_cmd->add_flag("--json", bench.json, "machine-readable output");
 
     ExportOptions exp;
@@ -101,7 +108,8 @@ int main(int argc, char** argv) {
     VerifyCommandOptions ver;
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
-    verify_cmd->add_option("variant", ver.variant, "a variant or mutant (see --list), or all, exact, approximate, mutants");
+    verify_cmd->add_option("variant", ver.variant,
+                           "a variant or mutant (see --list), or all, exact, approximate, mutants");
     verify_cmd->add_option("--cases", ver.cases, "generated cases per property")->check(CLI::Range(1, 1000000));
     verify_cmd->add_option("--seed", ver.seed, "RapidCheck seed: the same seed draws the same cases");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
@@ -112,12 +120,19 @@ int main(int argc, char** argv) {
         "memory", "KV cache bytes of published model shapes, and the waste of reserving max_seq vs paging");
     add_memory_options(memory_cmd, mem);
 
+    PoolOptions pool;
+    auto* pool_cmd = app.add_subcommand(
+        "pool", "a scripted session over one paged block pool: requests, prefix hits, forks, rollbacks");
+    add_pool_options(pool_cmd, pool);
+
     // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
     const std::string first = argc > 1 ? argv[1] : "";
     if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "bench" &&
-        first != "export" && first != "verify" && first != "memory") {
-        fmt::print(stderr, "kvlab: error: unknown command '{}' (commands: demo, generate, bench, verify, memory, export)\n",
-                   argv[1]);
+        first != "export" && first != "verify" && first != "memory" && first != "pool") {
+        fmt::print(
+            stderr,
+            "kvlab: error: unknown command '{}' (commands: demo, generate, bench, verify, memory, pool, export)\n",
+            argv[1]);
         return 2;
     }
     try {
@@ -137,6 +152,7 @@ int main(int argc, char** argv) {
         if (*export_cmd) return run_export(exp);
         if (*verify_cmd) return run_verify(ver);
         if (*memory_cmd) return run_memory(mem);
+        if (*pool_cmd) return run_pool(pool);
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
     } catch (const std::exception& e) {

@@ -1,13 +1,14 @@
 // kvlab verify: the verification suite from the command line (core/verify.h). Exit status 0
 // when every row is what its variant promises (exact: bitwise equal; approximate: exact inside
 // its regime and differing outside, or within its error bound; mutant: caught), 1 otherwise.
+#include "verify.h"
+
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"
-#include "verify.h"
 
 namespace kvlab::cli {
 
@@ -59,8 +60,8 @@ int run_verify(const VerifyCommandOptions& o) {
         if (!r.figures.empty()) fmt::print("{:<{}}  measured: {}\n", "", w_name, r.figures);
     }
     fmt::print("\n{} of {} rows as promised", n_ok, rows.size());
-    if (n_mutants) fmt::print("; mutants caught {} of {} (kill rate {:.0f}%)", n_caught, n_mutants,
-                              100.0 * n_caught / n_mutants);
+    if (n_mutants)
+        fmt::print("; mutants caught {} of {} (kill rate {:.0f}%)", n_caught, n_mutants, 100.0 * n_caught / n_mutants);
     fmt::print("; {:.1f} s\n", seconds);
     return n_ok == int(rows.size()) ? 0 : 1;
 }

@@ -43,7 +43,8 @@ void Cache::append(std::span<const int> tokens) {
     if (end > config_.max_seq)
         throw Error(fmt::format("kv cache: {} positions do not fit max_seq = {}", end, config_.max_seq));
     if (n > max_append())
-        throw Error(fmt::format("kv cache: {} appends at most {} positions at a time, not {}", name(), max_append(), n));
+        throw Error(
+            fmt::format("kv cache: {} appends at most {} positions at a time, not {}", name(), max_append(), n));
     reserve(int(end));  // may throw: nothing has changed yet
     append_start_ = length();
     record(EventKind::append, length(), int(n));
@@ -54,8 +55,8 @@ void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
     if (l < 0 || l >= config_.n_layers) throw Error(fmt::format("kv cache: no layer {}", l));
     // Rows of earlier steps are final; rewriting one goes through truncate().
     if (pos < append_start_ || pos >= length())
-        throw Error(fmt::format("kv cache: position {} is not one of the latest append's [{}, {})", pos,
-                                append_start_, length()));
+        throw Error(fmt::format("kv cache: position {} is not one of the latest append's [{}, {})", pos, append_start_,
+                                length()));
     store(l, pos, k_row, v_row);
 }
 
@@ -68,8 +69,7 @@ int Cache::attended(int l, int h, int pos, const float** keys, const float** val
 }
 
 void Cache::truncate(int n) {
-    if (n < 0 || n > length())
-        throw Error(fmt::format("kv cache: cannot roll back to {} (length is {})", n, length()));
+    if (n < 0 || n > length()) throw Error(fmt::format("kv cache: cannot roll back to {} (length is {})", n, length()));
     const int forgotten = length() - n;
     release(n);
     record(EventKind::rolled_back, n, forgotten);

@@ -97,8 +97,8 @@ public:
 
     // The events of this cache are appended here when it is set (the viewer, tests).
     std::vector<CacheEvent>* trace = nullptr;
-    int seq_id = 0;                 // names this sequence in events
-    Mutant mutant = Mutant::none;   // a planted bug (mutants.h); none in normal use
+    int seq_id = 0;                // names this sequence in events
+    Mutant mutant = Mutant::none;  // a planted bug (mutants.h); none in normal use
 
 protected:
     // Room for positions up to new_length (exclusive); must throw before changing anything.

@@ -219,7 +219,8 @@ const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
     return prefill(sequence.subspan(pos()));
 }
 
-const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens) {
+const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
+                                              std::span<const std::vector<int>> tokens) {
     const Config& c = model_.config();
     const int n_seqs = int(caches.size());
     if (n_seqs == 0 || tokens.size() != caches.size())

@@ -15,8 +15,8 @@
 #include <span>
 #include <vector>
 
-#include "kernels.h"
 #include "cache.h"
+#include "kernels.h"
 #include "model.h"
 
 namespace kvlab {
@@ -88,8 +88,8 @@ public:
     void reset() { cache_->clear(); }
 
     Exec exec;
-    MatmulFn matmul = nullptr;      // as NaiveDecoder::matmul: nullptr is the kernels
-    Mutant mutant = Mutant::none;   // a planted bug (mutants.h); none in normal use
+    MatmulFn matmul = nullptr;     // as NaiveDecoder::matmul: nullptr is the kernels
+    Mutant mutant = Mutant::none;  // a planted bug (mutants.h); none in normal use
 
 private:
     void check_cache(const Cache& cache) const;
@@ -99,11 +99,11 @@ private:
     std::unique_ptr<Cache> own_;  // the default cache, when none was given
     Cache* cache_;
     Activations act_;
-    std::vector<float> scores_;        // [n_threads, max_seq]  one attention row's scores per thread
-    std::vector<const float*> keys_;   // [n_threads, max_seq]  the K rows it attends to
-    std::vector<const float*> values_; // [n_threads, max_seq]  the V rows
-    std::vector<float> last_;          // [n_seqs, dim]         each sequence's last residual row
-    std::vector<float> logits_;        // [n_seqs, vocab_size]
+    std::vector<float> scores_;         // [n_threads, max_seq]  one attention row's scores per thread
+    std::vector<const float*> keys_;    // [n_threads, max_seq]  the K rows it attends to
+    std::vector<const float*> values_;  // [n_threads, max_seq]  the V rows
+    std::vector<float> last_;           // [n_seqs, dim]         each sequence's last residual row
+    std::vector<float> logits_;         // [n_seqs, vocab_size]
     int prefix_hit_ = 0;
 };
 

@@ -13,17 +13,17 @@ namespace kvlab {
 
 enum class Mutant {
     none,
-    mask_off_by_one,       // naive: the causal mask lets row i see position i + 1
-    read_before_write,     // cached: attention runs before the step's K and V are written
-    rope_decode_off,       // cached: decode steps rotate q and k at pos + 1
-    kv_wrong_layer,        // cached: layer l writes its K and V into layer (l + 1) % n_layers
-    gqa_modulo,            // cached: query head h reads KV head h % n_kv_heads, not h / group
-    slot_wrong_block,      // paged: slot = pos % (block_size - 1) while block = pos / block_size
-    stale_prefix,          // decoder: continues a cache that holds a different prefix
-    hash_ignores_model,    // prefix cache: block hashes leave out the model's identity
-    cow_no_copy,           // fork: a write into a shared partial block goes into the shared block
-    batch_mixes_blocks,    // batch: sequence i attends through sequence i + 1's cache
-    rollback_keeps_length, // rollback: the rows are dropped but the length is not restored
+    mask_off_by_one,        // naive: the causal mask lets row i see position i + 1
+    read_before_write,      // cached: attention runs before the step's K and V are written
+    rope_decode_off,        // cached: decode steps rotate q and k at pos + 1
+    kv_wrong_layer,         // cached: layer l writes its K and V into layer (l + 1) % n_layers
+    gqa_modulo,             // cached: query head h reads KV head h % n_kv_heads, not h / group
+    slot_wrong_block,       // paged: slot = pos % (block_size - 1) while block = pos / block_size
+    stale_prefix,           // decoder: continues a cache that holds a different prefix
+    hash_ignores_model,     // prefix cache: block hashes leave out the model's identity
+    cow_no_copy,            // fork: a write into a shared partial block goes into the shared block
+    batch_mixes_blocks,     // batch: sequence i attends through sequence i + 1's cache
+    rollback_keeps_length,  // rollback: the rows are dropped but the length is not restored
 };
 
 struct MutantInfo {

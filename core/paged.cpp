@@ -34,9 +34,11 @@ BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool pr
     : config_(config), block_size_(block_size), n_blocks_(n_blocks), prefix_caching_(prefix_caching) {
     config_.validate();
     if (block_size < 1 || block_size > config_.max_seq)
-        throw Error(fmt::format("paged cache: block_size {} is outside [1, max_seq = {}]", block_size, config_.max_seq));
+        throw Error(
+            fmt::format("paged cache: block_size {} is outside [1, max_seq = {}]", block_size, config_.max_seq));
     if (n_blocks < 1) throw Error(fmt::format("paged cache: a pool needs at least one block, not {}", n_blocks));
-    const std::size_t n = std::size_t(n_blocks) * config_.n_layers * config_.n_kv_heads * block_size * config_.head_size();
+    const std::size_t n =
+        std::size_t(n_blocks) * config_.n_layers * config_.n_kv_heads * block_size * config_.head_size();
     if (n > std::size_t(kMaxElements))
         throw Error(fmt::format("paged cache: {} blocks of {} positions are too large", n_blocks, block_size));
     k_.assign(n, kPoison);

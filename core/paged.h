@@ -88,8 +88,8 @@ private:
     Config config_;
     int block_size_, n_blocks_;
     bool prefix_caching_;
-    std::vector<float> k_;  // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
-    std::vector<float> v_;  // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
+    std::vector<float> k_;                  // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
+    std::vector<float> v_;                  // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
     std::vector<int> refcount_;             // [n_blocks]
     std::vector<int> free_;                 // free blocks, taken from the back
     std::vector<char> published_;           // [n_blocks]

@@ -128,8 +128,8 @@ void decode_property(std::string_view variant, Mutant mutant) {
     const int prompt = draw(1, int(tokens.size()));
     CacheUnderTest u = make_cache(variant, c, mutant);
     Decoders d(m, *u.cache, mutant);
-    const std::string what = fmt::format("{}, {}, prompt {} of {}", u.cache->name(), c.describe(), prompt,
-                                         tokens.size());
+    const std::string what =
+        fmt::format("{}, {}, prompt {} of {}", u.cache->name(), c.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
     expect_naive(d.naive, all.first(prompt), d.cached.prefill(all.first(prompt)), what);
     for (int T = prompt + 1; T <= int(tokens.size()); T++)
@@ -197,8 +197,8 @@ void fork_property(Mutant mutant) {
     BlockPool pool(c, bs, (n_children + 1) * per_seq);
     pool.mutant = mutant;
     const int f = draw(1, c.max_seq - 1);  // fork after f positions
-    const std::string what = fmt::format("paged(block_size={}), {}, fork at {} into {} children", bs, c.describe(), f,
-                                         n_children);
+    const std::string what =
+        fmt::format("paged(block_size={}), {}, fork at {} into {} children", bs, c.describe(), f, n_children);
     std::vector<std::unique_ptr<PagedCache>> seqs;
     seqs.push_back(std::make_unique<PagedCache>(pool, 0, 0));
     seqs[0]->mutant = mutant;
@@ -326,8 +326,8 @@ void stale_property(Mutant mutant) {
     edited[i] = (prompt[i] + draw(1, c.vocab_size - 1)) % c.vocab_size;
     const std::vector<int> more = gen_tokens(c, draw(1, c.max_seq - int(prompt.size())));
     edited.insert(edited.end(), more.begin(), more.end());
-    const std::string what = fmt::format("{}, {}, prompt of {} edited at {}", u.cache->name(), c.describe(),
-                                         prompt.size(), i);
+    const std::string what =
+        fmt::format("{}, {}, prompt of {} edited at {}", u.cache->name(), c.describe(), prompt.size(), i);
     d.cached.extend(prompt);
     bool refused = false;
     try {
@@ -401,7 +401,8 @@ void quant_property(const QuantVariant& v, bool bound, ErrorSummary* summary) {
         if (summary) summary->add(e);
         const std::string what = fmt::format("{}, {} tokens, prompt {}", cache.name(), tokens.size(), prompt);
         if (!bound) {
-            if (auto diff = first_difference(ref, got)) fail(fmt::format("{}: first differs at T = {}, {}", what, T, *diff));
+            if (auto diff = first_difference(ref, got))
+                fail(fmt::format("{}: first differs at T = {}, {}", what, T, *diff));
         } else if (!(e.max_abs <= v.max_abs_bound && e.kl <= v.kl_bound)) {
             fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
                              e.max_abs, v.max_abs_bound, e.kl, v.kl_bound));
@@ -460,18 +461,15 @@ const std::vector<Check>& exact_checks() {
         const std::string decode = "prompt 1..T, then decode to T <= max_seq";
         for (const char* name : {"contiguous-head", "contiguous-seq"})
             v.push_back({name, "exact", decode, [name](Mutant m) { decode_property(name, m); }});
-        v.push_back({"growing", "exact", "initial capacity 1..max_seq",
-                     [](Mutant m) { decode_property("growing", m); }});
+        v.push_back(
+            {"growing", "exact", "initial capacity 1..max_seq", [](Mutant m) { decode_property("growing", m); }});
         v.push_back({"paged", "exact", "block_size 1..max_seq, 0-2 spare blocks",
                      [](Mutant m) { decode_property("paged", m); }});
-        v.push_back({"prefix", "exact",
-                     "shared prefix none/part/all/k*block_size, other model",
-                     prefix_property});
+        v.push_back({"prefix", "exact", "shared prefix none/part/all/k*block_size, other model", prefix_property});
         v.push_back({"fork", "exact", "fork anywhere into 1-3 children, interleaved", fork_property});
         v.push_back({"rollback", "exact", "4 layouts, 1-3 rollbacks of any length", rollback_property});
         v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins", batch_property});
-        v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
-                     stale_property});
+        v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back", stale_property});
         return v;
     }();
     return checks;
@@ -516,7 +514,7 @@ VerifyRow run_window(const VerifyOptions& o) {
     const Outcome everywhere = run_property([] { window_property(false); }, o);
     VerifyRow row{"window", "approximate", "sinks S 0-3, window W 1-4, chunk 0-3", inside.cases, "", false, "", ""};
     row.ok = inside.passed && !everywhere.passed;
-    row.result = !inside.passed ? "FAILED inside T <= S + W"
+    row.result = !inside.passed      ? "FAILED inside T <= S + W"
                  : everywhere.passed ? "never differed (expected to beyond S + W)"
                                      : "bitwise equal while T <= S + W; differs beyond";
     row.counterexample = inside.passed ? everywhere.counterexample : inside.counterexample;
@@ -527,8 +525,14 @@ VerifyRow run_quant(const QuantVariant& v, const VerifyOptions& o) {
     ErrorSummary summary;
     const Outcome within = run_property([&] { quant_property(v, true, &summary); }, o);
     const Outcome equal = run_property([&] { quant_property(v, false, nullptr); }, o);
-    VerifyRow row{v.name, "approximate", fmt::format("stories260K shape; |dlogit| <= {}, KL <= {}", v.max_abs_bound, v.kl_bound),
-                  within.cases, "", false, "", ""};
+    VerifyRow row{v.name,
+                  "approximate",
+                  fmt::format("stories260K shape; |dlogit| <= {}, KL <= {}", v.max_abs_bound, v.kl_bound),
+                  within.cases,
+                  "",
+                  false,
+                  "",
+                  ""};
     row.ok = within.passed && !equal.passed;
     row.result = !within.passed ? "FAILED its error bound" : equal.passed ? "never differed" : "within bound; differs";
     row.counterexample = within.passed ? equal.counterexample : within.counterexample;

@@ -92,7 +92,8 @@ void write_ints(const fs::path& p, std::initializer_list<std::int32_t> header, s
 }  // namespace
 
 TEST_CASE("kvlab --help and each command's --help succeed", "[cli]") {
-    for (const char* args : {"--help", "demo --help", "generate --help", "bench --help", "export --help"}) {
+    for (const char* args : {"--help", "demo --help", "generate --help", "bench --help", "export --help",
+                             "verify --help", "memory --help", "pool --help"}) {
         const Run r = run_kvlab(args);
         INFO(args);
         CHECK(r.exit_code == 0);
@@ -205,6 +206,12 @@ TEST_CASE("kvlab bench on a tiny shape: all decoders bitwise equal", "[cli][benc
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j["all_bitwise_equal"] == true);
     CHECK(j["rows"].size() == 3);
+    // The variant table: every exact variant equal to the contiguous cache, bit for bit.
+    REQUIRE(j["variants"].size() == 7);
+    for (const auto& v : j["variants"])
+        if (v["exact"] == true) CHECK(v["bitwise_equal_contiguous"] == true);
+    // B shares 24 of its 32 tokens with A: whole blocks of 16 of them come from the cache.
+    CHECK(j["prefix_cache"]["positions_not_recomputed"] == 16);
 }
 
 TEST_CASE("kvlab generate: sampling is reproducible from --seed", "[cli][generate]") {
@@ -224,4 +231,45 @@ TEST_CASE("kvlab generate on stories260K prints llama2.c's recorded greedy outpu
     INFO(r.err);
     REQUIRE(r.exit_code == 0);
     CHECK(r.out == std::string(kvlab::test::kLlama2cExpected) + "\n");
+}
+
+TEST_CASE("kvlab verify: exact variants pass, the window differs past S + W, every mutant is caught", "[cli][verify]") {
+    const Run r = run_kvlab("verify --cases 40 --seed 3");
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("mutants caught 11 of 11 (kill rate 100%)") != std::string::npos);
+    CHECK(r.out.find("bitwise equal while T <= S + W; differs beyond") != std::string::npos);
+    const Run j = run_kvlab("verify prefix --cases 20 --json");
+    REQUIRE(j.exit_code == 0);
+    const auto json = nlohmann::json::parse(j.out);
+    CHECK(json["all_ok"] == true);
+    CHECK(json["rows"][0]["variant"] == "prefix");
+    CHECK(json["rows"][0]["cases"] == 20);
+    // One mutant alone: caught, so its row is as promised.
+    CHECK(run_kvlab("verify cow-no-copy --cases 20").exit_code == 0);
+}
+
+TEST_CASE("kvlab memory: Llama 2 7B at fp16 holds 512 KiB per token, 2 GiB at 4096", "[cli][memory]") {
+    const Run r = run_kvlab("memory --json --model llama2-7b --precision fp16");
+    REQUIRE(r.exit_code == 0);
+    const auto json = nlohmann::json::parse(r.out);
+    CHECK(json["models"][0]["bytes_per_token"]["fp16"] == 2 * 32 * 32 * 128 * 2);
+    CHECK(json["models"][0]["total_bytes"]["fp16"] == 2ll * 32 * 32 * 128 * 2 * 4096);
+}
+
+TEST_CASE("cache parameters and requests that cannot be met are one-line errors", "[cli][errors]") {
+    check_refused("verify nosuch", "unknown variant 'nosuch'");
+    check_refused("verify --cases 0", "cases");
+    check_refused("memory --precision int3", "int3");
+    check_refused("memory --model llama9", "llama9");
+    check_refused("memory --lengths 10,0", "--lengths");
+    check_refused(std::string("bench --shape ") + kTiny + " --lengths 8 --block-size 0", "--block-size");
+    check_refused(std::string("bench --shape ") + kTiny + " --lengths 8 --block-size 33", "block_size 33");
+    check_refused(std::string("bench --shape ") + kTiny + " --lengths 8 --group 3", "does not divide head_size");
+    check_refused("pool --block-size 0 --script \"new a 1,2\"", "block_size 0");
+    check_refused("pool --blocks 1 --block-size 2 --script \"new a 1,2,3\"", "more blocks");
+    check_refused("pool --script \"new a 1,2; rollback a 5\"", "roll back");
+    check_refused("pool --script \"new a 1,2; rollback a -1\"", "roll back");
+    check_refused("pool --script \"fork x y\"", "no sequence named 'x'");
+    check_refused("pool --script \"new a 1,999999\"", "outside the vocabulary");
 }

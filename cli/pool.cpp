@@ -1,0 +1,516 @@
+#include "pool.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "common.h"
+#include "decode.h"
+#include "paged.h"
+#include "verify.h"
+
+namespace kvlab::cli {
+
+namespace {
+
+// The script's commands, blank ones dropped, each with its words joined by single spaces: the
+// table and the error messages quote it on one line whatever whitespace the script used.
+std::vector<std::string> split_script(const std::string& script) {
+    std::vector<std::string> commands;
+    std::stringstream in(script);
+    for (std::string part; std::getline(in, part, ';');) {
+        std::stringstream words(part);
+        std::string text;
+        for (std::string w; words >> w;) text += (text.empty() ? "" : " ") + w;
+        if (!text.empty()) commands.push_back(text);
+    }
+    return commands;
+}
+
+std::vector<std::string> split_words(const std::string& text) {
+    std::stringstream in(text);
+    std::vector<std::string> words;
+    for (std::string w; in >> w;) words.push_back(w);
+    return words;
+}
+
+void check_name(const std::string& name) {
+    const auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+    if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) ||
+        !std::all_of(name.begin(), name.end(), ident))
+        throw Error(
+            fmt::format("'{}' is not a sequence name (letters, digits and _, not starting with a digit)", name));
+}
+
+int parse_position(const std::string& word) {
+    int value = 0;
+    const auto [p, ec] = std::from_chars(word.data(), word.data() + word.size(), value);
+    if (ec != std::errc() || p != word.data() + word.size())
+        throw Error(fmt::format("'{}' is not a number of positions", word));
+    return value;
+}
+
+// "1 block", "2 blocks".
+std::string plural(std::int64_t n, const char* noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
+
+std::string join(const std::vector<int>& v, const char* sep) {
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); i++) {
+        if (i) s += sep;
+        s += fmt::format("{}", v[i]);
+    }
+    return s;
+}
+
+// Blocks a command moved, counted from its slice of the trace.
+struct Moves {
+    int allocated = 0, shared = 0, copied = 0, freed = 0, evicted = 0;
+};
+
+struct Sequence {
+    int id = 0;
+    std::unique_ptr<PagedCache> cache;
+};
+
+class Session {
+public:
+    Session(const LoadedModel& lm, BlockPool& pool, const PoolOptions& o)
+        : model_(lm.model),
+          source_(lm.source),
+          pool_(pool),
+          o_(o),
+          identity_(lm.model.w.fingerprint()),
+          naive_(lm.model) {
+        pool_.trace = &trace_;
+    }
+    ~Session() { pool_.trace = nullptr; }
+
+    // Runs command `index` (1-based); an Error names it and nothing after it runs.
+    void run(int index, const std::string& text, int width) {
+        try {
+            execute(index, text, width);
+        } catch (const Error& e) {
+            // A long token list is cut short: the message stays one readable line.
+            const std::string quoted = text.size() <= 60 ? text : text.substr(0, 57) + "...";
+            throw Error(fmt::format("pool script, command {} '{}': {}", index, quoted, e.what()));
+        }
+    }
+
+    int finish(int n_commands);  // prints the summary; the exit status
+
+private:
+    void execute(int index, const std::string& text, int width);
+    Sequence& find(const std::string& name) {
+        const auto it = seqs_.find(name);
+        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", name));
+        return it->second;
+    }
+    void check_unused(const std::string& name) const {
+        check_name(name);
+        if (seqs_.count(name)) throw Error(fmt::format("a sequence named '{}' already exists", name));
+    }
+    std::string name_of(int id) const {
+        return id >= 0 && id < int(names_.size()) ? names_[id] : fmt::format("seq {}", id);
+    }
+    // Logits of a prefill against naive decode of the sequence's whole token list.
+    std::optional<std::string> against_naive(const Cache& cache, const std::vector<float>& logits) {
+        prefills_++;
+        auto diff = first_difference(naive_.forward(cache.tokens()), logits);
+        if (diff) differing_++;
+        return diff;
+    }
+    std::string event_text(const CacheEvent& e) const;
+    nlohmann::json event_json(const CacheEvent& e) const;
+    std::vector<const Sequence*> by_id() const;
+    std::string table_text(const PagedCache& cache) const;
+    nlohmann::json show_json() const;
+    void print_show() const;
+    MemoryStats memory() const;
+
+    const Model& model_;
+    std::string source_;  // the checkpoint's path, or "random (seed 7)"
+    BlockPool& pool_;
+    const PoolOptions& o_;
+    std::uint64_t identity_;
+    NaiveDecoder naive_;
+    std::vector<CacheEvent> trace_;  // every event of the pool and its sequences (outlives them)
+    std::map<std::string, Sequence> seqs_;
+    std::vector<std::string> names_;  // [seq id] the name, for events (ids are never reused)
+    nlohmann::json records_ = nlohmann::json::array();
+    std::int64_t prefilled_ = 0;
+    int copies_ = 0, prefills_ = 0, differing_ = 0;
+};
+
+std::string Session::event_text(const CacheEvent& e) const {
+    std::string s = fmt::format("{:<15} {}", to_string(e.kind), name_of(e.seq));
+    if (e.pos >= 0) s += fmt::format(" pos {}", e.pos);
+    if (e.count != 0) s += fmt::format(" count {}", e.count);
+    if (e.block >= 0) s += fmt::format(" block {}", e.block);
+    if (e.from >= 0) s += fmt::format(" from {}", e.from);
+    return s;
+}
+
+nlohmann::json Session::event_json(const CacheEvent& e) const {
+    nlohmann::json j = {{"kind", to_string(e.kind)}, {"sequence", name_of(e.seq)}};
+    if (e.pos >= 0) j["pos"] = e.pos;
+    if (e.count != 0) j["count"] = e.count;
+    if (e.block >= 0) j["block"] = e.block;
+    if (e.from >= 0) j["from"] = e.from;
+    return j;
+}
+
+std::vector<const Sequence*> Session::by_id() const {
+    std::vector<const Sequence*> v;
+    for (const auto& [name, s] : seqs_) v.push_back(&s);
+    std::sort(v.begin(), v.end(), [](const Sequence* a, const Sequence* b) { return a->id < b->id; });
+    return v;
+}
+
+// "[0 1 3]": the physical block of each logical block.
+std::string Session::table_text(const PagedCache& cache) const { return "[" + join(cache.block_table(), " ") + "]"; }
+
+void Session::execute(int index, const std::string& text, int width) {
+    const std::vector<std::string> w = split_words(text);
+    const std::string& op = w[0];
+    const std::size_t first_event = trace_.size();
+    nlohmann::json r = {{"index", index}, {"command", text}, {"op", op}};
+    std::string did;
+    std::optional<int> hit;
+    std::optional<std::optional<std::string>> verdict;  // set for prefills: nullopt inside = naive
+
+    // Every check before any change: a failed command leaves the pool as it was.
+    const auto usage = [&](std::size_t n_words, const char* form) {
+        const bool list = op == "new" || op == "append";
+        if (list ? w.size() < n_words : w.size() != n_words) throw Error(fmt::format("usage: {}", form));
+    };
+    const auto token_list = [&] {
+        std::string joined;  // "1, 2,3" is a list too
+        for (std::size_t i = 2; i < w.size(); i++) joined += w[i];
+        return parse_int_list("tokens", joined);
+    };
+    if (op == "new") {
+        usage(3, "new NAME t1,t2,...");
+        check_unused(w[1]);
+        const std::vector<int> tokens = token_list();
+        const int id = int(names_.size());
+        auto cache = std::make_unique<PagedCache>(pool_, identity_, id);
+        cache->trace = &trace_;
+        int h = 0;
+        {
+            // If this throws, `cache` dies with this call and gives back the blocks its prefix hit mapped:
+            // the pool is as it was.
+            CachedDecoder decoder(model_, *cache);
+            const std::vector<float>& logits = decoder.extend(tokens);
+            h = decoder.prefix_hit();
+            verdict = against_naive(*cache, logits);
+        }
+        hit = h;
+        prefilled_ += int(tokens.size()) - h;
+        did = fmt::format("{} (seq {}): prefix hit {} of {}, prefilled {}; table {}", w[1], id, h, tokens.size(),
+                          int(tokens.size()) - h, table_text(*cache));
+        r["sequence"] = w[1];
+        r["prefix_hit"] = h;
+        r["prefilled"] = int(tokens.size()) - h;
+        names_.push_back(w[1]);
+        seqs_.emplace(w[1], Sequence{id, std::move(cache)});
+    } else if (op == "append") {
+        usage(3, "append NAME t1,t2,...");
+        Sequence& s = find(w[1]);
+        const std::vector<int> tokens = token_list();
+        const int start = s.cache->length();
+        {
+            CachedDecoder decoder(model_, *s.cache);
+            verdict = against_naive(*s.cache, decoder.prefill(tokens));  // throws with the cache unchanged
+        }
+        prefilled_ += int(tokens.size());
+        did = fmt::format("{}: prefilled {} at {}, length {}; table {}", w[1], tokens.size(), start, s.cache->length(),
+                          table_text(*s.cache));
+        r["sequence"] = w[1];
+        r["prefilled"] = tokens.size();
+    } else if (op == "fork") {
+        usage(3, "fork NAME NEWNAME");
+        const Sequence& s = find(w[1]);
+        check_unused(w[2]);
+        const int id = int(names_.size());
+        auto child = s.cache->fork(id);
+        names_.push_back(w[2]);
+        did = fmt::format("{} (seq {}) maps {}'s {}, length {}; table {}", w[2], id, w[1],
+                          plural(std::int64_t(s.cache->block_table().size()), "block"), child->length(),
+                          table_text(*child));
+        r["sequence"] = w[2];
+        r["parent"] = w[1];
+        seqs_.emplace(w[2], Sequence{id, std::move(child)});
+    } else if (op == "rollback") {
+        usage(3, "rollback NAME N");
+        Sequence& s = find(w[1]);
+        const int n = parse_position(w[2]), len = s.cache->length();
+        if (n < 0) throw Error(fmt::format("cannot roll back to {}: positions start at 0", n));
+        if (n > len) throw Error(fmt::format("cannot roll back to {}: '{}' holds only {} positions", n, w[1], len));
+        s.cache->truncate(n);
+        did = fmt::format("{}: length {} -> {}; table {}", w[1], len, n, table_text(*s.cache));
+        r["sequence"] = w[1];
+        r["from_length"] = len;
+    } else if (op == "free") {
+        usage(2, "free NAME");
+        const auto it = seqs_.find(w[1]);
+        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", w[1]));
+        did = fmt::format("{}: released {} (published ones stay cached)", w[1],
+                          plural(std::int64_t(it->second.cache->block_table().size()), "block"));
+        r["sequence"] = w[1];
+        seqs_.erase(it);
+    } else if (op == "show") {
+        usage(1, "show");
+        did = fmt::format("{}, {}", plural(std::int64_t(seqs_.size()), "sequence"), plural(pool_.n_blocks(), "block"));
+        r["pool"] = show_json();
+    } else {
+        throw Error(fmt::format("unknown command '{}' (commands: new, append, fork, rollback, free, show)", op));
+    }
+
+    Moves m;
+    for (std::size_t i = first_event; i < trace_.size(); i++) {
+        const EventKind k = trace_[i].kind;
+        m.allocated += k == EventKind::block_allocated;
+        m.shared += k == EventKind::block_shared;
+        m.copied += k == EventKind::copy_on_write;
+        m.freed += k == EventKind::freed;
+        m.evicted += k == EventKind::evicted;
+    }
+    copies_ += m.copied;
+    if (r.contains("sequence") && seqs_.count(r["sequence"].get<std::string>())) {
+        const PagedCache& c = *seqs_.at(r["sequence"].get<std::string>()).cache;
+        r["length"] = c.length();
+        r["block_table"] = c.block_table();
+    }
+    r["blocks"] = {{"allocated", m.allocated},
+                   {"shared", m.shared},
+                   {"copied", m.copied},
+                   {"freed", m.freed},
+                   {"evicted", m.evicted}};
+    r["pool_after"] = {{"free", pool_.n_free()}, {"cached", pool_.n_cached()}, {"used", pool_.n_used()}};
+    if (verdict) {
+        r["bitwise_equal"] = !*verdict;
+        r["difference"] = *verdict ? nlohmann::json(**verdict) : nlohmann::json(nullptr);
+    }
+    if (o_.events) {
+        r["events"] = nlohmann::json::array();
+        for (std::size_t i = first_event; i < trace_.size(); i++) r["events"].push_back(event_json(trace_[i]));
+    }
+    records_.push_back(r);
+    if (o_.json) return;
+
+    const std::string logits = !verdict ? "" : *verdict ? "DIFFERS" : "= naive";
+    // A long command is cut short to keep the columns.
+    const std::string shown = int(text.size()) <= width ? text : text.substr(0, std::size_t(width) - 3) + "...";
+    fmt::print("{:>3}  {:<{}} {:>4} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>4}  {:<7}  {}\n", index, shown, width,
+               hit ? std::to_string(*hit) : "-", m.allocated, m.shared, m.copied, m.freed, m.evicted, pool_.n_free(),
+               pool_.n_cached(), pool_.n_used(), logits, did);
+    if (verdict && *verdict) fmt::print("     logits differ from naive decode: {}\n", **verdict);
+    if (o_.events)
+        for (std::size_t i = first_event; i < trace_.size(); i++) fmt::print("       {}\n", event_text(trace_[i]));
+    if (op == "show") print_show();
+    std::fflush(stdout);  // lines before a failing command come out before main's error
+}
+
+nlohmann::json Session::show_json() const {
+    nlohmann::json j;
+    j["sequences"] = nlohmann::json::array();
+    for (const Sequence* s : by_id()) {
+        const auto t = s->cache->tokens();
+        j["sequences"].push_back({{"name", names_[s->id]},
+                                  {"id", s->id},
+                                  {"length", s->cache->length()},
+                                  {"tokens", std::vector<int>(t.begin(), t.end())},
+                                  {"block_table", s->cache->block_table()}});
+    }
+    j["blocks"] = nlohmann::json::array();
+    for (int b = 0; b < pool_.n_blocks(); b++) {
+        const char* state = pool_.refcount(b) > 0 ? "used" : pool_.published(b) ? "cached" : "free";
+        nlohmann::json mapped = nlohmann::json::array();
+        for (const Sequence* s : by_id())
+            for (int x : s->cache->block_table())
+                if (x == b) mapped.push_back(names_[s->id]);
+        j["blocks"].push_back({{"block", b},
+                               {"refcount", pool_.refcount(b)},
+                               {"published", pool_.published(b)},
+                               {"state", state},
+                               {"sequences", mapped}});
+    }
+    return j;
+}
+
+// Each sequence's logical blocks as physical block: tokens; then each block that is not free.
+void Session::print_show() const {
+    const int bs = pool_.block_size();
+    fmt::print("     sequences (logical block -> physical block: its tokens)\n");
+    if (seqs_.empty()) fmt::print("       none\n");
+    for (const Sequence* s : by_id()) {
+        const auto t = s->cache->tokens();
+        const auto& table = s->cache->block_table();
+        std::string blocks;
+        for (std::size_t b = 0; b < table.size(); b++) {
+            const std::size_t lo = b * bs, hi = std::min(t.size(), lo + bs);
+            blocks += fmt::format("  {}:({})", table[b], join(std::vector<int>(t.begin() + lo, t.begin() + hi), ","));
+        }
+        fmt::print("       {:<8} seq {:<3} {:>4} tokens {}\n", names_[s->id], s->id, s->cache->length(), blocks);
+    }
+    fmt::print("     blocks (refcount, published, mapped by)\n");
+    std::vector<int> free_blocks;
+    for (int b = 0; b < pool_.n_blocks(); b++) {
+        if (pool_.refcount(b) == 0 && !pool_.published(b)) {
+            free_blocks.push_back(b);
+            continue;
+        }
+        std::string mapped;
+        for (const Sequence* s : by_id())
+            for (int x : s->cache->block_table())
+                if (x == b) mapped += " " + names_[s->id];
+        fmt::print("       block {:<4} ref {}  {:<9} {}\n", b, pool_.refcount(b),
+                   pool_.published(b) ? "published" : "private",
+                   pool_.refcount(b) > 0 ? mapped : " cached (reclaimable)");
+    }
+    // Free blocks as ranges: a pool of hundreds would otherwise fill the screen.
+    std::string ranges;
+    for (std::size_t i = 0; i < free_blocks.size();) {
+        std::size_t j = i;
+        while (j + 1 < free_blocks.size() && free_blocks[j + 1] == free_blocks[j] + 1) j++;
+        ranges += (ranges.empty() ? "" : " ") +
+                  (i == j ? std::to_string(free_blocks[i]) : fmt::format("{}-{}", free_blocks[i], free_blocks[j]));
+        i = j + 1;
+    }
+    fmt::print("       free: {}\n", free_blocks.empty() ? "none" : ranges);
+}
+
+// The pool's MemoryStats with used_bytes filled in: the distinct positions the live sequences'
+// blocks hold (a shared block counts once, up to the longest of its sharers).
+MemoryStats Session::memory() const {
+    MemoryStats m = pool_.memory();
+    const int bs = pool_.block_size();
+    std::vector<int> rows(pool_.n_blocks(), 0);
+    for (const auto& [name, s] : seqs_) {
+        const auto& table = s.cache->block_table();
+        for (std::size_t b = 0; b < table.size(); b++)
+            rows[table[b]] = std::max(rows[table[b]], std::min(bs, s.cache->length() - int(b) * bs));
+    }
+    std::int64_t n = 0;
+    for (int r : rows) n += r;
+    m.used_bytes = kv_bytes(pool_.config(), n);
+    return m;
+}
+
+int Session::finish(int n_commands) {
+    const MemoryStats m = memory();
+    const std::int64_t held = std::int64_t(m.blocks_used) * pool_.block_bytes();
+    std::int64_t logical = 0;  // what the live sequences would hold without sharing
+    for (const auto& [name, s] : seqs_) logical += kv_bytes(pool_.config(), s.cache->length());
+    const std::int64_t saved = pool_.prefix_hit_positions();
+    if (o_.json) {
+        nlohmann::json j;
+        j["model"] = source_;
+        j["config"] = model_.config().describe();
+        j["block_size"] = pool_.block_size();
+        j["blocks"] = pool_.n_blocks();
+        j["block_bytes"] = pool_.block_bytes();
+        j["prefix_cache"] = pool_.prefix_caching();
+        j["commands"] = records_;
+        j["summary"] = {{"commands", n_commands},
+                        {"prefilled_positions", prefilled_},
+                        {"prefix_hit_positions", saved},
+                        {"copy_on_writes", copies_},
+                        {"prefills", prefills_},
+                        {"prefills_bitwise_equal", prefills_ - differing_},
+                        {"shared_writes", pool_.shared_writes()},
+                        {"memory",
+                         {{"reserved_bytes", m.reserved_bytes},
+                          {"allocated_bytes", m.allocated_bytes},
+                          {"used_bytes", m.used_bytes},
+                          {"held_bytes", held},
+                          {"unshared_bytes", logical},
+                          {"blocks_total", m.blocks_total},
+                          {"blocks_used", m.blocks_used},
+                          {"blocks_cached", m.blocks_cached},
+                          {"blocks_free", m.blocks_free}}},
+                        {"final", show_json()}};
+        fmt::print("{}\n", j.dump(2));
+    } else {
+        fmt::print("\nsummary\n");
+        fmt::print("  prefill        {} positions run, {} served by prefix hits instead\n", prefilled_, saved);
+        fmt::print("  copy-on-write  {} copied; {} into shared blocks (must be 0)\n", plural(copies_, "block"),
+                   plural(pool_.shared_writes(), "write"));
+        fmt::print("  logits         {} of {} prefills bitwise equal to naive decode\n", prefills_ - differing_,
+                   prefills_);
+        fmt::print("  pool memory    reserved {} B ({} blocks x {} B), used {} B by the live sequences' positions\n",
+                   m.reserved_bytes, m.blocks_total, pool_.block_bytes(), m.used_bytes);
+        fmt::print(
+            "                 {} blocks held ({} B), {} cached, {} free; without sharing the sequences would use {} "
+            "B\n",
+            m.blocks_used, held, m.blocks_cached, m.blocks_free, logical);
+    }
+    if (differing_ > 0) {
+        fmt::print(stderr, "kvlab: error: {} of {} prefills differ from naive decode\n", differing_, prefills_);
+        return 1;
+    }
+    return 0;
+}
+
+}  // namespace
+
+int run_pool(const PoolOptions& o) {
+    const std::vector<std::string> commands = split_script(o.script);
+    if (commands.empty()) throw Error("--script has no commands (e.g. \"new a 1,2,3; fork a b; show\")");
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    const Config& c = lm.model.config();
+    // A teaching pool needs little; refuse one that would take the machine's memory (the pool
+    // itself checks the block size against max_seq, with its own message).
+    constexpr std::int64_t kMaxPoolBytes = std::int64_t{1} << 30;
+    if (o.block_size >= 1 && o.block_size <= c.max_seq &&
+        kv_bytes(c, std::int64_t(o.blocks) * o.block_size) > kMaxPoolBytes)
+        throw Error(fmt::format("--blocks {} x --block-size {} would take {} B, more than the {} B a pool may hold",
+                                o.blocks, o.block_size, kv_bytes(c, std::int64_t(o.blocks) * o.block_size),
+                                kMaxPoolBytes));
+    BlockPool pool(c, o.block_size, o.blocks, o.prefix_cache);  // checks --block-size, --blocks
+    Session session(lm, pool, o);
+
+    int width = 7;
+    for (const auto& text : commands) width = std::max(width, std::min(int(text.size()), 40));
+    if (!o.json) {
+        fmt::print("kvlab pool: one paged block pool, scripted\n");
+        fmt::print("model   {}  ({})\n", lm.source, c.describe());
+        fmt::print("pool    {} blocks of {} positions, {} B each; prefix caching {}\n\n", pool.n_blocks(),
+                   pool.block_size(), pool.block_bytes(), pool.prefix_caching() ? "on" : "off");
+        fmt::print("{:>3}  {:<{}} {:>4} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>4}  {:<7}  {}\n", "#", "command",
+                   width, "hit", "alloc", "share", "cow", "freed", "evict", "free", "cached", "used", "logits",
+                   "what it did");
+    }
+    for (std::size_t i = 0; i < commands.size(); i++) session.run(int(i) + 1, commands[i], width);
+    return session.finish(int(commands.size()));
+}
+
+void add_pool_options(CLI::App* cmd, PoolOptions& o) {
+    cmd->add_option("--model", o.m.model,
+                    "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, "
+                    "else a random model of its shape)");
+    cmd->add_option("--tokenizer", o.m.tokenizer,
+                    "llama2.c tokenizer.bin (default: tok512.bin beside the shared model)");
+    cmd->add_option("--model-seed", o.m.seed, "seed of the random model used when there is no checkpoint");
+    // No range here: the pool checks the block size against the model's max_seq, which CLI11 cannot know.
+    cmd->add_option("--block-size", o.block_size, "positions per block (default 4; at most max_seq)");
+    cmd->add_option("--blocks", o.blocks, "blocks in the pool (default 32)")->check(CLI::Range(1, 1 << 16));
+    cmd->add_flag("--no-prefix-cache{false}", o.prefix_cache, "do not publish full blocks for later requests");
+    cmd->add_option("--script", o.script,
+                    "commands separated by ';': new NAME 1,2,3 / append NAME 4,5 / fork NAME NEWNAME / "
+                    "rollback NAME N / free NAME / show")
+        ->required();
+    cmd->add_flag("--events", o.events, "print every cache event of every command");
+    cmd->add_flag("--json", o.json, "machine-readable output");
+}
+
+}  // namespace kvlab::cli
