@@ -1,10 +1,14 @@
 #include "verify.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <rapidcheck.h>
+#include <rapidcheck/detail/Configuration.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 
@@ -422,12 +426,21 @@ struct Outcome {
     std::string counterexample;
 };
 
+// RapidCheck's default listener reads its global configuration (and announces it on stderr);
+// our parameters are explicit, and the report is the row.
+struct QuietListener : rc::detail::TestListener {
+    void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+    void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+    void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
 Outcome run_property(const std::function<void()>& body, const VerifyOptions& o) {
     rc::detail::TestParams params;
     params.seed = o.seed;
     params.maxSuccess = o.cases;
     params.maxSize = 100;
-    const rc::detail::TestResult result = rc::detail::checkTestable(body, rc::detail::TestMetadata{}, params);
+    QuietListener listener;
+    const rc::detail::TestResult result = rc::detail::checkTestable(body, rc::detail::TestMetadata{}, params, listener);
     Outcome out;
     rc::detail::SuccessResult success;
     rc::detail::FailureResult failure;
@@ -553,6 +566,19 @@ std::vector<std::string> verify_names() {
 }
 
 std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
+    // RapidCheck loads its global configuration on first use and announces a seed on stderr;
+    // we pass every parameter explicitly, so load it once with stderr silenced.
+    static const bool configured = [] {
+        std::fflush(stderr);
+        const int saved = ::dup(2), null = ::open("/dev/null", O_WRONLY);
+        if (saved >= 0 && null >= 0) ::dup2(null, 2);
+        (void)rc::detail::configuration();
+        std::fflush(stderr);
+        if (saved >= 0) ::dup2(saved, 2), ::close(saved);
+        if (null >= 0) ::close(null);
+        return true;
+    }();
+    (void)configured;
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
     const std::vector<std::string> names = verify_names();
     if (std::find(names.begin(), names.end(), which) == names.end()) {
