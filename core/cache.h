@@ -128,6 +128,7 @@ public:
 
     const float* key(int l, int h, int t) const override { return k_.data() + offset(l, h, t); }
     const float* value(int l, int h, int t) const override { return v_.data() + offset(l, h, t); }
+    int attended(int l, int h, int pos, const float** keys, const float** values) const override;
     MemoryStats memory() const override;
     std::string name() const override;
     Layout layout() const { return layout_; }

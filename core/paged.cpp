@@ -181,6 +181,26 @@ const float* PagedCache::value(int l, int h, int t) const {
     return pool_.value_row(table_[b], l, h, slot(t));
 }
 
+// Block by block through the table: one lookup per block instead of one per row.
+int PagedCache::attended(int l, int h, int pos, const float** keys, const float** values) const {
+    if (mutant == Mutant::slot_wrong_block) return Cache::attended(l, h, pos, keys, values);
+    const int bs = pool_.block_size(), hs = config_.head_size();
+    for (int t0 = 0, b = 0; t0 <= pos; t0 += bs, b++) {
+        const int n = std::min(bs, pos + 1 - t0);
+        if (b >= int(table_.size())) {
+            for (int s = 0; s < n; s++) keys[t0 + s] = values[t0 + s] = nan_row_.data();
+            continue;
+        }
+        const float* k = pool_.key_row(table_[b], l, h, 0);
+        const float* v = pool_.value_row(table_[b], l, h, 0);
+        for (int s = 0; s < n; s++) {
+            keys[t0 + s] = k + std::int64_t(s) * hs;
+            values[t0 + s] = v + std::int64_t(s) * hs;
+        }
+    }
+    return pos + 1;
+}
+
 BlockPool::BlockKey PagedCache::key_of(int b) const {
     const int bs = pool_.block_size();
     BlockPool::BlockKey key;

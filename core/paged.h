@@ -109,6 +109,7 @@ public:
 
     const float* key(int l, int h, int t) const override;
     const float* value(int l, int h, int t) const override;
+    int attended(int l, int h, int pos, const float** keys, const float** values) const override;
     int attach_prefix(std::span<const int> tokens) override;
     MemoryStats memory() const override;
     std::string name() const override;
