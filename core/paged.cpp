@@ -48,6 +48,7 @@ BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool pr
     published_.assign(n_blocks, 0);
     keys_.resize(n_blocks);
     last_used_.assign(n_blocks, 0);
+    owners_.resize(n_blocks);
     for (int b = n_blocks - 1; b >= 0; b--) free_.push_back(b);  // block 0 is handed out first
 }
 
@@ -63,7 +64,8 @@ int BlockPool::n_used() const {
     return n;
 }
 
-int BlockPool::allocate(int seq) {
+int BlockPool::allocate(const PagedCache* owner) {
+    const int seq = owner->seq_id;
     int block = -1;
     if (!free_.empty()) {
         block = free_.back();
@@ -80,24 +82,35 @@ int BlockPool::allocate(int seq) {
     }
     assert(refcount_[block] == 0);
     refcount_[block] = 1;
+    owners_[block] = {owner};
     last_used_[block] = ++tick_;
     event(EventKind::block_allocated, seq, block);
     return block;
 }
 
-void BlockPool::retain(int block, int seq) {
+void BlockPool::retain(int block, const PagedCache* owner) {
     refcount_[block]++;
+    owners_[block].push_back(owner);
     last_used_[block] = ++tick_;
-    event(EventKind::block_shared, seq, block);
+    event(EventKind::block_shared, owner->seq_id, block);
 }
 
-void BlockPool::release(int block, int seq) {
+void BlockPool::release(int block, const PagedCache* owner) {
     assert(refcount_[block] > 0);
+    auto& owners = owners_[block];
+    owners.erase(std::find(owners.begin(), owners.end(), owner));
     last_used_[block] = ++tick_;
-    if (--refcount_[block] > 0 || published_[block]) return;
+    if (--refcount_[block] == 1 && !published_[block]) {
+        const PagedCache* last = owners[0];
+        const auto& table = last->block_table();
+        const std::int64_t b = std::find(table.begin(), table.end(), block) - table.begin();
+        const std::int64_t rows = std::clamp<std::int64_t>(last->length() - b * block_size_, 0, block_size_);
+        if (rows < block_size_) poison(block, int(rows));
+    }
+    if (refcount_[block] > 0 || published_[block]) return;
     poison(block, 0);
     free_.push_back(block);
-    event(EventKind::freed, seq, block);
+    event(EventKind::freed, owner->seq_id, block);
 }
 
 int BlockPool::lookup(const BlockKey& key) {
@@ -159,7 +172,7 @@ PagedCache::PagedCache(BlockPool& pool, std::uint64_t model_identity, int id)
 }
 
 PagedCache::~PagedCache() {
-    for (int block : table_) pool_.release(block, seq_id);
+    for (int block : table_) pool_.release(block, this);
 }
 
 int PagedCache::slot(int pos) const {
@@ -226,17 +239,17 @@ void PagedCache::reserve(int new_length) {
                                 seq_id, needed, bs, pool_.available()));
     // Nothing below throws.
     if (cow) {
-        const int shared = table_[b], copy = pool_.allocate(seq_id);
+        const int shared = table_[b], copy = pool_.allocate(this);
         std::copy_n(pool_.key_row(shared, 0, 0, 0), pool_.block_bytes() / 2 / sizeof(float),
                     pool_.key_row(copy, 0, 0, 0));
         std::copy_n(pool_.value_row(shared, 0, 0, 0), pool_.block_bytes() / 2 / sizeof(float),
                     pool_.value_row(copy, 0, 0, 0));
         pool_.poison(copy, length() % bs);  // rows past our length are not ours
-        pool_.release(shared, seq_id);
+        pool_.release(shared, this);
         table_[b] = copy;
         pool_.event(EventKind::copy_on_write, seq_id, copy, shared, length());
     }
-    for (int i = 0; i < n_new; i++) table_.push_back(pool_.allocate(seq_id));
+    for (int i = 0; i < n_new; i++) table_.push_back(pool_.allocate(this));
 }
 
 void PagedCache::store(int l, int pos, const float* k_row, const float* v_row) {
@@ -259,7 +272,7 @@ void PagedCache::release(int n) {
     const int bs = pool_.block_size();
     const int keep = (n + bs - 1) / bs;
     while (int(table_.size()) > keep) {
-        pool_.release(table_.back(), seq_id);
+        pool_.release(table_.back(), this);
         table_.pop_back();
     }
     hashes_.resize(std::min<std::size_t>(hashes_.size(), std::size_t(n / bs)));
@@ -291,7 +304,7 @@ int PagedCache::attach_prefix(std::span<const int> tokens) {
     }
     const int hit = int(blocks.size()) * bs;
     if (hit == 0) return 0;
-    for (int block : blocks) pool_.retain(block, seq_id);
+    for (int block : blocks) pool_.retain(block, this);
     table_ = std::move(blocks);
     hashes_ = std::move(hashes);
     adopt(tokens.first(hit));
@@ -304,7 +317,7 @@ std::unique_ptr<PagedCache> PagedCache::fork(int new_seq_id) const {
     auto child = std::make_unique<PagedCache>(pool_, model_, new_seq_id);
     child->trace = trace;
     child->mutant = mutant;
-    for (int block : table_) pool_.retain(block, new_seq_id);
+    for (int block : table_) pool_.retain(block, child.get());
     child->table_ = table_;
     child->hashes_ = hashes_;
     child->adopt(tokens());

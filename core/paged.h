@@ -25,6 +25,8 @@
 
 namespace kvlab {
 
+class PagedCache;
+
 class BlockPool {
 public:
     // Blocks of block_size positions for models of config's shape (n_layers, n_kv_heads,
@@ -76,10 +78,13 @@ private:
     }
     // A block for seq with refcount 1: from the free list, else the least recently used cached
     // one (unpublished first). Callers check available() beforehand.
-    int allocate(int seq);
-    void retain(int block, int seq);
-    void release(int block, int seq);  // at refcount 0: stays cached if published, else freed
-    int lookup(const BlockKey& key);   // the published block holding key, or -1
+    int allocate(const PagedCache* owner);
+    void retain(int block, const PagedCache* owner);
+    // At refcount 0 the block stays cached if published, else is freed. At refcount 1 the last
+    // owner's rows past its length are poisoned: a sharer that rolled back inside the block left
+    // them alone while someone else could still read them.
+    void release(int block, const PagedCache* owner);
+    int lookup(const BlockKey& key);  // the published block holding key, or -1
     void publish(int block, BlockKey key);
     void unpublish(int block);
     void poison(int block, int from_slot);  // NaN in slots from_slot..block_size-1, every layer and head
@@ -88,13 +93,14 @@ private:
     Config config_;
     int block_size_, n_blocks_;
     bool prefix_caching_;
-    std::vector<float> k_;                  // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
-    std::vector<float> v_;                  // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
-    std::vector<int> refcount_;             // [n_blocks]
-    std::vector<int> free_;                 // free blocks, taken from the back
-    std::vector<char> published_;           // [n_blocks]
-    std::vector<BlockKey> keys_;            // [n_blocks] a published block's key
-    std::vector<std::uint64_t> last_used_;  // [n_blocks] tick of the last retain or release
+    std::vector<float> k_;                                // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
+    std::vector<float> v_;                                // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
+    std::vector<int> refcount_;                           // [n_blocks]
+    std::vector<int> free_;                               // free blocks, taken from the back
+    std::vector<char> published_;                         // [n_blocks]
+    std::vector<BlockKey> keys_;                          // [n_blocks] a published block's key
+    std::vector<std::uint64_t> last_used_;                // [n_blocks] tick of the last retain or release
+    std::vector<std::vector<const PagedCache*>> owners_;  // [n_blocks] the sequences mapping each block
     std::unordered_multimap<std::uint64_t, int> by_hash_;
     std::uint64_t tick_ = 0;
     std::int64_t shared_writes_ = 0, hit_positions_ = 0;
