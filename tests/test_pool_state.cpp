@@ -59,14 +59,6 @@ struct Coverage {
     }
 };
 
-struct Options {
-    // Whether a private last block must read NaN past the length. The counter-tests leave it out:
-    // the unmutated pool breaks it today (see "stale rows" below), and a counter-test must fail
-    // for its mutant's reason. Turn it on there too once that is fixed.
-    bool private_tail_nan = true;
-    Coverage* coverage = nullptr;  // where passing cases add their tallies
-};
-
 Config pool_config(int n_kv_heads) {
     Config c;
     c.dim = 4;
@@ -183,8 +175,8 @@ struct Model {
 // The system under test
 
 struct Sut {
-    Sut(const Config& c, int block_size, int n_blocks, Mutant pool_mutant, Mutant cache_mutant, const Options& options)
-        : pool(c, block_size, n_blocks, /*prefix_caching=*/true), cache_mutant(cache_mutant), options(options) {
+    Sut(const Config& c, int block_size, int n_blocks, Mutant pool_mutant, Mutant cache_mutant)
+        : pool(c, block_size, n_blocks, /*prefix_caching=*/true), cache_mutant(cache_mutant) {
         pool.mutant = pool_mutant;
         pool.trace = &events;
     }
@@ -193,8 +185,7 @@ struct Sut {
     std::map<int, std::unique_ptr<PagedCache>> seqs;  // after the pool, so destroyed before it
     Mutant cache_mutant;
     std::int64_t hit_positions = 0;  // what attach_prefix returned, summed
-    Options options;
-    Coverage coverage;
+    Coverage coverage;               // this case's tallies
 };
 
 // append(tokens), then every layer's rows of the new positions, as a decoder's prefill does.
@@ -273,8 +264,7 @@ void check_invariants(const Model& m, const Sut& sut) {
 
         // Past the length: a private block's unused slots hold no row, and past the table there is none.
         const int len = int(s.tokens.size());
-        if (sut.options.private_tail_nan && len % bs != 0 && pool.refcount(table.back()) == 1 &&
-            !pool.published(table.back()))
+        if (len % bs != 0 && pool.refcount(table.back()) == 1 && !pool.published(table.back()))
             for (int l = 0; l < c.n_layers; l++)
                 for (int h = 0; h < c.n_kv_heads; h++)
                     for (int slot = len % bs; slot < bs; slot++)
@@ -669,7 +659,7 @@ void showValue(const Shape& s, std::ostream& os) {
 
 // The property: any sequence of commands keeps the invariants; pool_mutant and cache_mutant
 // plant a bug in the pool or in every sequence.
-void pool_property(Mutant pool_mutant, Mutant cache_mutant, const Options& options) {
+void pool_property(Mutant pool_mutant, Mutant cache_mutant, Coverage* coverage = nullptr) {
     const Shape shape = *rc::gen::exec([] {
         Shape s;
         s.n_kv_heads = draw(1, 2);
@@ -682,7 +672,7 @@ void pool_property(Mutant pool_mutant, Mutant cache_mutant, const Options& optio
     m.config = pool_config(shape.n_kv_heads);
     m.block_size = shape.block_size;
     m.n_blocks = shape.n_blocks;
-    Sut sut(m.config, shape.block_size, shape.n_blocks, pool_mutant, cache_mutant, options);
+    Sut sut(m.config, shape.block_size, shape.n_blocks, pool_mutant, cache_mutant);
     // Repeats weigh the draw: appends, forks and rollbacks are where blocks change hands.
     rc::state::check(m, sut,
                      rc::state::gen::execOneOfWithArgs<NewRequest, NewRequest, UseOtherModel, Append, Append, Append,
@@ -693,7 +683,7 @@ void pool_property(Mutant pool_mutant, Mutant cache_mutant, const Options& optio
         c.copies_on_write += e.kind == kvlab::EventKind::copy_on_write;
         c.evictions += e.kind == kvlab::EventKind::evicted;
     }
-    if (options.coverage) *options.coverage += c;
+    if (coverage) *coverage += c;  // passing cases only
 }
 
 // Runs the property with a planted bug (fixed seed: the counterexample can be replayed) and
@@ -704,9 +694,7 @@ void expect_caught(Mutant pool_mutant, Mutant cache_mutant, const char* bug,
     params.seed = 20250611;
     params.maxSuccess = 300;
     params.disableShrinking = false;
-    Options options;
-    options.private_tail_nan = false;
-    const auto result = rc::detail::checkTestable([&] { pool_property(pool_mutant, cache_mutant, options); },
+    const auto result = rc::detail::checkTestable([&] { pool_property(pool_mutant, cache_mutant); },
                                                   rc::detail::TestMetadata{}, params);
     rc::detail::FailureResult failure;
     const bool caught = result.match(failure);
@@ -730,14 +718,11 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     // Static: when the property fails Catch runs this body again, skipping the section; the
     // tallies of the passing cases are still reported then.
     static Coverage c;
-    rc::prop("pool state matches the model after every command", [] {
-        Options options;
-        options.coverage = &c;
-        pool_property(Mutant::none, Mutant::none, options);
-    });
+    rc::prop("pool state matches the model after every command", [] { pool_property(Mutant::none, Mutant::none, &c); });
     std::printf(
-        "pool state: %ld passing runs (shrinking included); %ld prefix hits, %ld same-tokens-other-model requests, %ld copies on "
-        "write, %ld evictions, %ld rejected appends, %ld rejected requests, %ld rejections impossible\n",
+        "pool state: %ld passing runs (shrinking included); %ld prefix hits, %ld same-tokens-other-model "
+        "requests, %ld copies on write, %ld evictions, %ld rejected appends, %ld rejected requests, %ld "
+        "rejections impossible\n",
         c.cases, c.prefix_hits, c.other_model_requests, c.copies_on_write, c.evictions, c.rejected_appends,
         c.rejected_requests, c.no_reject_possible);
     // The generator must reach every path it claims to test.
@@ -749,10 +734,11 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     CHECK(c.rejected_requests > 0);
 }
 
-// Found by the property above. truncate() poisons the rows past n only if the cut block is
-// private at that moment; a shared one is left alone, for copy-on-write. But the sharer can
-// leave first (freed, or copying on its own write), and the block becomes private still holding
-// the forgotten rows: a read one past the length gets a plausible row, not NaN.
+// A bug the property above found (shrunk to these steps). truncate() poisons the rows past n
+// only if the cut block is private at that moment; a shared one is left for copy-on-write. But
+// the sharer can leave first (freed, or copying on its own write), and the block then became
+// private still holding the forgotten rows: a read one past the length got a plausible row, not
+// NaN. BlockPool::release now poisons the last owner's tail when a block drops to one owner.
 TEST_CASE("paged: rows rolled back inside a shared block read NaN once the block is private", "[paged][state]") {
     const Config c = pool_config(1);
     for (const bool sharer_freed : {true, false}) {
