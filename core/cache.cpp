@@ -93,14 +93,15 @@ void Cache::record(EventKind kind, int pos, int count, int block, int from) cons
 // ----------------------------------------------------------------------------------------------
 // Contiguous
 
-ContiguousCache::ContiguousCache(const Config& config, Layout layout) : Cache(config), layout_(layout) {
-    const std::size_t n = std::size_t(config_.n_layers) * config_.max_seq * config_.kv_dim();
+ContiguousCache::ContiguousCache(const Config& config, Layout layout, int capacity)
+    : Cache(config), layout_(layout), capacity_(capacity) {
+    const std::size_t n = std::size_t(config_.n_layers) * capacity_ * config_.kv_dim();
     k_.assign(n, kPoison);
     v_.assign(n, kPoison);
     assert(k_.size() == n && v_.size() == n);
 }
 
-void ContiguousCache::reserve(int new_length) { assert(new_length <= config_.max_seq); }
+void ContiguousCache::reserve(int new_length) { assert(new_length <= capacity_); }
 
 void ContiguousCache::store(int l, int pos, const float* k_row, const float* v_row) {
     const int hs = config_.head_size();
@@ -133,7 +134,7 @@ int ContiguousCache::attended(int l, int h, int pos, const float** keys, const f
 MemoryStats ContiguousCache::memory() const {
     MemoryStats m;
     m.used_bytes = kv_bytes(config_, length());
-    m.payload_bytes = m.reserved_bytes = kv_bytes(config_, config_.max_seq);
+    m.payload_bytes = m.reserved_bytes = kv_bytes(config_, capacity_);
     m.allocated_bytes = std::int64_t(sizeof(float) * (k_.size() + v_.size()));
     return m;
 }
@@ -146,7 +147,7 @@ std::string ContiguousCache::name() const {
 // Growing
 
 GrowingCache::GrowingCache(const Config& config, int initial_capacity)
-    : Cache(config), initial_capacity_(initial_capacity), capacity_(0) {
+    : ContiguousCache(config, Layout::head_major, 0), initial_capacity_(initial_capacity) {
     if (initial_capacity < 1 || initial_capacity > config_.max_seq)
         throw Error(fmt::format("growing cache: initial capacity {} is outside [1, max_seq = {}]", initial_capacity,
                                 config_.max_seq));
@@ -176,28 +177,8 @@ void GrowingCache::reserve(int new_length) {
     record(EventKind::grown, -1, cap);
 }
 
-void GrowingCache::store(int l, int pos, const float* k_row, const float* v_row) {
-    const int hs = config_.head_size();
-    for (int h = 0; h < config_.n_kv_heads; h++) {
-        std::memcpy(k_.data() + offset(l, h, pos), k_row + h * hs, sizeof(float) * hs);
-        std::memcpy(v_.data() + offset(l, h, pos), v_row + h * hs, sizeof(float) * hs);
-    }
-}
-
-void GrowingCache::release(int n) {
-    const int hs = config_.head_size();
-    for (int l = 0; l < config_.n_layers; l++)
-        for (int h = 0; h < config_.n_kv_heads; h++) {
-            std::fill_n(k_.data() + offset(l, h, n), std::size_t(length() - n) * hs, kPoison);
-            std::fill_n(v_.data() + offset(l, h, n), std::size_t(length() - n) * hs, kPoison);
-        }
-}
-
 MemoryStats GrowingCache::memory() const {
-    MemoryStats m;
-    m.used_bytes = kv_bytes(config_, length());
-    m.payload_bytes = m.reserved_bytes = kv_bytes(config_, capacity_);
-    m.allocated_bytes = std::int64_t(sizeof(float) * (k_.size() + v_.size()));
+    MemoryStats m = ContiguousCache::memory();
     m.reallocations = reallocations_;
     m.bytes_copied = bytes_copied_;
     return m;

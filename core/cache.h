@@ -124,7 +124,8 @@ private:
 class ContiguousCache : public Cache {
 public:
     enum class Layout { head_major, seq_major };
-    explicit ContiguousCache(const Config& config, Layout layout = Layout::head_major);
+    explicit ContiguousCache(const Config& config, Layout layout = Layout::head_major)
+        : ContiguousCache(config, layout, config.max_seq) {}
 
     const float* key(int l, int h, int t) const override { return k_.data() + offset(l, h, t); }
     const float* value(int l, int h, int t) const override { return v_.data() + offset(l, h, t); }
@@ -132,50 +133,43 @@ public:
     MemoryStats memory() const override;
     std::string name() const override;
     Layout layout() const { return layout_; }
+    int capacity() const { return capacity_; }
 
 protected:
+    // Room for `capacity` positions (a growing cache starts with none).
+    ContiguousCache(const Config& config, Layout layout, int capacity);
     void reserve(int new_length) override;
     void store(int l, int pos, const float* k_row, const float* v_row) override;
     void release(int n) override;
 
-private:
     std::int64_t offset(int l, int h, int t) const {
         const Config& c = config_;
         if (layout_ == Layout::head_major)
-            return ((std::int64_t(l) * c.n_kv_heads + h) * c.max_seq + t) * c.head_size();
-        return ((std::int64_t(l) * c.max_seq + t) * c.n_kv_heads + h) * c.head_size();
+            return ((std::int64_t(l) * c.n_kv_heads + h) * capacity_ + t) * c.head_size();
+        return ((std::int64_t(l) * capacity_ + t) * c.n_kv_heads + h) * c.head_size();
     }
     Layout layout_;
-    std::vector<float> k_;  // [n_layers, n_kv_heads, max_seq, head_size] or [n_layers, max_seq, n_kv_heads, head_size]
+    int capacity_;
+    std::vector<float>
+        k_;  // [n_layers, n_kv_heads, capacity, head_size] or [n_layers, capacity, n_kv_heads, head_size]
     std::vector<float> v_;  // the same shape as k_
 };
 
 // Head-major like ContiguousCache, but with no max_seq reservation: capacity starts small and
 // doubles when a position does not fit, moving every row (counted as reallocations and bytes
 // copied, the price of not knowing the length in advance).
-class GrowingCache : public Cache {
+class GrowingCache : public ContiguousCache {
 public:
     explicit GrowingCache(const Config& config, int initial_capacity = 1);
-
-    const float* key(int l, int h, int t) const override { return k_.data() + offset(l, h, t); }
-    const float* value(int l, int h, int t) const override { return v_.data() + offset(l, h, t); }
     MemoryStats memory() const override;
     std::string name() const override;
-    int capacity() const { return capacity_; }
 
 protected:
     void reserve(int new_length) override;
-    void store(int l, int pos, const float* k_row, const float* v_row) override;
-    void release(int n) override;
 
 private:
-    std::int64_t offset(int l, int h, int t) const {
-        return ((std::int64_t(l) * config_.n_kv_heads + h) * capacity_ + t) * config_.head_size();
-    }
-    int initial_capacity_, capacity_;
+    int initial_capacity_;
     std::int64_t reallocations_ = 0, bytes_copied_ = 0;
-    std::vector<float> k_;  // [n_layers, n_kv_heads, capacity, head_size]
-    std::vector<float> v_;  // [n_layers, n_kv_heads, capacity, head_size]
 };
 
 // fp32 bytes of K and V for T positions: 2 * 4 * n_layers * T * n_kv_heads * head_size.
