@@ -91,14 +91,10 @@ double bound(double lo, double hi, int bits, double factor) {
 
 // Runs a property that must fail and checks RapidCheck says so, with `expected` in its message.
 void expect_fails(const std::function<void()>& property, const std::string& expected) {
-    rc::detail::TestParams params;
-    params.seed = 20261121;
-    const auto result = rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params);
-    REQUIRE(result.is<rc::detail::FailureResult>());
-    rc::detail::FailureResult failure;
-    result.match(failure);
-    INFO(failure.description);
-    CHECK(failure.description.find(expected) != std::string::npos);
+    const auto failure = kvlab::test::run_to_failure(property);
+    REQUIRE(failure);
+    INFO(failure->description);
+    CHECK(failure->description.find(expected) != std::string::npos);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -70,19 +70,14 @@ void matmul_split_k_per_thread(Exec& ex, float* y, int ldy, const float* x, int 
 // Runs a property with a planted bug (fixed seed, so the printed counterexample can be
 // replayed) and checks RapidCheck finds a failure that `expected` describes, and shrinks it.
 void expect_caught(const std::function<void()>& property, const std::string& expected, const char* bug) {
-    rc::detail::TestParams params;
-    params.seed = 20261121;
-    const auto result = rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params);
-    REQUIRE(result.is<rc::detail::FailureResult>());
-    rc::detail::FailureResult failure;
-    result.match(failure);
-    std::string example;
-    for (const auto& [type, value] : failure.counterExample) example += type + " = " + value + "\n";
-    INFO("shrunk counterexample:\n" << example << failure.description);
-    CHECK(!failure.reproduce.shrinkPath.empty());
-    CHECK(failure.description.find(expected) != std::string::npos);
+    const auto failure = kvlab::test::run_to_failure(property);
+    REQUIRE(failure);
+    const std::string example = kvlab::test::counterexample_text(*failure);
+    INFO("shrunk counterexample:\n" << example << failure->description);
+    CHECK(!failure->reproduce.shrinkPath.empty());
+    CHECK(failure->description.find(expected) != std::string::npos);
     std::printf("planted bug (%s) caught after %d passing cases, shrunk in %zu steps to:\n%s\n", bug,
-                failure.numSuccess, failure.reproduce.shrinkPath.size(), example.c_str());
+                failure->numSuccess, failure->reproduce.shrinkPath.size(), example.c_str());
 }
 
 }  // namespace
@@ -193,7 +188,8 @@ TEST_CASE("the contiguous cache holds exactly 2 * 4 B * n_layers * T * n_kv_head
         const Config c = *gen_tiny_config();
         const Model m = random_model(c, 1);
         CachedDecoder dec(m);
-        RC_ASSERT(dec.cache().memory().reserved_bytes == 2ll * 4 * c.n_layers * c.max_seq * c.n_kv_heads * c.head_size());
+        RC_ASSERT(dec.cache().memory().reserved_bytes ==
+                  2ll * 4 * c.n_layers * c.max_seq * c.n_kv_heads * c.head_size());
         const std::vector<int> tokens = gen_tokens(c);
         for (int t : tokens) {
             dec.decode(t);

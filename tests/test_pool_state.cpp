@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "paged.h"
+#include "test_util.h"
 
 namespace {
 
@@ -690,16 +691,10 @@ void pool_property(Mutant pool_mutant, Mutant cache_mutant, Coverage* coverage =
 // requires a failure whose description shows that bug's symptom (one of `symptoms`).
 void expect_caught(Mutant pool_mutant, Mutant cache_mutant, const char* bug,
                    std::initializer_list<const char*> symptoms) {
-    rc::detail::TestParams params;
-    params.seed = 20250611;
-    params.maxSuccess = 300;
-    params.disableShrinking = false;
-    const auto result = rc::detail::checkTestable([&] { pool_property(pool_mutant, cache_mutant); },
-                                                  rc::detail::TestMetadata{}, params);
-    rc::detail::FailureResult failure;
-    const bool caught = result.match(failure);
-    std::string example;
-    for (const auto& [type, value] : failure.counterExample) example += type + ":\n" + value + "\n";
+    const auto result = kvlab::test::run_to_failure([&] { pool_property(pool_mutant, cache_mutant); }, 20250611, 300);
+    const bool caught = result.has_value();
+    const rc::detail::FailureResult failure = result.value_or(rc::detail::FailureResult{});
+    const std::string example = kvlab::test::counterexample_text(failure, ":\n");
     INFO("planted bug " << bug);
     INFO("shrunk counterexample:\n" << example << failure.description);
     REQUIRE(caught);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -50,6 +51,26 @@ inline std::string model_file(const std::string& name) {
 #define KVLAB_MODEL_FILE_OR_SKIP(var, name)                \
     const std::string var = kvlab::test::model_file(name); \
     if (var.empty()) return
+
+// Runs a property that must fail (a planted bug, a wrong expectation) with a fixed seed, so a
+// printed counterexample can be replayed. Returns RapidCheck's failure; an empty optional means
+// the property held, which the caller reports as a test failure.
+inline std::optional<rc::detail::FailureResult> run_to_failure(const std::function<void()>& property,
+                                                               std::uint64_t seed = 20261121, int max_success = 100) {
+    rc::detail::TestParams params;
+    params.seed = seed;
+    params.maxSuccess = max_success;
+    rc::detail::FailureResult failure;
+    if (!rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params).match(failure)) return std::nullopt;
+    return failure;
+}
+
+// A counterexample's generated values, one per line.
+inline std::string counterexample_text(const rc::detail::FailureResult& f, const char* separator = " = ") {
+    std::string example;
+    for (const auto& [type, value] : f.counterExample) example += type + separator + value + "\n";
+    return example;
+}
 
 // The tiny configs the properties range over: 1-4 layers, 1-8 heads, n_kv_heads any divisor
 // of n_heads, head_size 1-32, hidden_dim 1-64, vocab 1-300, max_seq 1-64. RapidCheck scales
