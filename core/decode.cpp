@@ -300,6 +300,12 @@ void CachedDecoder::attention(int l, std::span<Cache* const> caches, std::span<c
     keys_.resize(std::size_t(exec.n_threads) * per_thread);    // [n_threads, max_seq]
     values_.resize(std::size_t(exec.n_threads) * per_thread);  // [n_threads, max_seq]
     const bool parallel = exec.n_threads > 1 && n_items > 1 && work >= exec.parallel_min_work;
+    int probe_row = -1;  // the first sequence's last row, whose weights the probe copies
+    if (probe) {
+        for (int i = 0; i < rows; i++)
+            if (seq_of_row[i] == 0) probe_row = i;
+        probe->weights.resize(std::size_t(c.n_layers) * n_heads * per_thread);  // [n_layers, n_heads, max_seq]
+    }
     // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
 #pragma omp parallel for num_threads(exec.n_threads) schedule(static) if (parallel)
     for (std::int64_t item = 0; item < n_items; item++) {
@@ -314,6 +320,11 @@ void CachedDecoder::attention(int l, std::span<Cache* const> caches, std::span<c
         attention_row(
             act_.att.data() + std::size_t(i) * c.dim + h * hs, act_.q.data() + std::size_t(i) * c.dim + h * hs, hs, n,
             [&](int t) { return keys[t]; }, [&](int t) { return values[t]; }, scores_.data() + th);
+        if (i == probe_row) {
+            std::copy(scores_.data() + th, scores_.data() + th + n,
+                      probe->weights.data() + (std::size_t(l) * n_heads + h) * per_thread);
+            if (h == 0) probe->n = n;
+        }
     }
 }
 

@@ -91,6 +91,15 @@ public:
     MatmulFn matmul = nullptr;     // as NaiveDecoder::matmul: nullptr is the kernels
     Mutant mutant = Mutant::none;  // a planted bug (mutants.h); none in normal use
 
+    // For the viewer: when set, each call copies the attention weights (softmax output) of the
+    // first sequence's last row here. Copying reads the scores after the kernel is done with
+    // them, so the logits are the same with or without a probe.
+    struct AttentionProbe {
+        int n = 0;                   // positions that row attended
+        std::vector<float> weights;  // [n_layers, n_heads, max_seq]: the first n of each run are set
+    };
+    AttentionProbe* probe = nullptr;
+
 private:
     void check_cache(const Cache& cache) const;
     void attention(int l, std::span<Cache* const> caches, std::span<const int> seq_of_row,
