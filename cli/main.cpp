@@ -11,6 +11,7 @@
 #include "memory.h"
 #include "model.h"
 #include "pool.h"
+#include "view_command.h"
 
 namespace kvlab::cli {
 
@@ -125,14 +126,19 @@ int main(int argc, char** argv) {
         "pool", "a scripted session over one paged block pool: requests, prefix hits, forks, rollbacks");
     add_pool_options(pool_cmd, pool);
 
+    ViewCommandOptions view;
+    auto* view_cmd = app.add_subcommand(
+        "view", "a Dear ImGui viewer: watch the cache fill while the real decoders run (--headless for pictures)");
+    add_view_options(view_cmd, view);
+
     // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
     const std::string first = argc > 1 ? argv[1] : "";
     if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "bench" &&
-        first != "export" && first != "verify" && first != "memory" && first != "pool") {
-        fmt::print(
-            stderr,
-            "kvlab: error: unknown command '{}' (commands: demo, generate, bench, verify, memory, pool, export)\n",
-            argv[1]);
+        first != "export" && first != "verify" && first != "memory" && first != "pool" && first != "view") {
+        fmt::print(stderr,
+                   "kvlab: error: unknown command '{}' (commands: demo, generate, bench, verify, memory, pool, view, "
+                   "export)\n",
+                   argv[1]);
         return 2;
     }
     try {
@@ -153,6 +159,7 @@ int main(int argc, char** argv) {
         if (*verify_cmd) return run_verify(ver);
         if (*memory_cmd) return run_memory(mem);
         if (*pool_cmd) return run_pool(pool);
+        if (*view_cmd) return run_view(view);
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
     } catch (const std::exception& e) {

@@ -1,0 +1,89 @@
+#include "view_command.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+
+#include "commands.h"
+
+namespace kvlab::cli {
+
+namespace {
+
+int parse_int(const std::string& option, const std::string& text) {
+    int value = 0;
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc() || p != text.data() + text.size())
+        throw Error(fmt::format("{}: '{}' is not an integer", option, one_line(text)));
+    return value;
+}
+
+}  // namespace
+
+int run_view(ViewCommandOptions& o) {
+    viz::ViewOptions& v = o.view;
+    const auto variant = viz::parse_variant(o.variant);
+    if (!variant)
+        throw Error(fmt::format("unknown variant '{}' (variants: contiguous, paged, prefix-shared, quantized, window)",
+                                one_line(o.variant)));
+    v.settings.variant = *variant;
+    if (!o.shape.empty()) {
+        v.settings.shape = shape_from_string(o.shape);
+        v.settings.random_model = true;
+    }
+    const std::size_t x = o.size.find('x');
+    if (x == std::string::npos) throw Error(fmt::format("--size: '{}' is not WIDTHxHEIGHT", one_line(o.size)));
+    v.width = parse_int("--size", o.size.substr(0, x));
+    v.height = parse_int("--size", o.size.substr(x + 1));
+    if (o.step == "end")
+        v.step = -1;
+    else if (!o.step.empty())
+        v.step = parse_int("--step", o.step);
+    if (v.step < -2 || (!o.step.empty() && o.step != "end" && v.step < 0))
+        throw Error(fmt::format("--step must be a step number >= 0 or 'end', not {}", one_line(o.step)));
+#ifdef KVLAB_HAVE_VIEWER
+    return viz::run_view(v);
+#else
+    throw Error("this kvlab was built without the viewer (install libimgui-dev libglfw3-dev libstb-dev and rebuild)");
+#endif
+}
+
+void add_view_options(CLI::App* cmd, ViewCommandOptions& o) {
+    viz::ViewOptions& v = o.view;
+    viz::Settings& s = v.settings;
+    cmd->add_option("--model", s.model_path,
+                    "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, else a random model)");
+    cmd->add_option("--tokenizer", s.tokenizer_path, "llama2.c tokenizer.bin (default: tok512.bin beside the model)");
+    cmd->add_option("--shape", o.shape,
+                    "run a random model of this shape instead, e.g. n_layers=2,n_heads=4,n_kv_heads=2");
+    cmd->add_option("--model-seed", s.seed, "seed of the random model");
+    cmd->add_option("--variant", o.variant, "contiguous, paged, prefix-shared, quantized or window");
+    cmd->add_option("--prompt", s.prompt, "prompt text");
+    cmd->add_option("--steps", s.steps, "decode steps after the prefill")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--block-size", s.block_size, "paged variants: positions per block")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--n-blocks", s.n_blocks, "paged variants: blocks in the pool (0: enough for every sequence)")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--bits", s.quant_bits, "quantized: 8 or 4")->check(CLI::IsMember({8, 4}));
+    cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--window", s.window, "window: positions in the sliding window")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--fork-at", s.fork_at, "prefix-shared: A forks into C after this decode step")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--free-at", s.free_fork_at, "prefix-shared: C is freed after this decode step (0: never)")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_flag("--headless", v.headless, "render offscreen (starts Xvfb when there is no display)");
+    cmd->add_option("--frames", v.frames, "render this many frames, then exit")->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--size", o.size, "window size, WIDTHxHEIGHT (default 1600x1000)");
+    cmd->add_option("--speed", v.speed, "playback speed in steps per second")->check(CLI::Range(0.01f, 1000.0f));
+    cmd->add_option("--step", o.step, "show this step, paused (a number, or 'end' for the last)");
+    cmd->add_option("--screenshot", v.screenshot, "write the last frame as PNG");
+    cmd->add_option("--layout", v.layout, "write the panels' regions, palette and state as JSON (for tests)");
+    cmd->add_option("--record", v.record, "write every frame as DIR/frame_NNNN.png, and DIR/animation.gif if possible");
+    cmd->add_option("--record-every", v.record_every, "keep every n-th frame when recording")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_flag("--fps", v.fps, "report frames per second (playback in real time)");
+    // A planted viewer bug: the pixel tests must catch it. Not for users, so not in --help.
+    cmd->add_option("--plant", v.plant)->group("");
+}
+
+}  // namespace kvlab::cli

@@ -1,0 +1,206 @@
+#include "app.h"
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "models_dir.h"
+
+namespace kvlab::viz {
+
+App::App(const Settings& settings) : session_(std::make_unique<Session>(settings)), edited_(settings) {
+    if (!edited_.shape.dim) edited_.shape = session_->info().config;
+    edited_.prompt.copy(prompt_.data(), prompt_.size() - 1);
+}
+
+void App::seek(int step) {
+    playing_ = false;
+    const int last = std::max(0, session_->n_steps() - 1);
+    cursor_ = float(std::clamp(step, 0, last));
+}
+
+int App::upcoming(float dt) const {
+    const float next = playing_ ? cursor_ + speed_ * dt : cursor_;
+    return std::min(int(next), session_->info().total_steps - 1);
+}
+
+void App::restart() {
+    try {
+        auto fresh = std::make_unique<Session>(edited_);
+        session_ = std::move(fresh);
+        error_.clear();
+        cursor_ = 0;
+        playing_ = true;
+    } catch (const std::exception& e) {
+        error_ = e.what();
+    }
+}
+
+void App::frame(float dt, int width, int height, Report* report) {
+    frame_.info = &session_->info();
+    frame_.steps = session_->steps();
+    const int n = int(frame_.steps.size());
+    if (playing_) cursor_ += speed_ * dt;
+    // Playback never runs ahead of the decoder; at the end it stops on the last step.
+    cursor_ = std::clamp(cursor_, 0.0f, float(std::max(0, n - 1)));
+    if (playing_ && session_->done() && int(cursor_) >= n - 1) cursor_ = float(std::max(0, n - 1));
+    frame_.cursor = int(cursor_);
+    frame_.progress = cursor_ - std::floor(cursor_);
+    if (!playing_ || frame_.cursor == n - 1) frame_.progress = 1.0f;  // a still picture shows every read
+    frame_.report = report;
+    frame_.layer = std::clamp(layer_, 0, frame_.info->config.n_layers - 1);
+
+    // Fixed places: controls and exactness on the left, the timeline across the top, then the
+    // cache's growth beside its paged memory, and layouts, attention and cost along the bottom.
+    const float W = float(width), H = float(height), left = std::floor(W * 0.21f);
+    const float right_w = W - left, top_h = std::floor(H * 0.17f), mid_h = std::floor(H * 0.44f);
+    auto place = [](float x, float y, float w, float h) {
+        ImGui::SetNextWindowPos(ImVec2(x, y), ImGuiCond_Always);
+        ImGui::SetNextWindowSize(ImVec2(w, h), ImGuiCond_Always);
+    };
+    place(0, 0, left, std::floor(H * 0.45f));
+    draw_controls();
+    place(0, std::floor(H * 0.45f), left, H - std::floor(H * 0.45f));
+    draw_exactness(frame_);
+    place(left, 0, right_w, top_h);
+    draw_phases(frame_);
+    place(left, top_h, std::floor(right_w * 0.5f), mid_h);
+    draw_growth(frame_);
+    place(left + std::floor(right_w * 0.5f), top_h, right_w - std::floor(right_w * 0.5f), mid_h);
+    draw_paged(frame_);
+    const float bottom_y = top_h + mid_h, bottom_h = H - bottom_y;
+    const float w1 = std::floor(right_w * 0.38f), w2 = std::floor(right_w * 0.28f);
+    place(left, bottom_y, w1, bottom_h);
+    draw_layouts(frame_);
+    place(left + w1, bottom_y, w2, bottom_h);
+    draw_attention(frame_);
+    place(left + w1 + w2, bottom_y, right_w - w1 - w2, bottom_h);
+    draw_cost(frame_);
+}
+
+void App::draw_controls() {
+    ImGui::Begin("kvlab", nullptr, ImGuiWindowFlags_NoCollapse);
+    const SessionInfo& info = session_->info();
+    const int n = int(frame_.steps.size());
+
+    // Playback.
+    if (ImGui::Button(playing_ ? "Pause" : "Play")) playing_ = !playing_;
+    ImGui::SameLine();
+    if (ImGui::ArrowButton("##back", ImGuiDir_Left)) seek(int(cursor_) - 1);
+    ImGui::SameLine();
+    if (ImGui::ArrowButton("##forward", ImGuiDir_Right)) seek(int(cursor_) + 1);
+    ImGui::SameLine();
+    if (ImGui::Button("Reset")) {
+        cursor_ = 0;
+        playing_ = true;
+    }
+    ImGui::SameLine();
+    help_marker(
+        "Play runs through the steps the decoders have published; the arrows step back and forward "
+        "one step. Every step is kept, so going back shows exactly what the cache held then.");
+    ImGui::SetNextItemWidth(-80);
+    ImGui::SliderFloat("speed", &speed_, 0.5f, 60.0f, "%.1f steps/s", ImGuiSliderFlags_Logarithmic);
+    int shown = int(cursor_);
+    ImGui::SetNextItemWidth(-80);
+    if (ImGui::SliderInt("step", &shown, 0, std::max(0, n - 1))) seek(shown);
+    ImGui::Text("computed %d of %d steps%s", n, info.total_steps, session_->done() ? "" : " (decoding...)");
+    if (const std::string f = session_->failure(); !f.empty())
+        ImGui::TextColored(ImVec4(1, .4f, .4f, 1), "%s", f.c_str());
+    ImGui::SetNextItemWidth(-80);
+    ImGui::SliderInt("layer", &layer_, 0, info.config.n_layers - 1);
+    ImGui::SameLine();
+    help_marker("The layer the Layouts and Attention panels show.");
+
+    // The session: model, variant, prompt. Changes apply on Restart.
+    ImGui::Separator();
+    ImGui::TextDisabled("session (changes apply on restart)");
+    ImGui::TextWrapped("model: %s", info.model_source.c_str());
+    ImGui::TextWrapped("cache: %s", info.cache_name.c_str());
+    ImGui::Text("%s", info.config.describe().c_str());
+
+    int variant = int(edited_.variant);
+    const char* names[] = {"contiguous", "paged", "prefix-shared", "quantized", "window"};
+    ImGui::SetNextItemWidth(-80);
+    ImGui::Combo("variant", &variant, names, IM_ARRAYSIZE(names));
+    edited_.variant = Variant(variant);
+    ImGui::SameLine();
+    help_marker(
+        "contiguous: one array per tensor reserved for max_seq.\npaged: blocks of block_size positions "
+        "from a pool, mapped by a block table.\nprefix-shared: request B reuses A's full prompt blocks; A "
+        "forks into C (copy-on-write).\nquantized: int8/int4 codes with a scale per group (approximate).\n"
+        "window: attention sinks plus the last W positions (approximate past sinks + W).");
+    switch (edited_.variant) {
+        case Variant::paged:
+        case Variant::prefix_shared:
+            ImGui::SetNextItemWidth(-80);
+            ImGui::SliderInt("block_size", &edited_.block_size, 1, 32);
+            ImGui::SetNextItemWidth(-80);
+            ImGui::InputInt("n_blocks", &edited_.n_blocks);
+            ImGui::SameLine();
+            help_marker(
+                "Blocks in the pool; 0 sizes it for every sequence. A small pool shows evictions of "
+                "cached prefix blocks, and a step that does not fit stops the session.");
+            edited_.n_blocks = std::max(0, edited_.n_blocks);
+            if (edited_.variant == Variant::prefix_shared) {
+                ImGui::SetNextItemWidth(-80);
+                ImGui::SliderInt("fork at", &edited_.fork_at, 0, edited_.steps);
+                ImGui::SetNextItemWidth(-80);
+                ImGui::SliderInt("free C at", &edited_.free_fork_at, 0, edited_.steps);
+            }
+            break;
+        case Variant::quantized: {
+            ImGui::RadioButton("int8", &edited_.quant_bits, 8);
+            ImGui::SameLine();
+            ImGui::RadioButton("int4", &edited_.quant_bits, 4);
+            break;
+        }
+        case Variant::window:
+            ImGui::SetNextItemWidth(-80);
+            ImGui::SliderInt("sinks", &edited_.sinks, 0, 8);
+            ImGui::SetNextItemWidth(-80);
+            ImGui::SliderInt("window", &edited_.window, 1, 64);
+            break;
+        case Variant::contiguous: break;
+    }
+
+    const bool have_checkpoint = !edited_.model_path.empty() || !models_dir().empty();
+    if (have_checkpoint) {
+        int random = edited_.random_model ? 1 : 0;
+        ImGui::RadioButton("stories260K", &random, 0);
+        ImGui::SameLine();
+        ImGui::RadioButton("random model", &random, 1);
+        edited_.random_model = random == 1;
+    }
+    if (edited_.random_model || !have_checkpoint) {
+        // dim stays 64: heads must divide it, KV heads must divide heads.
+        ImGui::SetNextItemWidth(-80);
+        ImGui::SliderInt("n_layers", &edited_.shape.n_layers, 1, 8);
+        int heads_log = int(std::log2(float(std::max(1, edited_.shape.n_heads))));
+        int kv_log = int(std::log2(float(std::max(1, edited_.shape.n_kv_heads))));
+        ImGui::SetNextItemWidth(-80);
+        ImGui::SliderInt("n_heads", &heads_log, 0, 4, std::to_string(1 << heads_log).c_str());
+        kv_log = std::min(kv_log, heads_log);
+        ImGui::SetNextItemWidth(-80);
+        ImGui::SliderInt("n_kv_heads", &kv_log, 0, heads_log, std::to_string(1 << kv_log).c_str());
+        edited_.shape.n_heads = 1 << heads_log;
+        edited_.shape.n_kv_heads = 1 << kv_log;
+        ImGui::SameLine();
+        help_marker(
+            "Grouped-query attention: n_heads query heads share n_kv_heads KV heads, so the cache "
+            "holds n_kv_heads rows per position and layer, not n_heads.");
+    }
+    ImGui::SetNextItemWidth(-80);
+    if (ImGui::InputText("prompt", prompt_.data(), prompt_.size())) edited_.prompt = prompt_.data();
+    ImGui::SetNextItemWidth(-80);
+    ImGui::SliderInt("steps", &edited_.steps, 1, 480);
+    if (ImGui::Button("Restart with these settings")) restart();
+    if (!error_.empty()) ImGui::TextColored(ImVec4(1, .4f, .4f, 1), "%s", error_.c_str());
+    if (frame_.report)
+        frame_.report->add("controls", ImGui::GetWindowPos(),
+                           ImVec2(ImGui::GetWindowPos().x + ImGui::GetWindowWidth(),
+                                  ImGui::GetWindowPos().y + ImGui::GetWindowHeight()));
+    ImGui::End();
+}
+
+}  // namespace kvlab::viz

@@ -1,0 +1,93 @@
+// kvlab viewer: the panels. Each is one function in its own file under panels/, drawing one
+// ImGui window from a Frame; none of them changes the session.
+//
+//   phases     the prefill as one wide block over the prompt, then one box per decode step
+//   growth     per layer, K and V grids (positions x KV heads) filling as the cache grows
+//   layouts    one layer's cache as linear memory, head-major and sequence-major, with the
+//              addresses a decode step reads
+//   paged      the block pool coloured by owner, block tables, refcounts, copy-on-write, evictions
+//   cost       cumulative FLOPs and time against T, naive and cached; KV bytes against T
+//   attention  the newest row's attention weights per head over the positions it attended
+//   exactness  naive against cached logits, every step: bitwise equal, or the ULP distance
+//
+// Panels report where they drew what the tests look for (Report): the pixel tests find the
+// cache cells, the phase marker and the pool's blocks by colour inside those rectangles.
+#pragma once
+
+#include <imgui.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "state.h"
+
+namespace kvlab::viz {
+
+// Rectangles in framebuffer pixels, with the size of one cell where a panel draws a grid.
+struct Region {
+    std::string name;  // "growth.l0.K", "phases.timeline", "paged.pool", ...
+    ImVec2 min, max;   // pixels, min inclusive, max exclusive
+    int cell_w = 0, cell_h = 0;
+};
+
+struct Report {
+    std::vector<Region> regions;
+    void add(std::string name, ImVec2 min, ImVec2 max, int cell_w = 0, int cell_h = 0) {
+        regions.push_back({std::move(name), min, max, cell_w, cell_h});
+    }
+};
+
+// What one frame shows.
+struct Frame {
+    const SessionInfo* info = nullptr;
+    std::vector<std::shared_ptr<const Step>> steps;  // every step computed so far, in order
+    int cursor = 0;                                  // the step shown: steps[cursor]
+    float progress = 0;        // 0..1 through the shown step's animation (the layouts' read sweep)
+    Report* report = nullptr;  // where the tests want regions; may be null
+    int layer = 0;             // the layer the layouts and attention panels show (a control)
+    // A planted viewer bug that the pixel tests must catch ("" in normal use):
+    //   growth-skips-newest  the growth panel leaves the newest cells unpainted
+    //   marker-stuck         the timeline's marker stays on the first step
+    //   pool-hides-shared    the paged panel draws shared blocks as free
+    std::string plant;
+
+    const Step& step() const { return *steps[cursor]; }
+    bool empty() const { return steps.empty(); }
+};
+
+// One colour per meaning, shared by every panel and by the pixel tests (which read them from
+// the layout file). Every cell colour is opaque and distinct from every other.
+namespace palette {
+inline constexpr ImU32 rgb(unsigned r, unsigned g, unsigned b) { return IM_COL32(r, g, b, 255); }
+inline constexpr ImU32 empty = rgb(52, 56, 64);            // a cache cell not yet written
+inline constexpr ImU32 prefill = rgb(70, 130, 220);        // written by the prefill
+inline constexpr ImU32 decode = rgb(60, 190, 120);         // written by a decode step
+inline constexpr ImU32 newest = rgb(250, 200, 40);         // written by the step shown
+inline constexpr ImU32 evicted = rgb(120, 60, 60);         // out of a window: memory reused
+inline constexpr ImU32 read = rgb(240, 90, 200);           // read by the step shown (layouts)
+inline constexpr ImU32 marker = rgb(255, 64, 64);          // the current step on the timeline
+inline constexpr ImU32 naive = rgb(230, 120, 50);          // naive decode's series and bars
+inline constexpr ImU32 cached = rgb(80, 170, 240);         // cached decode's series and bars
+inline constexpr ImU32 formula = rgb(200, 200, 200);       // a formula's line
+inline constexpr ImU32 block_free = rgb(40, 44, 52);       // a pool block on the free list
+inline constexpr ImU32 block_cached = rgb(96, 96, 110);    // unreferenced, published, reclaimable
+inline constexpr ImU32 block_shared = rgb(255, 255, 255);  // outline of a block with refcount > 1
+// A block owned by sequence s (A, B, C, ...) is filled with owner(s).
+ImU32 owner(int seq);
+inline constexpr ImU32 equal = rgb(70, 200, 90);   // bitwise equal
+inline constexpr ImU32 differ = rgb(230, 70, 60);  // not equal
+}  // namespace palette
+
+// A "(?)" marker whose tooltip explains a concept in place, as ImGui's demo does.
+void help_marker(const char* text);
+
+void draw_phases(const Frame& f);
+void draw_growth(const Frame& f);
+void draw_layouts(const Frame& f);
+void draw_paged(const Frame& f);
+void draw_cost(const Frame& f);
+void draw_attention(const Frame& f);
+void draw_exactness(const Frame& f);
+
+}  // namespace kvlab::viz

@@ -1,0 +1,132 @@
+// kvlab viewer: the snapshots the panels draw.
+//
+// The session (session.h) runs the real decoders on a worker thread and, after every step,
+// freezes what the panels need into one Step: the sequences' tokens and block tables, the pool,
+// the step's cache events, the attention weights of the newest row, naive and cached logits
+// compared, timings and FLOPs. A Step never changes once published, so panels read it without
+// locks, and stepping back in time is only a smaller index.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache.h"
+#include "config.h"
+
+namespace kvlab::viz {
+
+// The variants the viewer can run.
+//   contiguous     one head-major array per tensor, reserved for max_seq
+//   paged          one sequence over a block pool
+//   prefix_shared  requests A and B with the same prompt over a pool with prefix caching (B maps
+//                  A's full blocks); A forks into C partway through decode (copy-on-write)
+//   quantized      int8 or int4 codes with per-group scales (approximate)
+//   window         attention sinks plus a sliding window (approximate beyond sinks + window)
+enum class Variant { contiguous, paged, prefix_shared, quantized, window };
+inline constexpr Variant kVariants[] = {Variant::contiguous, Variant::paged, Variant::prefix_shared, Variant::quantized,
+                                        Variant::window};
+std::string_view to_string(Variant v);
+std::optional<Variant> parse_variant(std::string_view name);  // "contiguous", "paged", ...
+
+// What a session runs; the controls edit a copy and restart the session with it.
+struct Settings {
+    Variant variant = Variant::contiguous;
+    std::string model_path;      // llama2.c checkpoint; "" = the shared stories260K if present
+    std::string tokenizer_path;  // "" = tok512.bin beside the shared model
+    bool random_model = false;   // a random model of `shape` even when a checkpoint exists
+    Config shape;                // the random model's shape (n_layers, n_heads, n_kv_heads editable)
+    std::uint64_t seed = 7;      // the random model's weights
+    std::string prompt = "Once upon a time";
+    int steps = 48;        // decode steps after the prefill
+    int block_size = 4;    // paged, prefix_shared
+    int n_blocks = 0;      // paged, prefix_shared: pool size; 0 = enough for every sequence
+    int quant_bits = 8;    // quantized: 8 or 4
+    int sinks = 2;         // window
+    int window = 16;       // window
+    int fork_at = 8;       // prefix_shared: decode step after which A forks into C
+    int free_fork_at = 0;  // prefix_shared: decode step after which C is freed (0 = never)
+};
+
+// One sequence after a step.
+struct SeqView {
+    int id = 0;               // the cache's seq_id; 0 is A, the sequence the panels follow
+    std::string name;         // "A", "B", "C"
+    bool alive = true;        // false once freed
+    std::vector<int> tokens;  // [length] what the cache holds
+    std::vector<int> table;   // paged: [ceil(length / block_size)] physical block per logical block
+};
+
+// The block pool after a step (paged variants).
+struct PoolView {
+    enum class State { free, used, cached };  // cached: unreferenced but published (reclaimable)
+    int block_size = 0, n_blocks = 0;
+    std::vector<State> state;              // [n_blocks]
+    std::vector<int> refcount;             // [n_blocks]
+    std::vector<char> published;           // [n_blocks]
+    std::vector<std::vector<int>> owners;  // [n_blocks] seq ids whose tables hold the block
+    int n_free = 0, n_cached = 0, n_used = 0;
+    std::int64_t prefix_hit_positions = 0;
+};
+
+struct TopToken {
+    int id = 0;
+    float logit = 0;
+    std::string text;  // the tokenizer's piece, or "<id>"
+};
+
+// Naive against cached logits for one sequence at one step.
+struct Exactness {
+    int seq = 0;
+    bool bitwise_equal = false;
+    std::int64_t max_ulp = 0;                     // largest ULP distance over the vocabulary (0 when equal)
+    double max_abs = 0;                           // largest |naive - cached|
+    int next_token = 0;                           // what the sequence appends next (greedy for A)
+    std::vector<TopToken> top_cached, top_naive;  // the five largest logits of each
+};
+
+struct Step {
+    enum class Phase { prefill, decode };
+    int index = 0;  // 0 is the first prefill
+    Phase phase = Phase::prefill;
+    std::string label;  // "prefill A", "prefill B (prefix hit 8)", "decode"
+    int first_pos = 0;  // A's positions written this step: first_pos .. first_pos + n_new - 1
+    int n_new = 0;
+    int length = 0;  // A's length after the step
+    std::vector<SeqView> seqs;
+    std::optional<PoolView> pool;
+    std::vector<CacheEvent> events;  // what the caches did during this step
+
+    // Cost of this step (all sequences it ran) for each decoder.
+    double cached_seconds = 0, naive_seconds = 0;
+    std::uint64_t cached_flops = 0, naive_flops = 0;
+    std::int64_t kv_reserved_bytes = 0;  // what the caches hold (MemoryStats, summed)
+    std::int64_t kv_used_bytes = 0;      // fp32 K and V of the valid positions
+
+    // A's newest row: attention weights per layer and head over the positions it attended.
+    std::vector<int> attended;     // [n_attended] logical positions, increasing
+    std::vector<float> weights;    // [n_layers, n_heads, n_attended]
+    std::vector<Exactness> exact;  // one per live sequence that ran this step
+    std::string note;              // a message for this step ("pool exhausted: C stopped")
+};
+
+// Fixed for a session.
+struct SessionInfo {
+    Settings settings;
+    Config config;                        // the model's shape
+    std::string model_source;             // "stories260K.bin" or "random (seed 7)"
+    std::string cache_name;               // Cache::name() of A's cache
+    bool exact = true;                    // the variant promises bitwise equality
+    std::vector<int> prompt;              // [prompt_len] token ids
+    int total_steps = 0;                  // steps the session will run: prefills + decode steps
+    std::int64_t kv_bytes_per_token = 0;  // 2 * n_layers * kv_dim * 4: the formula's slope
+    std::string error;                    // non-empty when the settings could not start a session
+    std::vector<std::string> pieces;      // [vocab_size] the tokenizer's pieces, or empty
+};
+
+// A token as text for the panels: its piece made printable, or "<id>" without a tokenizer.
+std::string token_text(const SessionInfo& info, int id);
+
+}  // namespace kvlab::viz
