@@ -7,43 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
 namespace {
 
 constexpr int kMaxPitchX = 28, kMaxPitchY = 24;  // px per cell, gap included
-
-struct Cells {
-    int w = 1, h = 1, gap = 0;
-    int pitch_x() const { return w + gap; }
-    int pitch_y() const { return h + gap; }
-};
-
-// A 1 px gap separates cells only when they are at least 4 px wide and tall.
-Cells cells_for_pitch(int px, int py) {
-    Cells c;
-    c.gap = px >= 5 && py >= 5 ? 1 : 0;
-    c.w = std::max(1, px - c.gap);
-    c.h = std::max(1, py - c.gap);
-    return c;
-}
-
-ImVec2 floored(ImVec2 p) { return ImVec2(std::floor(p.x), std::floor(p.y)); }
-
-// Regions are in framebuffer pixels; ImGui coordinates differ from them only on scaled displays.
-void report_grid(const Frame& f, std::string name, ImVec2 min, ImVec2 max, const Cells& c) {
-    if (!f.report) return;
-    const ImVec2 s = ImGui::GetIO().DisplayFramebufferScale;
-    f.report->add(std::move(name), ImVec2(min.x * s.x, min.y * s.y), ImVec2(max.x * s.x, max.y * s.y),
-                  int(std::lround(c.w * s.x)), int(std::lround(c.h * s.y)));
-}
-
-const SeqView* seq_a(const Step& s) {
-    for (const SeqView& q : s.seqs)
-        if (q.id == 0) return &q;
-    return s.seqs.empty() ? nullptr : &s.seqs.front();
-}
 
 // A dark-to-bright ramp (close to matplotlib's magma) for v in [0, 1]. Zero stays visibly above the
 // window's background so an unattended-looking cell still reads as a cell.
@@ -78,15 +48,7 @@ std::string ranges(const std::vector<int>& ts) {
 }  // namespace
 
 void draw_attention(const Frame& f) {
-    if (!ImGui::Begin("Attention")) {
-        ImGui::End();
-        return;
-    }
-    if (f.empty() || !f.info) {
-        ImGui::TextUnformatted("waiting for the first step");
-        ImGui::End();
-        return;
-    }
+    if (!begin_panel("Attention", f)) return;
     const SessionInfo& info = *f.info;
     const Config& cfg = info.config;
     const Step& s = f.step();
@@ -214,11 +176,7 @@ void draw_attention(const Frame& f) {
     const float axis_y = g_max.y + 2;
     std::snprintf(buf, sizeof buf, "%d", s.attended.back());
     const float tick_w = ImGui::CalcTextSize(buf).x + 8;
-    int every = 1;
-    for (int e : {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}) {
-        every = e;
-        if (e * c.pitch_x() >= tick_w * bin) break;
-    }
+    const int every = tick_every(c.pitch_x(), tick_w, bin);
     const float q_x = g.x + (n_cols - 1) * c.pitch_x();
     const float q_label_w = ImGui::CalcTextSize("query").x;
     for (int col = 0; col < n_cols; col++) {
@@ -230,8 +188,7 @@ void draw_attention(const Frame& f) {
         const float x = g.x + col * c.pitch_x();
         if (col != n_cols - 1 && x + tick_w > q_x + c.w - q_label_w) continue;  // keep clear of the query's label
         std::snprintf(buf, sizeof buf, "%d", t);
-        dl->AddLine(ImVec2(x + 0.5f, axis_y), ImVec2(x + 0.5f, axis_y + 3), dim_col);
-        dl->AddText(ImVec2(x, axis_y + 3), dim_col, buf);
+        tick(dl, x, axis_y, dim_col, buf);
         if (jump) dl->AddText(ImVec2(x - ImGui::CalcTextSize("|").x - 1, axis_y + 3), dim_col, "|");
     }
     const float qc = q_x + c.w * 0.5f;

@@ -1,6 +1,13 @@
-// kvlab viewer: what every panel shares: the "(?)" help marker and the sequences' colours.
+// kvlab viewer: what every panel shares: the "(?)" help marker, the sequences' colours and the
+// drawing helpers of draw.h.
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
@@ -14,6 +21,111 @@ void help_marker(const char* text) {
     ImGui::TextUnformatted(text);
     ImGui::PopTextWrapPos();
     ImGui::EndTooltip();
+}
+
+bool begin_panel(const char* title, const Frame& f) {
+    if (!ImGui::Begin(title)) {
+        ImGui::End();
+        return false;
+    }
+    if (f.empty() || !f.info) {
+        ImGui::TextUnformatted("waiting for the first step");
+        ImGui::End();
+        return false;
+    }
+    return true;
+}
+
+void report(const Frame& f, std::string name, ImVec2 min, ImVec2 max, int cell_w, int cell_h) {
+    if (!f.report) return;
+    const ImVec2 s = framebuffer_scale();
+    f.report->add(std::move(name), ImVec2(min.x * s.x, min.y * s.y), ImVec2(max.x * s.x, max.y * s.y), cell_w, cell_h);
+}
+
+void report_grid(const Frame& f, std::string name, ImVec2 min, ImVec2 max, const Cells& c) {
+    const ImVec2 s = framebuffer_scale();
+    report(f, std::move(name), min, max, int(std::lround(c.w * s.x)), int(std::lround(c.h * s.y)));
+}
+
+void legend_item(ImU32 colour, const char* text) {
+    const float sz = ImGui::GetTextLineHeight();
+    if (ImGui::GetContentRegionAvail().x < sz + 2 + ImGui::CalcTextSize(text).x) ImGui::NewLine();
+    const ImVec2 p = floored(ImGui::GetCursorScreenPos());
+    ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 2), ImVec2(p.x + sz - 4, p.y + sz - 2), colour);
+    ImGui::Dummy(ImVec2(sz - 2, sz));
+    ImGui::SameLine(0, 4);
+    ImGui::TextUnformatted(text);
+    ImGui::SameLine(0, 14);
+}
+
+void tick(ImDrawList* dl, float x, float axis_y, ImU32 colour, const char* label) {
+    dl->AddLine(ImVec2(x + 0.5f, axis_y), ImVec2(x + 0.5f, axis_y + 3), colour);
+    dl->AddText(ImVec2(x, axis_y + 3), colour, label);
+}
+
+int tick_every(int pitch, float label_w, int bin) {
+    int every = 1;
+    for (int e : {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}) {
+        every = e;
+        if (e * pitch >= label_w * bin) break;
+    }
+    return every;
+}
+
+const SeqView* seq_a(const Step& s) {
+    for (const SeqView& q : s.seqs)
+        if (q.id == 0) return &q;
+    return s.seqs.empty() ? nullptr : &s.seqs.front();
+}
+
+CellState state_of(int pos, const Step& s, int prompt_len, bool window) {
+    if (pos >= s.first_pos && pos < s.first_pos + s.n_new) return CellState::newest;
+    if (pos >= s.length) return CellState::empty;
+    // The window cache reuses the slots of positions it no longer attends.
+    if (window && !std::binary_search(s.attended.begin(), s.attended.end(), pos)) return CellState::evicted;
+    return pos < prompt_len ? CellState::prefill : CellState::decode;
+}
+
+ImU32 colour_of(CellState c) {
+    switch (c) {
+        case CellState::empty: return palette::empty;
+        case CellState::prefill: return palette::prefill;
+        case CellState::decode: return palette::decode;
+        case CellState::newest: return palette::newest;
+        case CellState::evicted: return palette::evicted;
+    }
+    return palette::empty;
+}
+
+int final_length(const SessionInfo& info, const Step& s) {
+    const int planned = int(info.prompt.size()) + info.settings.steps;
+    return std::max(1, std::min(std::max(planned, s.length), info.config.max_seq));
+}
+
+std::string seq_name(const Step& s, int id) {
+    for (const SeqView& q : s.seqs)
+        if (q.id == id && !q.name.empty()) return q.name;
+    if (id >= 0 && id < 26) return std::string(1, char('A' + id));
+    char buf[16];  // not "#" + to_string: GCC 12 warns falsely (-Wrestrict) on that at -O2
+    std::snprintf(buf, sizeof buf, "#%d", id);
+    return buf;
+}
+
+void token_line(const SessionInfo& info, const SeqView* a, int pos) {
+    if (!a || pos < 0 || pos >= int(a->tokens.size())) return;
+    const int id = a->tokens[std::size_t(pos)];
+    ImGui::Text("token \"%s\" (id %d)", token_text(info, id).c_str(), id);
+}
+
+std::string bytes(double n) {
+    char buf[48];
+    if (n >= 1 << 20)
+        std::snprintf(buf, sizeof buf, "%.2f MiB", n / (1 << 20));
+    else if (n >= 1024)
+        std::snprintf(buf, sizeof buf, "%.1f KiB", n / 1024);
+    else
+        std::snprintf(buf, sizeof buf, "%.0f B", n);
+    return buf;
 }
 
 namespace palette {

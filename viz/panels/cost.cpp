@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
@@ -135,8 +136,7 @@ void line_plot(const char* title, const char* x_label, const char* y_label, cons
             for (const ImVec2& q : s.points)
                 if (q.x <= x + 0.5) hit = &q;
             if (!hit) continue;
-            ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(s.colour), "%s: %.4g at T = %.0f", s.name, double(hit->y),
-                               double(hit->x));
+            ImGui::TextColored(colour4(s.colour), "%s: %.4g at T = %.0f", s.name, double(hit->y), double(hit->x));
         }
         ImGui::EndTooltip();
     }
@@ -160,17 +160,6 @@ const char* rescale(std::initializer_list<Series*> series, std::initializer_list
     return pick->name;
 }
 
-std::string bytes(double n) {
-    char buf[48];
-    if (n >= 1 << 20)
-        std::snprintf(buf, sizeof buf, "%.2f MiB", n / (1 << 20));
-    else if (n >= 1024)
-        std::snprintf(buf, sizeof buf, "%.1f KiB", n / 1024);
-    else
-        std::snprintf(buf, sizeof buf, "%.0f B", n);
-    return buf;
-}
-
 constexpr const char* kHelp =
     "KV bytes per token = 2 (K and V) x n_layers x kv_dim x 4 bytes (fp32), with kv_dim = "
     "n_kv_heads x head_size. A cache of T positions holds that times T: memory grows linearly.\n\n"
@@ -185,15 +174,7 @@ constexpr const char* kHelp =
 }  // namespace
 
 void draw_cost(const Frame& f) {
-    if (!ImGui::Begin("Cost")) {
-        ImGui::End();
-        return;
-    }
-    if (f.empty() || !f.info) {
-        ImGui::TextUnformatted("waiting for the first step");
-        ImGui::End();
-        return;
-    }
+    if (!begin_panel("Cost", f)) return;
     const SessionInfo& info = *f.info;
     const Step& cur = f.step();
 
@@ -238,10 +219,8 @@ void draw_cost(const Frame& f) {
     ImGui::Text("after step %d (T = %d):", f.cursor, cur.length);
     ImGui::SameLine();
     help_marker(kHelp);
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(palette::naive), "naive  %10.2f MFLOP %9.2f ms", sum_fn / 1e6,
-                       sum_tn * 1e3);
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(palette::cached), "cached %10.2f MFLOP %9.2f ms", sum_fc / 1e6,
-                       sum_tc * 1e3);
+    ImGui::TextColored(colour4(palette::naive), "naive  %10.2f MFLOP %9.2f ms", sum_fn / 1e6, sum_tn * 1e3);
+    ImGui::TextColored(colour4(palette::cached), "cached %10.2f MFLOP %9.2f ms", sum_fc / 1e6, sum_tc * 1e3);
     if (sum_fc > 0 && sum_tc > 0)
         ImGui::Text("naive / cached: %.1fx the FLOPs, %.1fx the time", sum_fn / sum_fc, sum_tn / sum_tc);
     ImGui::TextWrapped("KV cache: reserved %s, used %s", bytes(double(cur.kv_reserved_bytes)).c_str(),

@@ -9,21 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
 namespace {
-
-ImVec4 colour4(ImU32 c) { return ImGui::ColorConvertU32ToFloat4(c); }
-
-std::string seq_name(const Step& st, int id) {
-    for (const SeqView& s : st.seqs)
-        if (s.id == id && !s.name.empty()) return s.name;
-    if (id >= 0 && id < 26) return std::string(1, char('A' + id));
-    char buf[16];  // not "#" + to_string: GCC 12 warns falsely (-Wrestrict) on that at -O2
-    std::snprintf(buf, sizeof buf, "#%d", id);
-    return buf;
-}
 
 bool step_equal(const Step& s) {
     for (const Exactness& e : s.exact)
@@ -201,15 +191,7 @@ void top_tokens(const Frame& f, const Exactness& e) {
 }  // namespace
 
 void draw_exactness(const Frame& f) {
-    if (!ImGui::Begin("Exactness")) {
-        ImGui::End();
-        return;
-    }
-    if (f.empty() || !f.info) {
-        ImGui::TextUnformatted("waiting for the first step");
-        ImGui::End();
-        return;
-    }
+    if (!begin_panel("Exactness", f)) return;
     const Step& cur = f.step();
     headline(f);
 

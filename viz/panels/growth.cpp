@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
@@ -16,44 +17,7 @@ namespace {
 
 constexpr int kMaxPitch = 20;  // px per cell, gap included: bigger cells stop helping
 
-// A grid's integer cell size; a 1 px gap separates cells only when they are at least 4 px wide and
-// tall: thinner cells would lose most of their colour to the gaps.
-struct Cells {
-    int w = 1, h = 1, gap = 0;
-    int pitch_x() const { return w + gap; }
-    int pitch_y() const { return h + gap; }
-};
-
-Cells cells_for_pitch(int px, int py) {
-    Cells c;
-    c.gap = px >= 5 && py >= 5 ? 1 : 0;
-    c.w = std::max(1, px - c.gap);
-    c.h = std::max(1, py - c.gap);
-    return c;
-}
-
-ImVec2 floored(ImVec2 p) { return ImVec2(std::floor(p.x), std::floor(p.y)); }
-
-// Regions are in framebuffer pixels; ImGui coordinates differ from them only on scaled displays.
-void report_grid(const Frame& f, std::string name, ImVec2 min, ImVec2 max, const Cells& c) {
-    if (!f.report) return;
-    const ImVec2 s = ImGui::GetIO().DisplayFramebufferScale;
-    f.report->add(std::move(name), ImVec2(min.x * s.x, min.y * s.y), ImVec2(max.x * s.x, max.y * s.y),
-                  int(std::lround(c.w * s.x)), int(std::lround(c.h * s.y)));
-}
-
-// A colour swatch and its meaning; items continue on the same line while they fit.
-void legend_item(ImU32 colour, const char* text) {
-    const float sz = ImGui::GetTextLineHeight();
-    if (ImGui::GetContentRegionAvail().x < sz + 2 + ImGui::CalcTextSize(text).x) ImGui::NewLine();
-    const ImVec2 p = floored(ImGui::GetCursorScreenPos());
-    ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 2), ImVec2(p.x + sz - 4, p.y + sz - 2), colour);
-    ImGui::Dummy(ImVec2(sz - 2, sz));
-    ImGui::SameLine(0, 4);
-    ImGui::TextUnformatted(text);
-    ImGui::SameLine(0, 14);
-}
-
+// The header's sizes: whole bytes below 10 KiB, one decimal above; its own rule, not bytes()'s.
 std::string bytes_text(std::int64_t b) {
     char buf[64];
     if (b < 10 * 1024)
@@ -63,36 +27,6 @@ std::string bytes_text(std::int64_t b) {
     else
         std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / (1024 * 1024));
     return buf;
-}
-
-// Sequence A (id 0): the sequence every panel follows.
-const SeqView* seq_a(const Step& s) {
-    for (const SeqView& q : s.seqs)
-        if (q.id == 0) return &q;
-    return s.seqs.empty() ? nullptr : &s.seqs.front();
-}
-
-enum class CellState { empty, prefill, decode, newest, evicted };
-
-ImU32 colour_of(CellState c) {
-    switch (c) {
-        case CellState::empty: return palette::empty;
-        case CellState::prefill: return palette::prefill;
-        case CellState::decode: return palette::decode;
-        case CellState::newest: return palette::newest;
-        case CellState::evicted: return palette::evicted;
-    }
-    return palette::empty;
-}
-
-// What position pos of A holds after the step shown. Every layer and KV head has the same state:
-// a step writes a position's rows in all of them.
-CellState state_of(int pos, const Step& s, int prompt_len, bool window) {
-    if (pos >= s.first_pos && pos < s.first_pos + s.n_new) return CellState::newest;
-    if (pos >= s.length) return CellState::empty;
-    // The window cache reuses the slots of positions it no longer attends.
-    if (window && !std::binary_search(s.attended.begin(), s.attended.end(), pos)) return CellState::evicted;
-    return pos < prompt_len ? CellState::prefill : CellState::decode;
 }
 
 // Draws a rows x cols grid whose colour depends on the column only, merging equal neighbours
@@ -128,15 +62,7 @@ struct Layout {
 }  // namespace
 
 void draw_growth(const Frame& f) {
-    if (!ImGui::Begin("Cache growth")) {
-        ImGui::End();
-        return;
-    }
-    if (f.empty() || !f.info) {
-        ImGui::TextUnformatted("waiting for the first step");
-        ImGui::End();
-        return;
-    }
+    if (!begin_panel("Cache growth", f)) return;
     const SessionInfo& info = *f.info;
     const Config& cfg = info.config;
     const Step& s = f.step();
@@ -146,7 +72,7 @@ void draw_growth(const Frame& f) {
     const int prompt_len = int(info.prompt.size());
     const bool window = info.settings.variant == Variant::window;
     // Columns for the final length, so the grids do not rescale as they fill.
-    const int N = std::max(1, std::min(std::max(prompt_len + info.settings.steps, s.length), cfg.max_seq));
+    const int N = final_length(info, s);
 
     // Header: what the step wrote and what the cache holds.
     if (s.n_new > 1)
@@ -265,17 +191,12 @@ void draw_growth(const Frame& f) {
     const float axis_y = origin.y + n_layers * lay.layer_h + (n_layers - 1) * layer_gap + 2;
     std::snprintf(buf, sizeof buf, "%d", N);
     const float tick_label_w = ImGui::CalcTextSize(buf).x + 8;
-    int every = 1;
-    for (int e : {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}) {
-        every = e;
-        if (e * c.pitch_x() >= tick_label_w * bin) break;
-    }
+    const int every = tick_every(c.pitch_x(), tick_label_w, bin);
     for (int g = 0; g < (lay.side_by_side ? 2 : 1); g++) {
         for (int pos = 0; pos < N; pos += every) {
             const float x = grids_x[g] + pos / bin * c.pitch_x();
             std::snprintf(buf, sizeof buf, "%d", pos);
-            dl->AddLine(ImVec2(x + 0.5f, axis_y), ImVec2(x + 0.5f, axis_y + 3), dim_col);
-            dl->AddText(ImVec2(x, axis_y + 3), dim_col, buf);
+            tick(dl, x, axis_y, dim_col, buf);
         }
         if (hover_col >= 0) {  // a caret under the hovered column
             const float x = grids_x[g] + hover_col * c.pitch_x() + c.w * 0.5f;
@@ -294,10 +215,7 @@ void draw_growth(const Frame& f) {
             ImGui::Text("pos %d-%d (one column); pos %d:", pos, std::min(N, pos + bin) - 1, pos);
         else
             ImGui::Text("pos %d", pos);
-        if (a && pos < int(a->tokens.size())) {
-            const int id = a->tokens[std::size_t(pos)];
-            ImGui::Text("token \"%s\" (id %d)", token_text(info, id).c_str(), id);
-        }
+        token_line(info, a, pos);
         const CellState st = state_of(pos, s, prompt_len, window);
         const int decode_step = pos - prompt_len + 1;  // decode step k writes position prompt_len + k - 1
         if (st == CellState::empty) {

@@ -10,61 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
 namespace {
 
 constexpr int kMaxPitch = 16;  // px per cell, gap included
-
-// A grid's integer cell size; a 1 px gap separates cells only when they are at least 4 px wide.
-struct Cells {
-    int w = 1, h = 1, gap = 0;
-    int pitch() const { return w + gap; }
-};
-
-Cells cells_for_pitch(int p) {
-    Cells c;
-    c.gap = p >= 5 ? 1 : 0;
-    c.w = c.h = std::max(1, p - c.gap);
-    return c;
-}
-
-ImVec2 floored(ImVec2 p) { return ImVec2(std::floor(p.x), std::floor(p.y)); }
-
-// Regions are in framebuffer pixels; ImGui coordinates differ from them only on scaled displays.
-void report_grid(const Frame& f, std::string name, ImVec2 min, ImVec2 max, const Cells& c) {
-    if (!f.report) return;
-    const ImVec2 s = ImGui::GetIO().DisplayFramebufferScale;
-    f.report->add(std::move(name), ImVec2(min.x * s.x, min.y * s.y), ImVec2(max.x * s.x, max.y * s.y),
-                  int(std::lround(c.w * s.x)), int(std::lround(c.h * s.y)));
-}
-
-// A colour swatch and its meaning; items continue on the same line while they fit.
-void legend_item(ImU32 colour, const char* text) {
-    const float sz = ImGui::GetTextLineHeight();
-    if (ImGui::GetContentRegionAvail().x < sz + 2 + ImGui::CalcTextSize(text).x) ImGui::NewLine();
-    const ImVec2 p = floored(ImGui::GetCursorScreenPos());
-    ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 2), ImVec2(p.x + sz - 4, p.y + sz - 2), colour);
-    ImGui::Dummy(ImVec2(sz - 2, sz));
-    ImGui::SameLine(0, 4);
-    ImGui::TextUnformatted(text);
-    ImGui::SameLine(0, 14);
-}
-
-const SeqView* seq_a(const Step& s) {
-    for (const SeqView& q : s.seqs)
-        if (q.id == 0) return &q;
-    return s.seqs.empty() ? nullptr : &s.seqs.front();
-}
-
-// A's position pos after the step, coloured as the growth panel colours it.
-ImU32 written_colour(int pos, const Step& s, int prompt_len, bool window) {
-    if (pos >= s.first_pos && pos < s.first_pos + s.n_new) return palette::newest;
-    if (pos >= s.length) return palette::empty;
-    if (window && !std::binary_search(s.attended.begin(), s.attended.end(), pos)) return palette::evicted;
-    return pos < prompt_len ? palette::prefill : palette::decode;
-}
 
 // Contiguous runs in a sequence of row addresses: a new run starts wherever the next address is
 // not the one right after the previous.
@@ -86,15 +38,7 @@ struct Order {
 }  // namespace
 
 void draw_layouts(const Frame& f) {
-    if (!ImGui::Begin("Layouts")) {
-        ImGui::End();
-        return;
-    }
-    if (f.empty() || !f.info) {
-        ImGui::TextUnformatted("waiting for the first step");
-        ImGui::End();
-        return;
-    }
+    if (!begin_panel("Layouts", f)) return;
     const SessionInfo& info = *f.info;
     const Config& cfg = info.config;
     const Step& s = f.step();
@@ -104,7 +48,7 @@ void draw_layouts(const Frame& f) {
     const int prompt_len = int(info.prompt.size());
     const bool window = info.settings.variant == Variant::window;
     // The final length stands in for max_seq: max_seq rows per head would not fit on screen.
-    const int N = std::max(1, std::min(std::max(prompt_len + info.settings.steps, s.length), cfg.max_seq));
+    const int N = final_length(info, s);
     const std::int64_t row_bytes = 4LL * cfg.head_size();
     const int n_rows = n_kv_heads * N;
 
@@ -196,7 +140,7 @@ void draw_layouts(const Frame& f) {
                   2 * ImGui::GetStyle().ItemSpacing.y;
     const float spacing = ImGui::GetStyle().ItemSpacing.y;
     auto fits = [&](int pitch, int lines) {
-        return text_h + 2 * (lines * pitch - cells_for_pitch(pitch).gap + block_gap + spacing) <= avail.y;
+        return text_h + 2 * (lines * pitch - cells_for_pitch(pitch, pitch).gap + block_gap + spacing) <= avail.y;
     };
     // Prefer one line per KV head: head-major then reads like the growth grid, one run per line.
     int pitch = std::min(kMaxPitch, int(avail.x - addr_w) / N);
@@ -210,9 +154,9 @@ void draw_layouts(const Frame& f) {
             if (pitch == 1 || fits(pitch, (n_rows + per_line - 1) / per_line)) break;
         }
     }
-    const Cells c = cells_for_pitch(pitch);
+    const Cells c = cells_for_pitch(pitch, pitch);
     const int n_lines = (n_rows + per_line - 1) / per_line;
-    const int grid_w = per_line * c.pitch() - c.gap, grid_h = n_lines * c.pitch() - c.gap;
+    const int grid_w = per_line * c.pitch_x() - c.gap, grid_h = n_lines * c.pitch_y() - c.gap;
 
     ImDrawList* dl = ImGui::GetWindowDrawList();
     const ImU32 dim_col = ImGui::GetColorU32(ImGuiCol_TextDisabled);
@@ -231,20 +175,20 @@ void draw_layouts(const Frame& f) {
             for (int t = 0; t < N; t++) {
                 const int rank = read_rank[std::size_t(h * N + t)];
                 colour[std::size_t(ord.row(h, t, n_kv_heads, N))] =
-                    rank >= 0 && rank < shown ? palette::read : written_colour(t, s, prompt_len, window);
+                    rank >= 0 && rank < shown ? palette::read : colour_of(state_of(t, s, prompt_len, window));
             }
         }
         // Cells in address order, wrapping into lines; equal neighbours merge where no gap separates them.
         float last_label_y = -1e9f;
         for (int line = 0; line < n_lines; line++) {
-            const float y = g.y + line * c.pitch();
+            const float y = g.y + line * c.pitch_y();
             const int first = line * per_line, end = std::min(n_rows, first + per_line);
             for (int r = first; r < end;) {
                 int r1 = r + 1;
                 if (!c.gap)
                     while (r1 < end && colour[std::size_t(r1)] == colour[std::size_t(r)]) r1++;
-                dl->AddRectFilled(ImVec2(g.x + (r - first) * c.pitch(), y),
-                                  ImVec2(g.x + (r1 - 1 - first) * c.pitch() + c.w, y + c.h), colour[std::size_t(r)]);
+                dl->AddRectFilled(ImVec2(g.x + (r - first) * c.pitch_x(), y),
+                                  ImVec2(g.x + (r1 - 1 - first) * c.pitch_x() + c.w, y + c.h), colour[std::size_t(r)]);
                 r = r1;
             }
             if (y - last_label_y >= line_h) {  // the line's byte offset, where there is room for it
@@ -258,16 +202,13 @@ void draw_layouts(const Frame& f) {
         ImGui::Dummy(ImVec2(addr_w + grid_w, grid_h + block_gap));
 
         if (hovered_window && ImGui::IsMouseHoveringRect(g, g_max, false)) {
-            const int r = int((mouse.y - g.y) / c.pitch()) * per_line + int((mouse.x - g.x) / c.pitch());
+            const int r = int((mouse.y - g.y) / c.pitch_y()) * per_line + int((mouse.x - g.x) / c.pitch_x());
             if (r >= 0 && r < n_rows) {
                 const int h = ord.head_major ? r / N : r % n_kv_heads;
                 const int t = ord.head_major ? r % N : r / n_kv_heads;
                 ImGui::BeginTooltip();
                 ImGui::Text("row at +%lld B: KV head %d, pos %d", static_cast<long long>(r * row_bytes), h, t);
-                if (a && t < int(a->tokens.size())) {
-                    const int id = a->tokens[std::size_t(t)];
-                    ImGui::Text("token \"%s\" (id %d)", token_text(info, id).c_str(), id);
-                }
+                token_line(info, a, t);
                 const int rank = read_rank[std::size_t(h * N + t)];
                 if (rank >= 0) ImGui::Text("read #%d of %d by this step", rank + 1, n_reads);
                 ImGui::EndTooltip();

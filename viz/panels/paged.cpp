@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
@@ -20,12 +21,6 @@ constexpr ImU32 kEvictedText = kEvictedRing;
 constexpr ImU32 kChipText = IM_COL32(12, 14, 20, 255);
 constexpr ImU32 kUsedNoOwner = palette::formula;  // refcount > 0 but in no live table: should not happen
 
-ImVec4 colour4(ImU32 c) { return ImGui::ColorConvertU32ToFloat4(c); }
-
-void fill(ImDrawList* dl, float x0, float y0, float x1, float y1, ImU32 colour) {
-    dl->AddRectFilled(ImVec2(x0, y0), ImVec2(x1, y1), colour, 0.0f);
-}
-
 // A ring of width w just outside [x0, x1) x [y0, y1): it lies in the gap, never on the cell.
 void ring(ImDrawList* dl, float x0, float y0, float x1, float y1, float w, ImU32 colour) {
     fill(dl, x0 - w, y0 - w, x1 + w, y0, colour);
@@ -34,26 +29,7 @@ void ring(ImDrawList* dl, float x0, float y0, float x1, float y1, float w, ImU32
     fill(dl, x1, y0, x1 + w, y1, colour);
 }
 
-std::string seq_name(const Step& st, int id) {
-    for (const SeqView& s : st.seqs)
-        if (s.id == id && !s.name.empty()) return s.name;
-    if (id >= 0 && id < 26) return std::string(1, char('A' + id));
-    char buf[16];  // not "#" + to_string: GCC 12 warns falsely (-Wrestrict) on that at -O2
-    std::snprintf(buf, sizeof buf, "#%d", id);
-    return buf;
-}
-
-std::string bytes(std::int64_t n) {
-    char buf[48];
-    if (n >= (std::int64_t{1} << 20))
-        std::snprintf(buf, sizeof buf, "%.2f MiB", double(n) / (1 << 20));
-    else if (n >= 1024)
-        std::snprintf(buf, sizeof buf, "%.1f KiB", double(n) / 1024);
-    else
-        std::snprintf(buf, sizeof buf, "%" PRId64 " B", n);
-    return buf;
-}
-
+// A legend item; as_ring draws the colour as the grid draws its rings, around a free block.
 void swatch(ImU32 colour, const char* text, bool as_ring = false) {
     ImDrawList* dl = ImGui::GetWindowDrawList();
     const float h = ImGui::GetTextLineHeight();
@@ -180,8 +156,8 @@ void draw_no_pool(const Frame& f) {
     ImGui::SameLine();
     help_marker(kHelp);
     ImGui::Text("cache: %s", info.cache_name.c_str());
-    ImGui::Text("reserved %s, used %s (fp32 K and V of %d positions)", bytes(st.kv_reserved_bytes).c_str(),
-                bytes(st.kv_used_bytes).c_str(), st.length);
+    ImGui::Text("reserved %s, used %s (fp32 K and V of %d positions)", bytes(double(st.kv_reserved_bytes)).c_str(),
+                bytes(double(st.kv_used_bytes)).c_str(), st.length);
 
     // Two bars on one scale: what the cache holds, and what fp32 K and V of the valid rows need.
     ImDrawList* dl = ImGui::GetWindowDrawList();
@@ -231,15 +207,7 @@ void draw_no_pool(const Frame& f) {
 }  // namespace
 
 void draw_paged(const Frame& f) {
-    if (!ImGui::Begin("Paged memory")) {
-        ImGui::End();
-        return;
-    }
-    if (f.empty() || !f.info) {
-        ImGui::TextUnformatted("waiting for the first step");
-        ImGui::End();
-        return;
-    }
+    if (!begin_panel("Paged memory", f)) return;
     const Step& st = f.step();
     if (!st.pool || st.pool->n_blocks <= 0) {
         draw_no_pool(f);
@@ -329,11 +297,8 @@ void draw_paged(const Frame& f) {
         if (ring_colour[size_t(b)]) ring(dl, x0, y0, x1, y1, float(inset), ring_colour[size_t(b)]);
     }
     const ImVec2 grid_min(gx, gy), grid_max(gx + float(cols * pitch), gy + float(rows * pitch));
-    if (f.report) {
-        const ImVec2 s = ImGui::GetIO().DisplayFramebufferScale;
-        f.report->add("paged.pool", ImVec2(grid_min.x * s.x, grid_min.y * s.y),
-                      ImVec2(grid_max.x * s.x, grid_max.y * s.y), int(float(cell) * s.x), int(float(cell) * s.y));
-    }
+    const ImVec2 scale = framebuffer_scale();
+    report(f, "paged.pool", grid_min, grid_max, int(float(cell) * scale.x), int(float(cell) * scale.y));
     ImGui::Dummy(ImVec2(grid_max.x - origin.x, grid_max.y - origin.y));
     if (ImGui::IsItemHovered()) {
         const ImVec2 m = ImGui::GetIO().MousePos;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "draw.h"
 #include "panels.h"
 
 namespace kvlab::viz {
@@ -21,16 +22,6 @@ struct Slot {
     bool computed = false;
     Step::Phase phase = Step::Phase::decode;
 };
-
-void report(const Frame& f, const char* name, ImVec2 min, ImVec2 max) {
-    if (!f.report) return;
-    const ImVec2 s = ImGui::GetIO().DisplayFramebufferScale;
-    f.report->add(name, ImVec2(min.x * s.x, min.y * s.y), ImVec2(max.x * s.x, max.y * s.y));
-}
-
-void fill(ImDrawList* dl, float x0, float y0, float x1, float y1, ImU32 colour) {
-    dl->AddRectFilled(ImVec2(x0, y0), ImVec2(x1, y1), colour, 0.0f);
-}
 
 double ratio(double naive, double cached) { return cached > 0 ? naive / cached : 0.0; }
 
@@ -102,15 +93,7 @@ void legend_swatch(ImU32 colour, const char* text) {
 }  // namespace
 
 void draw_phases(const Frame& f) {
-    if (!ImGui::Begin("Phases")) {
-        ImGui::End();
-        return;
-    }
-    if (f.empty() || !f.info) {
-        ImGui::TextUnformatted("waiting for the first step");
-        ImGui::End();
-        return;
-    }
+    if (!begin_panel("Phases", f)) return;
     const SessionInfo& info = *f.info;
     const Step& cur = f.step();
     const int n_steps = std::max(info.total_steps, int(f.steps.size()));
@@ -262,7 +245,7 @@ void draw_phases(const Frame& f) {
     ImGui::SameLine(0, 20);
     if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(written).x) ImGui::NewLine();
     ImGui::TextUnformatted(written);
-    const ImVec4 good = ImGui::ColorConvertU32ToFloat4(palette::equal);
+    const ImVec4 good = colour4(palette::equal);
     ImGui::Text("time:  cached %.3f ms, naive %.3f ms", cur.cached_seconds * 1e3, cur.naive_seconds * 1e3);
     if (const double r = ratio(cur.naive_seconds, cur.cached_seconds); r > 0) {
         ImGui::SameLine();
@@ -273,7 +256,7 @@ void draw_phases(const Frame& f) {
         ImGui::SameLine();
         ImGui::TextColored(good, " naive does %.1fx the work", r);
     }
-    if (!cur.note.empty()) ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(palette::differ), "%s", cur.note.c_str());
+    if (!cur.note.empty()) ImGui::TextColored(colour4(palette::differ), "%s", cur.note.c_str());
 
     // Bars fill what is left of the window, between 24 and 64 px each.
     ImGui::Spacing();
