@@ -79,12 +79,14 @@ struct Seq {
     int next = 0;  // the token it appends next, drawn from its logits
 };
 
+// Members are destroyed in reverse order: the sequences give their blocks back to the pool, and
+// both record those events, so the trace is declared first and the pool before the sequences.
 struct Session::Impl {
+    std::vector<CacheEvent> events;
     std::optional<cli::LoadedModel> lm_;  // set once, first thing in the constructor
     cli::LoadedModel& lm() { return *lm_; }
     std::unique_ptr<BlockPool> pool;
     std::vector<Seq> seqs;  // A, then B and C for prefix_shared
-    std::vector<CacheEvent> events;
     std::optional<NaiveDecoder> naive;
     std::optional<CachedDecoder> cached;  // runs A's prefill and every batched decode step
     CachedDecoder::AttentionProbe probe;
