@@ -255,3 +255,32 @@ TEST_CASE("config validation names the field at fault", "[errors]") {
     CHECK(message({64, 172, 5, 8, 3, 512, 512}) == "config: n_kv_heads (3) must divide n_heads (8)");
     CHECK_THAT(message({1 << 30, 1 << 30, 1 << 30, 1, 1, 1 << 30, 1 << 30}), Catch::Contains("too large"));
 }
+
+TEST_CASE("the viewer's attention probe changes no logit and copies the last row's softmax weights", "[probe]") {
+    rc::prop("with and without a probe, every step's logits are bitwise equal", [] {
+        const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
+        const Model m = random_model(c, seed);
+        CachedDecoder plain(m), probed(m);
+        CachedDecoder::AttentionProbe probe;
+        probed.probe = &probe;
+        for (int T = prompt_len; T <= int(tokens.size()); T++) {
+            const std::span<const int> fresh = T == prompt_len ? std::span<const int>(tokens.data(), prompt_len)
+                                                               : std::span<const int>(&tokens[T - 1], 1);
+            const std::vector<float> a = plain.prefill(fresh);
+            RC_ASSERT(!first_difference(a, probed.prefill(fresh)));
+            // The last row attends every position so far: weights in [0, 1] that sum to 1 up to
+            // rounding (n additions of terms <= 1, each off by at most half an ulp of 1).
+            RC_ASSERT(probe.n == T);
+            for (int lh = 0; lh < c.n_layers * c.n_heads; lh++) {
+                double sum = 0;
+                for (int t = 0; t < T; t++) {
+                    const float w = probe.weights[std::size_t(lh) * c.max_seq + t];
+                    RC_ASSERT(w >= 0.0f);
+                    RC_ASSERT(w <= 1.0f);
+                    sum += w;
+                }
+                RC_ASSERT(std::abs(sum - 1.0) <= 1e-6 * T);
+            }
+        }
+    });
+}

@@ -1,0 +1,143 @@
+// The viewer's session: the snapshots the panels draw come from the real decoders, step by step,
+// and say what the caches and the pool really hold.
+#include <catch2/catch.hpp>
+#include <set>
+
+#include "session.h"
+
+using namespace kvlab;
+using namespace kvlab::viz;
+
+namespace {
+
+// A random model (no files needed): 2 layers, 4 query heads over 2 KV heads. The prompt is BOS
+// plus the bytes of "abcdefgh": 9 tokens.
+Settings small(Variant v, int steps = 12) {
+    Settings s;
+    s.variant = v;
+    s.random_model = true;
+    s.shape = Config::parse("n_layers=2,n_heads=4,n_kv_heads=2", stories260k_shape());
+    s.prompt = "abcdefgh";
+    s.steps = steps;
+    return s;
+}
+
+std::vector<std::shared_ptr<const Step>> run_all(const Session& session) {
+    REQUIRE(session.wait_for(session.info().total_steps - 1));
+    INFO(session.failure());
+    CHECK(session.failure().empty());
+    return session.steps();
+}
+
+bool has_event(const Step& s, EventKind kind) {
+    for (const CacheEvent& e : s.events)
+        if (e.kind == kind) return true;
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("session: every variant publishes one step per prefill and decode step, and A grows by one per decode") {
+    for (Variant v : kVariants) {
+        INFO(to_string(v));
+        const Session session(small(v));
+        const SessionInfo& info = session.info();
+        const auto steps = run_all(session);
+        REQUIRE(int(steps.size()) == info.total_steps);
+        const int P = int(info.prompt.size());
+        CHECK(P == 9);
+        for (const auto& s : steps) {
+            CHECK(s->index == int(&s - &steps[0]));
+            // The attention snapshot: [n_layers, n_heads, n_attended], over A's newest row.
+            CHECK(s->weights.size() == std::size_t(info.config.n_layers) * info.config.n_heads * s->attended.size());
+            CHECK(s->attended.back() == s->length - 1);
+        }
+        const Step& last = *steps.back();
+        CHECK(last.length == P + info.settings.steps);
+        CHECK(last.phase == Step::Phase::decode);
+        CHECK(last.first_pos == last.length - 1);
+        CHECK(last.n_new == 1);
+    }
+}
+
+TEST_CASE("session: exact variants are bitwise equal to naive decode at every step; int4 is not") {
+    for (Variant v : {Variant::contiguous, Variant::paged, Variant::prefix_shared}) {
+        INFO(to_string(v));
+        const Session session(small(v));
+        CHECK(session.info().exact);
+        for (const auto& s : run_all(session))
+            for (const Exactness& e : s->exact) {
+                CHECK(e.bitwise_equal);
+                CHECK(e.max_ulp == 0);
+            }
+    }
+    Settings q = small(Variant::quantized);
+    q.quant_bits = 4;
+    const Session session(q);
+    CHECK_FALSE(session.info().exact);
+    bool all_equal = true;
+    for (const auto& s : run_all(session))
+        for (const Exactness& e : s->exact) all_equal = all_equal && e.bitwise_equal;
+    CHECK_FALSE(all_equal);
+}
+
+TEST_CASE("session: prefix sharing, fork and free show up in the pool snapshots as they happen") {
+    Settings st = small(Variant::prefix_shared, 16);
+    st.block_size = 4;
+    st.fork_at = 2;  // A holds 11 positions then: its last block is partly filled
+    st.free_fork_at = 9;
+    const Session session(st);
+    const auto steps = run_all(session);
+    // Step 1 is B's prefill: the prefix cache serves A's two full prompt blocks (8 of 9 tokens).
+    CHECK(steps[1]->label == "prefill B (prefix hit 8)");
+    CHECK(has_event(*steps[1], EventKind::prefix_hit));
+    bool forked = false, copied = false, freed = false;
+    for (const auto& s : steps) {
+        const PoolView& pool = *s->pool;
+        int used = 0;
+        for (int b = 0; b < pool.n_blocks; b++) {
+            CHECK(int(pool.owners[std::size_t(b)].size()) == pool.refcount[std::size_t(b)]);
+            used += pool.state[std::size_t(b)] == PoolView::State::used;
+        }
+        CHECK(used == pool.n_used);
+        CHECK(pool.n_free + pool.n_cached + pool.n_used == pool.n_blocks);
+        forked = forked || s->seqs.size() == 3;
+        copied = copied || has_event(*s, EventKind::copy_on_write);
+        freed = freed || (s->seqs.size() == 3 && !s->seqs[2].alive);
+    }
+    CHECK(forked);
+    CHECK(copied);  // A and C write into their shared, partly filled last block
+    CHECK(freed);
+}
+
+TEST_CASE("session: bad settings are one-line errors before any thread starts") {
+    Settings s = small(Variant::contiguous);
+    s.steps = 600;  // 9 + 600 > max_seq 512
+    CHECK_THROWS_WITH(Session(s), Catch::Contains("max_seq"));
+    s = small(Variant::paged);
+    s.block_size = 0;
+    CHECK_THROWS_WITH(Session(s), Catch::Contains("block_size"));
+    s = small(Variant::paged);
+    s.n_blocks = 1;
+    CHECK_THROWS_WITH(Session(s), Catch::Contains("n_blocks"));
+    s = small(Variant::quantized);
+    s.quant_bits = 3;
+    CHECK_THROWS_WITH(Session(s), Catch::Contains("bits"));
+    s = small(Variant::window);
+    s.window = 0;
+    CHECK_THROWS_WITH(Session(s), Catch::Contains("window"));
+    s = small(Variant::contiguous);
+    s.shape.n_kv_heads = 3;
+    CHECK_THROWS_AS(Session(s), Error);
+}
+
+TEST_CASE("session: a pool too small for the run stops with a message, never a crash") {
+    Settings s = small(Variant::paged, 20);
+    s.block_size = 4;
+    s.n_blocks = 4;  // 16 positions; the run needs 29
+    const Session session(s);
+    session.wait_for(1000);
+    CHECK(session.done());
+    CHECK(session.n_steps() == 1 + (16 - 9));  // the prefill, then decode up to 16 positions
+    CHECK(session.failure().find("stopped") != std::string::npos);
+}
