@@ -152,6 +152,23 @@ TEST_CASE(
     }
 }
 
+TEST_CASE(
+    "cache growth panel, window variant: every written cell is resident or evicted, and the sinks plus the "
+    "window stay resident") {
+    SKIP_WITHOUT_DISPLAY();
+    const int d = 8, sinks = 1, window = 4;
+    const Shot s = headless(kModel + " --variant window --sinks 1 --window 4 --step " + std::to_string(d), "window");
+    for (int l = 0; l < kLayers; l++) {
+        INFO("layer " << l);
+        const std::string name = "growth.l" + std::to_string(l) + ".K";
+        const long evicted = s.cells(name, {s.colour("evicted")});
+        const long filled = growth(s, l, "K").filled;
+        CHECK(filled + evicted == (kP + d) * kKvHeads);
+        CHECK(evicted > 0);  // T = 13 > sinks + window
+        CHECK(filled >= (sinks + window) * kKvHeads);
+    }
+}
+
 TEST_CASE("cache growth panel, planted bug: a panel that leaves the newest column unpainted is caught") {
     SKIP_WITHOUT_DISPLAY();
     const Shot s = headless(kModel + " --step 4 --plant growth-skips-newest", "growth_planted");

@@ -254,6 +254,8 @@ void Session::run() {
             if (!m.pool) st.kv_reserved_bytes += ms.reserved_bytes;
         }
         st.length = A.cache->length();
+        if (auto* w = dynamic_cast<const WindowCache*>(A.cache.get()))
+            for (int t = 0; t < st.length; t++) st.resident.push_back(w->resident(t));
         st.events = std::move(m.events);
         m.events.clear();
         st.attended = m.last_attended;

@@ -107,6 +107,7 @@ struct Step {
 
     // A's newest row: attention weights per layer and head over the positions it attended.
     std::vector<int> attended;     // [n_attended] logical positions, increasing
+    std::vector<char> resident;    // window: [length] whether t's rows are still in the ring (empty: all are)
     std::vector<float> weights;    // [n_layers, n_heads, n_attended]
     std::vector<Exactness> exact;  // one per live sequence that ran this step
     std::string note;              // a message for this step ("pool exhausted: C stopped")

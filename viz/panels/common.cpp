@@ -81,8 +81,8 @@ const SeqView* seq_a(const Step& s) {
 CellState state_of(int pos, const Step& s, int prompt_len, bool window) {
     if (pos >= s.first_pos && pos < s.first_pos + s.n_new) return CellState::newest;
     if (pos >= s.length) return CellState::empty;
-    // The window cache reuses the slots of positions it no longer attends.
-    if (window && !std::binary_search(s.attended.begin(), s.attended.end(), pos)) return CellState::evicted;
+    // The window cache reuses the slots of positions that left the window.
+    if (window && !s.resident.empty() && !s.resident[std::size_t(pos)]) return CellState::evicted;
     return pos < prompt_len ? CellState::prefill : CellState::decode;
 }
 
