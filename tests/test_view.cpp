@@ -293,6 +293,7 @@ TEST_CASE("frame rate: --fps reports one") {
 TEST_CASE("kvlab view refuses bad input with one line and a non-zero exit") {
     // No display and no --headless: say what to do instead of failing inside GLFW.
     check_refused("view " + kModel, "--headless", "env -u DISPLAY");
+    check_refused("view --frames 1 " + kModel, "Failed to open display", "env DISPLAY=:987");
     check_refused("view --headless --frames 1 --variant tiled", "unknown variant 'tiled'");
     check_refused("view --headless --frames 1 --shape n_heads=3", "n_heads");
     check_refused("view --headless --frames 1 --steps 1000", "max_seq");

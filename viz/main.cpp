@@ -26,7 +26,9 @@ namespace kvlab::viz {
 
 namespace {
 
-void glfw_error(int code, const char* text) { fmt::print(stderr, "kvlab view: GLFW error {}: {}\n", code, text); }
+// GLFW's latest complaint, folded into our one-line error instead of printed beside it.
+std::string glfw_message;
+void glfw_error(int code, const char* text) { glfw_message = fmt::format("GLFW error {}: {}", code, one_line(text)); }
 
 void check_options(const ViewOptions& o) {
     if (!o.plant.empty() && o.plant != "growth-skips-newest" && o.plant != "marker-stuck" &&
@@ -72,7 +74,7 @@ int run_view(const ViewOptions& o) {
 
     // 2. A window with an OpenGL 3.3 core context.
     glfwSetErrorCallback(glfw_error);
-    if (!glfwInit()) throw Error("cannot initialize GLFW (is the display reachable?)");
+    if (!glfwInit()) throw Error(fmt::format("cannot initialize GLFW, is the display reachable? ({})", glfw_message));
     glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
     glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
     glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
@@ -80,7 +82,8 @@ int run_view(const ViewOptions& o) {
     GLFWwindow* window = glfwCreateWindow(o.width, o.height, "kvlab view", nullptr, nullptr);
     if (!window) {
         glfwTerminate();
-        throw Error("cannot open an OpenGL 3.3 core window (with Mesa, install libgl1-mesa-dri)");
+        throw Error(fmt::format("cannot open an OpenGL 3.3 core window ({}); with Mesa, install libgl1-mesa-dri",
+                                glfw_message));
     }
     glfwMakeContextCurrent(window);
     glfwSwapInterval(o.headless || o.fps ? 0 : 1);  // measured frame rates are not capped by vsync
