@@ -261,7 +261,7 @@ TEST_CASE("recording: --record writes a numbered frame per kept frame, and playb
     SKIP_WITHOUT_DISPLAY();
     const fs::path dir = scratch() / "frames";
     const Run r = run_kvlab("view --headless " + kModel +
-                            " --size 800x600 --frames 9 --speed 30 --record-every 4 "
+                            " --size 1280x800 --frames 9 --speed 30 --record-every 4 "
                             "--record " +
                             dir.string());
     INFO(r.err);
@@ -274,8 +274,8 @@ TEST_CASE("recording: --record writes a numbered frame per kept frame, and playb
         int w = 0, h = 0, n = 0;
         unsigned char* data = stbi_load(p.string().c_str(), &w, &h, &n, 3);
         REQUIRE(data != nullptr);
-        CHECK(w == 800);
-        CHECK(h == 600);
+        CHECK(w == 1280);
+        CHECK(h == 800);
         frames.emplace_back(reinterpret_cast<char*>(data), std::size_t(w) * h * 3);
         stbi_image_free(data);
     }
@@ -284,7 +284,7 @@ TEST_CASE("recording: --record writes a numbered frame per kept frame, and playb
 
 TEST_CASE("frame rate: --fps reports one") {
     SKIP_WITHOUT_DISPLAY();
-    const Run r = run_kvlab("view --headless " + kModel + " --size 800x600 --frames 10 --fps");
+    const Run r = run_kvlab("view --headless " + kModel + " --size 1280x800 --frames 10 --fps");
     INFO(r.err);
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("frames per second") != std::string::npos);

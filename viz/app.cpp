@@ -25,19 +25,26 @@ int App::upcoming(float dt) const {
     return std::min(int(next), session_->info().total_steps - 1);
 }
 
-void App::restart() {
+bool App::restart(const Settings& settings) {
     try {
-        auto fresh = std::make_unique<Session>(edited_);
+        auto fresh = std::make_unique<Session>(settings);
         session_ = std::move(fresh);
         error_.clear();
         cursor_ = 0;
         playing_ = true;
+        return true;
     } catch (const std::exception& e) {
         error_ = e.what();
+        return false;
     }
 }
 
 void App::frame(float dt, int width, int height, Report* report) {
+    // Restart between frames: the panels of the frame that asked still read the old session.
+    if (restart_requested_) {
+        restart_requested_ = false;
+        restart(edited_);
+    }
     frame_.info = &session_->info();
     frame_.steps = session_->steps();
     const int n = int(frame_.steps.size());
@@ -194,7 +201,7 @@ void App::draw_controls() {
     if (ImGui::InputText("prompt", prompt_.data(), prompt_.size())) edited_.prompt = prompt_.data();
     ImGui::SetNextItemWidth(-80);
     ImGui::SliderInt("steps", &edited_.steps, 1, 480);
-    if (ImGui::Button("Restart with these settings")) restart();
+    if (ImGui::Button("Restart with these settings")) restart_requested_ = true;
     if (!error_.empty()) ImGui::TextColored(ImVec4(1, .4f, .4f, 1), "%s", error_.c_str());
     if (frame_.report)
         frame_.report->add("controls", ImGui::GetWindowPos(),

@@ -24,10 +24,13 @@ public:
     // Playback, for the controls and for scripted (headless) runs.
     void play(bool on) { playing_ = on; }
     void set_speed(float steps_per_second) { speed_ = steps_per_second; }
-    void seek(int step);
-    void set_plant(const std::string& bug) {
-        frame_.plant = bug;
-    }  // shows step `step` (clamped to what is published), paused
+    void seek(int step);  // shows step `step` (clamped to what is published), paused
+    // A planted viewer bug (panels.h: Frame::plant) for the tests that must catch it.
+    void set_plant(const std::string& bug) { frame_.plant = bug; }
+    // A new session with these settings (what the controls' Restart does). On bad settings the
+    // old session keeps running, error() says why, and it returns false.
+    bool restart(const Settings& settings);
+    const std::string& error() const { return error_; }
     // The step playback will show after advancing dt seconds (headless runs wait for it).
     int upcoming(float dt) const;
     int shown() const { return int(cursor_); }
@@ -36,12 +39,12 @@ public:
 
 private:
     void draw_controls();
-    void restart();  // a new session from edited_, keeping the old one if it fails
 
     std::unique_ptr<Session> session_;
-    Settings edited_;                 // what the controls show; applied by restart()
+    Settings edited_;                 // what the controls show; applied by Restart
     std::array<char, 256> prompt_{};  // the prompt's text field
     std::string error_;               // why the last restart failed
+    bool restart_requested_ = false;  // by the controls, carried out before the next frame
     float cursor_ = 0;                // the step shown, with the fraction through its animation
     bool playing_ = true;
     float speed_ = 6;  // steps per second

@@ -34,8 +34,9 @@ void check_options(const ViewOptions& o) {
     if (!o.plant.empty() && o.plant != "growth-skips-newest" && o.plant != "marker-stuck" &&
         o.plant != "pool-hides-shared")
         throw Error(fmt::format("unknown planted bug '{}'", one_line(o.plant)));
-    if (o.width < 640 || o.height < 480 || o.width > 8192 || o.height > 8192)
-        throw Error(fmt::format("--size must be between 640x480 and 8192x8192, not {}x{}", o.width, o.height));
+    // Below 1280x800 the panels' grids no longer fit their windows (the viewer tests check it).
+    if (o.width < 1280 || o.height < 800 || o.width > 8192 || o.height > 8192)
+        throw Error(fmt::format("--size must be between 1280x800 and 8192x8192, not {}x{}", o.width, o.height));
     if (o.headless && o.frames < 1) throw Error("--headless needs --frames N (N >= 1): how many frames to render");
     if ((!o.screenshot.empty() || !o.layout.empty()) && o.frames < 1)
         throw Error("--screenshot and --layout need --frames N: the picture is of the last frame");
