@@ -111,24 +111,31 @@ TEST_CASE("session: prefix sharing, fork and free show up in the pool snapshots 
 }
 
 TEST_CASE("session: bad settings are one-line errors before any thread starts") {
-    Settings s = small(Variant::contiguous);
-    s.steps = 600;  // 9 + 600 > max_seq 512
-    CHECK_THROWS_WITH(Session(s), Catch::Contains("max_seq"));
-    s = small(Variant::paged);
-    s.block_size = 0;
-    CHECK_THROWS_WITH(Session(s), Catch::Contains("block_size"));
-    s = small(Variant::paged);
-    s.n_blocks = 1;
-    CHECK_THROWS_WITH(Session(s), Catch::Contains("n_blocks"));
-    s = small(Variant::quantized);
-    s.quant_bits = 3;
-    CHECK_THROWS_WITH(Session(s), Catch::Contains("bits"));
-    s = small(Variant::window);
-    s.window = 0;
-    CHECK_THROWS_WITH(Session(s), Catch::Contains("window"));
-    s = small(Variant::contiguous);
-    s.shape.n_kv_heads = 3;
-    CHECK_THROWS_AS(Session(s), Error);
+    struct Bad {
+        Variant variant;
+        void (*edit)(Settings&);
+        const char* needle;
+    };
+    const Bad cases[] = {
+        {Variant::contiguous, [](Settings& s) { s.steps = 600; }, "max_seq"},  // 9 + 600 > 512
+        {Variant::paged, [](Settings& s) { s.block_size = 0; }, "block_size"},
+        {Variant::paged, [](Settings& s) { s.n_blocks = 1; }, "n_blocks"},
+        {Variant::quantized, [](Settings& s) { s.quant_bits = 3; }, "bits"},
+        {Variant::window, [](Settings& s) { s.window = 0; }, "window"},
+        {Variant::contiguous, [](Settings& s) { s.shape.n_kv_heads = 3; }, "n_kv_heads"},
+    };
+    for (const Bad& b : cases) {
+        Settings s = small(b.variant);
+        b.edit(s);
+        INFO(b.needle);
+        try {
+            const Session session(s);
+            FAIL("accepted");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find(b.needle) != std::string::npos);
+            CHECK(std::string(e.what()).find('\n') == std::string::npos);
+        }
+    }
 }
 
 TEST_CASE("session: a pool too small for the run stops with a message, never a crash") {
