@@ -122,6 +122,7 @@ TEST_CASE("session: bad settings are one-line errors before any thread starts") 
         {Variant::paged, [](Settings& s) { s.n_blocks = 1; }, "n_blocks"},
         {Variant::quantized, [](Settings& s) { s.quant_bits = 3; }, "bits"},
         {Variant::window, [](Settings& s) { s.window = 0; }, "window"},
+        {Variant::prefix_shared, [](Settings& s) { s.free_fork_at = s.fork_at; }, "free it later"},
         {Variant::contiguous, [](Settings& s) { s.shape.n_kv_heads = 3; }, "n_kv_heads"},
     };
     for (const Bad& b : cases) {

@@ -146,6 +146,9 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
             a = std::make_unique<PagedCache>(*m.pool, m.lm().model.w.fingerprint(), 0);
             break;
         case Variant::prefix_shared:
+            if (s.free_fork_at > 0 && s.free_fork_at <= s.fork_at)
+                throw Error(fmt::format("C is freed after decode step {} but forked only after step {}: free it later",
+                                        s.free_fork_at, s.fork_at));
             paged(true, 3);
             a = std::make_unique<PagedCache>(*m.pool, m.lm().model.w.fingerprint(), 0);
             break;
