@@ -69,6 +69,7 @@ TEST_CASE("session: exact variants are bitwise equal to naive decode at every st
             for (const Exactness& e : s->exact) {
                 CHECK(e.bitwise_equal);
                 CHECK(e.max_ulp == 0);
+                CHECK(e.n_differ == 0);
             }
     }
     Settings q = small(Variant::quantized);
@@ -77,7 +78,10 @@ TEST_CASE("session: exact variants are bitwise equal to naive decode at every st
     CHECK_FALSE(session.info().exact);
     bool all_equal = true;
     for (const auto& s : run_all(session))
-        for (const Exactness& e : s->exact) all_equal = all_equal && e.bitwise_equal;
+        for (const Exactness& e : s->exact) {
+            all_equal = all_equal && e.bitwise_equal;
+            CHECK((e.n_differ > 0) == !e.bitwise_equal);
+        }
     CHECK_FALSE(all_equal);
 }
 

@@ -298,7 +298,9 @@ void Session::run() {
         Exactness e;
         e.seq = q.id;
         for (std::size_t i = 0; i < ln.size(); i++) {
-            e.max_ulp = std::max(e.max_ulp, std::int64_t(ulp_distance(ln[i], q.logits[i])));
+            const std::int64_t d = std::int64_t(ulp_distance(ln[i], q.logits[i]));
+            e.max_ulp = std::max(e.max_ulp, d);
+            e.n_differ += d != 0;
             e.max_abs = std::max(e.max_abs, double(std::abs(ln[i] - q.logits[i])));
         }
         e.bitwise_equal = e.max_ulp == 0;

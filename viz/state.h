@@ -82,6 +82,7 @@ struct Exactness {
     int seq = 0;
     bool bitwise_equal = false;
     std::int64_t max_ulp = 0;                     // largest ULP distance over the vocabulary (0 when equal)
+    int n_differ = 0;                             // logits whose bits differ (of vocab_size)
     double max_abs = 0;                           // largest |naive - cached|
     int next_token = 0;                           // what the sequence appends next (greedy for A)
     std::vector<TopToken> top_cached, top_naive;  // the five largest logits of each

@@ -138,8 +138,8 @@ void steps_table(const Frame& f, float height) {
                 else if (e->bitwise_equal)
                     ImGui::TextColored(colour4(palette::equal), "equal");
                 else
-                    ImGui::TextColored(colour4(palette::differ), "%s ULP, |d| %.2g", ulps(e->max_ulp).c_str(),
-                                       e->max_abs);
+                    ImGui::TextColored(colour4(palette::differ), "%d differ, |d| %.2g, %s ULP", e->n_differ, e->max_abs,
+                                       ulps(e->max_ulp).c_str());
             }
         }
     }
