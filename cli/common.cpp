@@ -31,17 +31,20 @@ LoadedModel load_model(const std::string& model_path, const std::string& tokeniz
     return m;
 }
 
+int parse_int(const std::string& option, const std::string& text, const std::string& hint) {
+    int value = 0;
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc() || p != text.data() + text.size())
+        throw Error(fmt::format("{}: '{}' is not an integer{}", option, one_line(text), hint));
+    return value;
+}
+
 std::vector<int> parse_int_list(const std::string& option, const std::string& text) {
     std::vector<int> out;
     std::size_t start = 0;
     while (start <= text.size()) {
         const std::size_t end = std::min(text.find(',', start), text.size());
-        const std::string item = text.substr(start, end - start);
-        int value = 0;
-        auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
-        if (item.empty() || ec != std::errc() || p != item.data() + item.size())
-            throw Error(fmt::format("{}: '{}' is not an integer (expected a list like 1,2,3)", option, item));
-        out.push_back(value);
+        out.push_back(parse_int(option, text.substr(start, end - start), " (expected a list like 1,2,3)"));
         start = end + 1;
     }
     return out;

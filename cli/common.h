@@ -34,6 +34,8 @@ std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, 
 std::vector<int> checked_prompt(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
                                 const std::string& default_text, int steps, int extra);
 
+// "42" -> 42; anything else is an Error naming `option` (with `hint` after the message).
+int parse_int(const std::string& option, const std::string& text, const std::string& hint = "");
 // "1,2,3" -> {1, 2, 3}; anything else is an Error naming `option`.
 std::vector<int> parse_int_list(const std::string& option, const std::string& text);
 

@@ -3,23 +3,11 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 
 #include "commands.h"
+#include "common.h"
 
 namespace kvlab::cli {
-
-namespace {
-
-int parse_int(const std::string& option, const std::string& text) {
-    int value = 0;
-    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc() || p != text.data() + text.size())
-        throw Error(fmt::format("{}: '{}' is not an integer", option, one_line(text)));
-    return value;
-}
-
-}  // namespace
 
 int run_view(ViewCommandOptions& o) {
     viz::ViewOptions& v = o.view;
@@ -36,12 +24,12 @@ int run_view(ViewCommandOptions& o) {
     if (x == std::string::npos) throw Error(fmt::format("--size: '{}' is not WIDTHxHEIGHT", one_line(o.size)));
     v.width = parse_int("--size", o.size.substr(0, x));
     v.height = parse_int("--size", o.size.substr(x + 1));
-    if (o.step == "end")
+    if (o.step == "end") {
         v.step = -1;
-    else if (!o.step.empty())
-        v.step = parse_int("--step", o.step);
-    if (v.step < -2 || (!o.step.empty() && o.step != "end" && v.step < 0))
-        throw Error(fmt::format("--step must be a step number >= 0 or 'end', not {}", one_line(o.step)));
+    } else if (!o.step.empty()) {
+        v.step = parse_int("--step", o.step, " (a step number, or 'end')");
+        if (v.step < 0) throw Error(fmt::format("--step must be a step number >= 0 or 'end', not {}", v.step));
+    }
 #ifdef KVLAB_HAVE_VIEWER
     return viz::run_view(v);
 #else

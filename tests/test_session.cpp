@@ -51,6 +51,12 @@ TEST_CASE("session: every variant publishes one step per prefill and decode step
             // The attention snapshot: [n_layers, n_heads, n_attended], over A's newest row.
             CHECK(s->weights.size() == std::size_t(info.config.n_layers) * info.config.n_heads * s->attended.size());
             CHECK(s->attended.back() == s->length - 1);
+            // A window row attends the sinks, then the last `window` positions (StreamingLLM).
+            std::vector<int> expect;
+            const int pos = s->length - 1, sinks = info.settings.sinks, window = info.settings.window;
+            for (int t = 0; t <= pos; t++)
+                if (v != Variant::window || t < sinks || t > pos - window) expect.push_back(t);
+            CHECK(s->attended == expect);
         }
         const Step& last = *steps.back();
         CHECK(last.length == P + info.settings.steps);

@@ -301,6 +301,8 @@ TEST_CASE("kvlab view refuses bad input with one line and a non-zero exit") {
     check_refused("view --headless --frames 1 --size 10x10", "--size");
     check_refused("view --headless --frames 1 --size wide", "--size");
     check_refused("view --headless --frames 1 " + kModel + " --step 99", "--step 99");
+    check_refused("view --headless --frames 1 " + kModel + " --step -3", "--step must be");
+    check_refused("view --headless --frames 1 " + kModel + " --step soon", "--step: 'soon' is not an integer");
     check_refused("view --headless --frames 1 --bits 5", "--bits");
     check_refused("view --headless --frames 1 --block-size 0", "--block-size");
     check_refused("view --headless --frames 1 --variant paged --n-blocks 1 " + kModel, "n_blocks");

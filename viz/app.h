@@ -22,7 +22,6 @@ public:
     void frame(float dt, int width, int height, Report* report = nullptr);
 
     // Playback, for the controls and for scripted (headless) runs.
-    void play(bool on) { playing_ = on; }
     void set_speed(float steps_per_second) { speed_ = steps_per_second; }
     void seek(int step);  // shows step `step` (clamped to what is published), paused
     // A planted viewer bug (panels.h: Frame::plant) for the tests that must catch it.

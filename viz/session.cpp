@@ -6,6 +6,7 @@
 #include <cassert>
 #include <chrono>
 #include <optional>
+#include <unordered_set>
 
 #include "common.h"
 #include "decode.h"
@@ -264,23 +265,22 @@ void Session::run() {
         st.attended = m.last_attended;
         st.weights = m.last_weights;
     };
-    // A's newest row: the positions it attended (window: sinks, then the window) and the weights.
+    // A's newest row: the positions it attended and the weights. The positions come from the
+    // cache itself: t was attended when its key row is one the cache handed to attention.
+    std::vector<const float*> keys(std::size_t(c.max_seq)), values(std::size_t(c.max_seq));  // [max_seq]
     auto take_probe = [&] {
         const int pos = A.cache->length() - 1;
-        std::vector<int> att;
-        if (s.variant == Variant::window) {
-            for (int t = 0; t < std::min(s.sinks, pos + 1); t++) att.push_back(t);
-            for (int t = std::max(s.sinks, pos - s.window + 1); t <= pos; t++) att.push_back(t);
-        } else {
-            for (int t = 0; t <= pos; t++) att.push_back(t);
-        }
-        const int n = m.probe.n;
-        assert(n == int(att.size()));
+        const int n = A.cache->attended(0, 0, pos, keys.data(), values.data());
+        assert(n == m.probe.n);
+        const std::unordered_set<const float*> rows(keys.begin(), keys.begin() + n);
+        m.last_attended.clear();
+        for (int t = 0; t <= pos; t++)
+            if (rows.count(A.cache->key(0, 0, t))) m.last_attended.push_back(t);
+        assert(int(m.last_attended.size()) == n);
         m.last_weights.resize(std::size_t(c.n_layers) * c.n_heads * std::size_t(n));  // [n_layers, n_heads, n]
         for (int lh = 0; lh < c.n_layers * c.n_heads; lh++)
             std::copy_n(m.probe.weights.data() + std::size_t(lh) * std::size_t(c.max_seq), n,
                         m.last_weights.data() + std::size_t(lh) * std::size_t(n));
-        m.last_attended = std::move(att);
     };
     auto next_token = [&](Seq& q) {
         if (!q.sampler) return argmax(q.logits);
