@@ -183,27 +183,18 @@ void check_per_channel_keys(const QuantizedCache& cache, const Written& w, doubl
             }
 }
 
-// The per-token property: rows appended in random chunks, checked after every chunk.
-void per_token_property(double factor) {
-    const QuantCase q = gen_quant_case(QuantSpec::Axis::per_token);
+// Rows appended in random chunks, checked after every chunk: every row per token, and for
+// per-channel (KIVI) keys also the keys per channel (`planted`: that check wrongly demands exactness).
+void quant_property(QuantSpec::Axis axis, double factor, bool planted = false) {
+    const bool per_token = axis == QuantSpec::Axis::per_token;
+    const QuantCase q = gen_quant_case(axis);
     QuantizedCache cache(q.c, q.spec);
     Written w(q.c);
     std::mt19937 rng(q.seed);
     while (cache.length() < q.c.max_seq) {
         append_rows(cache, w, *full_range(1, q.c.max_seq - cache.length() + 1), rng, q.fill, q.amp);
-        check_per_token(cache, w, true, factor);
-    }
-}
-
-void per_channel_property(double factor, bool planted) {
-    const QuantCase q = gen_quant_case(QuantSpec::Axis::per_channel);
-    QuantizedCache cache(q.c, q.spec);
-    Written w(q.c);
-    std::mt19937 rng(q.seed);
-    while (cache.length() < q.c.max_seq) {
-        append_rows(cache, w, *full_range(1, q.c.max_seq - cache.length() + 1), rng, q.fill, q.amp);
-        check_per_token(cache, w, false, factor);
-        check_per_channel_keys(cache, w, factor, planted);
+        check_per_token(cache, w, per_token, factor);
+        if (!per_token) check_per_channel_keys(cache, w, factor, planted);
     }
 }
 
@@ -330,20 +321,21 @@ void window_property(int planted_shift) {
 // ----------------------------------------------------------------------------------------------
 
 TEST_CASE("quantized: per-token values and keys are within half a step of what was written", "[quant]") {
-    rc::prop("int8 and int4, every group size dividing head_size", [] { per_token_property(0.5); });
+    rc::prop("int8 and int4, every group size dividing head_size",
+             [] { quant_property(QuantSpec::Axis::per_token, 0.5); });
 }
 
 TEST_CASE("quantized counter-test: demanding a quarter step fails", "[quant][counter]") {
-    expect_fails([] { per_token_property(0.25); }, "reads");
+    expect_fails([] { quant_property(QuantSpec::Axis::per_token, 0.25); }, "reads");
 }
 
 TEST_CASE("quantized: per-channel keys are exact fp32 until their group completes, within half a step after",
           "[quant]") {
-    rc::prop("KIVI keys, per-token values", [] { per_channel_property(0.5, false); });
+    rc::prop("KIVI keys, per-token values", [] { quant_property(QuantSpec::Axis::per_channel, 0.5); });
 }
 
 TEST_CASE("quantized counter-test: demanding exact keys in complete groups fails", "[quant][counter]") {
-    expect_fails([] { per_channel_property(0.5, true); }, "is not the fp32 row written");
+    expect_fails([] { quant_property(QuantSpec::Axis::per_channel, 0.5, true); }, "is not the fp32 row written");
 }
 
 TEST_CASE("quantized: packed codes round-trip, int8 and int4", "[quant]") {
