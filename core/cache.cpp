@@ -9,10 +9,6 @@
 
 namespace kvlab {
 
-namespace {
-constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
-}
-
 std::string_view to_string(EventKind kind) {
     switch (kind) {
         case EventKind::append: return "append";
@@ -33,9 +29,32 @@ std::int64_t kv_bytes(const Config& c, std::int64_t T) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// Storage
+
+KVStorage::KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows_,
+                     std::int64_t head_rows_)
+    : k(memory, n_rows * head_size), v(memory, n_rows * head_size), layer_rows(layer_rows_), head_rows(head_rows_) {
+    memory.fill_nan(k.data(), k.size());
+    memory.fill_nan(v.data(), v.size());
+    assert(k.size() == n_rows * head_size && v.size() == n_rows * head_size);
+}
+
+void KVStorage::poison(const Config& c, std::int64_t slot, std::int64_t count) {
+    const int hs = c.head_size();
+    for (int l = 0; l < c.n_layers; l++)
+        for (int h = 0; h < c.n_kv_heads; h++) {
+            memory().fill_nan(k.data() + row(l, h, slot) * hs, count * hs);
+            memory().fill_nan(v.data() + row(l, h, slot) * hs, count * hs);
+        }
+}
+
+// ----------------------------------------------------------------------------------------------
 // The interface's bookkeeping: token record, append window, bounds.
 
-Cache::Cache(const Config& config) : config_(config) { config_.validate(); }
+Cache::Cache(const Config& config) : config_(config) {
+    config_.validate();
+    nan_row_.assign(std::size_t(config_.head_size()), kNaN);
+}
 
 void Cache::append(std::span<const int> tokens) {
     const std::int64_t n = std::int64_t(tokens.size()), end = length() + n;
@@ -51,21 +70,62 @@ void Cache::append(std::span<const int> tokens) {
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
 }
 
-void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
-    if (l < 0 || l >= config_.n_layers) throw Error(fmt::format("kv cache: no layer {}", l));
+std::int64_t Cache::write_slot(int pos) {
     // Rows of earlier steps are final; rewriting one goes through truncate().
     if (pos < append_start_ || pos >= length())
         throw Error(fmt::format("kv cache: position {} is not one of the latest append's [{}, {})", pos, append_start_,
                                 length()));
-    store(l, pos, k_row, v_row);
+    on_write(pos);
+    return slot(pos);
 }
 
-int Cache::attended(int l, int h, int pos, const float** keys, const float** values) const {
+void Cache::stored(int l, std::span<const int> positions) {
+    for (int pos : positions) on_stored(l, pos);
+}
+
+void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
+    if (l < 0 || l >= config_.n_layers) throw Error(fmt::format("kv cache: no layer {}", l));
+    const std::int64_t s = write_slot(pos);
+    const KVStorage& st = storage();
+    const int hs = config_.head_size();
+    for (int h = 0; h < config_.n_kv_heads; h++) {
+        st.memory().upload(st.k.data() + st.row(l, h, s) * hs, k_row + h * hs, std::int64_t(sizeof(float)) * hs);
+        st.memory().upload(st.v.data() + st.row(l, h, s) * hs, v_row + h * hs, std::int64_t(sizeof(float)) * hs);
+    }
+    const int positions[] = {pos};
+    stored(l, positions);
+}
+
+int Cache::attended(int pos, std::int64_t* slots, int* positions) const {
     for (int t = 0; t <= pos; t++) {
-        keys[t] = key(l, h, t);
-        values[t] = value(l, h, t);
+        slots[t] = slot(t);
+        if (positions) positions[t] = t;
     }
     return pos + 1;
+}
+
+RowKV Cache::row_kv() const {
+    const KVStorage& st = storage();
+    RowKV r;
+    r.k = st.k.data();
+    r.v = st.v.data();
+    r.layer_rows = st.layer_rows;
+    r.head_rows = st.head_rows;
+    return r;
+}
+
+const float* Cache::key(int l, int h, int t) const {
+    const KVStorage& st = storage();
+    if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
+    const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
+    return s < 0 ? nan_row_.data() : st.k.data() + st.row(l, h, s) * config_.head_size();
+}
+
+const float* Cache::value(int l, int h, int t) const {
+    const KVStorage& st = storage();
+    if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
+    const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
+    return s < 0 ? nan_row_.data() : st.v.data() + st.row(l, h, s) * config_.head_size();
 }
 
 void Cache::truncate(int n) {
@@ -93,40 +153,37 @@ void Cache::record(EventKind kind, int pos, int count, int block, int from) cons
 // ----------------------------------------------------------------------------------------------
 // Contiguous
 
-ContiguousCache::ContiguousCache(const Config& config, Layout layout, int capacity)
-    : Cache(config), layout_(layout), capacity_(capacity) {
-    const std::size_t n = std::size_t(config_.n_layers) * capacity_ * config_.kv_dim();
-    k_.assign(n, kPoison);
-    v_.assign(n, kPoison);
-    assert(k_.size() == n && v_.size() == n);
+ContiguousCache::ContiguousCache(const Config& config, Layout layout, int capacity, Memory& memory)
+    : Cache(config), layout_(layout), capacity_(capacity), storage_(make_storage(memory, capacity)) {}
+
+KVStorage ContiguousCache::make_storage(Memory& memory, int capacity) const {
+    const Config& c = config_;
+    const std::int64_t rows = std::int64_t(c.n_layers) * c.n_kv_heads * capacity;
+    if (layout_ == Layout::head_major)  // [n_layers, n_kv_heads, capacity, head_size]
+        return KVStorage(memory, rows, c.head_size(), std::int64_t(c.n_kv_heads) * capacity, capacity);
+    return KVStorage(memory, rows, c.head_size(), std::int64_t(capacity) * c.n_kv_heads, 1);  // [L, cap, nkv, hs]
+}
+
+std::int64_t ContiguousCache::slot(int t) const {
+    return layout_ == Layout::head_major ? std::int64_t(t) : std::int64_t(t) * config_.n_kv_heads;
 }
 
 void ContiguousCache::reserve(int new_length) { assert(new_length <= capacity_); }
 
-void ContiguousCache::store(int l, int pos, const float* k_row, const float* v_row) {
-    const int hs = config_.head_size();
-    for (int h = 0; h < config_.n_kv_heads; h++) {
-        std::memcpy(k_.data() + offset(l, h, pos), k_row + h * hs, sizeof(float) * hs);
-        std::memcpy(v_.data() + offset(l, h, pos), v_row + h * hs, sizeof(float) * hs);
-    }
-}
-
 void ContiguousCache::release(int n) {
-    const int hs = config_.head_size();
-    for (int l = 0; l < config_.n_layers; l++)
-        for (int h = 0; h < config_.n_kv_heads; h++)
-            for (int t = n; t < length(); t++) {
-                std::fill_n(k_.data() + offset(l, h, t), hs, kPoison);
-                std::fill_n(v_.data() + offset(l, h, t), hs, kPoison);
-            }
+    if (layout_ == Layout::head_major) {
+        storage_.poison(config_, n, length() - n);
+        return;
+    }
+    for (int t = n; t < length(); t++) storage_.poison(config_, slot(t), 1);
 }
 
-// Rows are a fixed stride apart: no per-row call (the same rows as the default, found faster).
-int ContiguousCache::attended(int l, int h, int pos, const float** keys, const float** values) const {
-    const std::int64_t base = offset(l, h, 0), stride = offset(l, h, 1) - base;
+// Slots are a fixed stride apart: no call per row.
+int ContiguousCache::attended(int pos, std::int64_t* slots, int* positions) const {
+    const std::int64_t stride = slot(1);
     for (int t = 0; t <= pos; t++) {
-        keys[t] = k_.data() + base + t * stride;
-        values[t] = v_.data() + base + t * stride;
+        slots[t] = t * stride;
+        if (positions) positions[t] = t;
     }
     return pos + 1;
 }
@@ -135,7 +192,7 @@ MemoryStats ContiguousCache::memory() const {
     MemoryStats m;
     m.used_bytes = kv_bytes(config_, length());
     m.payload_bytes = m.reserved_bytes = kv_bytes(config_, capacity_);
-    m.allocated_bytes = std::int64_t(sizeof(float) * (k_.size() + v_.size()));
+    m.allocated_bytes = storage_.bytes();
     return m;
 }
 
@@ -146,8 +203,8 @@ std::string ContiguousCache::name() const {
 // ----------------------------------------------------------------------------------------------
 // Growing
 
-GrowingCache::GrowingCache(const Config& config, int initial_capacity)
-    : ContiguousCache(config, Layout::head_major, 0), initial_capacity_(initial_capacity) {
+GrowingCache::GrowingCache(const Config& config, int initial_capacity, Memory& memory)
+    : ContiguousCache(config, Layout::head_major, 0, memory), initial_capacity_(initial_capacity) {
     if (initial_capacity < 1 || initial_capacity > config_.max_seq)
         throw Error(fmt::format("growing cache: initial capacity {} is outside [1, max_seq = {}]", initial_capacity,
                                 config_.max_seq));
@@ -158,22 +215,22 @@ void GrowingCache::reserve(int new_length) {
     int cap = capacity_ == 0 ? initial_capacity_ : capacity_;
     while (cap < new_length) cap = int(std::min<std::int64_t>(2ll * cap, config_.max_seq));
     const int hs = config_.head_size();
-    const std::size_t n = std::size_t(config_.n_layers) * config_.n_kv_heads * cap * hs;
-    std::vector<float> k(n, kPoison), v(n, kPoison);  // [n_layers, n_kv_heads, cap, head_size]
+    KVStorage grown = make_storage(storage_.memory(), cap);  // [n_layers, n_kv_heads, cap, head_size]
+    const std::int64_t bytes = std::int64_t(sizeof(float)) * length() * hs;
     for (int l = 0; l < config_.n_layers; l++)
         for (int h = 0; h < config_.n_kv_heads; h++) {
-            const std::size_t to = (std::size_t(l) * config_.n_kv_heads + h) * cap * hs;
-            std::copy_n(k_.data() + offset(l, h, 0), std::size_t(length()) * hs, k.data() + to);
-            std::copy_n(v_.data() + offset(l, h, 0), std::size_t(length()) * hs, v.data() + to);
+            storage_.memory().copy(grown.k.data() + grown.row(l, h, 0) * hs, storage_.k.data() + storage_.row(l, h, 0) * hs,
+                                   bytes);
+            storage_.memory().copy(grown.v.data() + grown.row(l, h, 0) * hs, storage_.v.data() + storage_.row(l, h, 0) * hs,
+                                   bytes);
         }
     if (capacity_ > 0) {
         reallocations_++;
         bytes_copied_ += kv_bytes(config_, length());
     }
-    k_ = std::move(k);
-    v_ = std::move(v);
+    storage_ = std::move(grown);
     capacity_ = cap;
-    assert(k_.size() == n && v_.size() == n);
+    assert(storage_.k.size() == std::int64_t(config_.n_layers) * config_.n_kv_heads * cap * hs);
     record(EventKind::grown, -1, cap);
 }
 

@@ -6,9 +6,16 @@
 // window). Attention asks for the rows a query at pos attends to and walks them in increasing
 // logical position, so every variant feeds the same kernel (kernels.h: attention_row).
 //
-// A step goes: append(tokens) makes room for the new positions and records their tokens; the
-// decoder then write()s each layer's rows and reads them back. Rows not yet written, and memory
-// not holding a row, read as NaN: a read past a sequence's valid rows poisons the logits at once.
+// Bookkeeping apart from storage (as llama.cpp's kv-cells and nano-vllm's block manager): a
+// cache's tokens, lengths, tables and counts are host-side and never touch a float; its K and V
+// rows live in a KVStorage in some backend's Memory (backend.h). The decoder and the kernels
+// see only slots: integer row indices into that storage, the same on the CPU and on a GPU.
+//
+// A step goes: append(tokens) makes room for the new positions and records their tokens;
+// write_slot(pos) says where each new position's rows go; for every layer the backend stores
+// them there (Backend::store_kv), stored() lets the variant react (quantize, publish a full
+// block), and attention reads the slots attended() lists. Rows not yet written, and memory not
+// holding a row, read as NaN: a read past a sequence's valid rows poisons the logits at once.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend.h"
 #include "config.h"
 #include "mutants.h"
 
@@ -60,6 +68,21 @@ struct MemoryStats {
     int blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_cached = 0;  // paged pools
 };
 
+// A cache's K and V rows: two buffers of rows of head_size floats. The row of (layer l, KV head
+// h, slot s) is row l * layer_rows + h * head_rows + s of each (backend.h: RowKV).
+struct KVStorage {
+    Buffer<float> k, v;  // [n_rows, head_size]
+    std::int64_t layer_rows = 0, head_rows = 0;
+    KVStorage() = default;
+    // n_rows rows of head_size floats each, every one NaN.
+    KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows, std::int64_t head_rows);
+    Memory& memory() const { return *k.memory(); }
+    std::int64_t row(int l, int h, std::int64_t slot) const { return l * layer_rows + h * head_rows + slot; }
+    // NaN in `count` consecutive slots from `slot`, for every layer and KV head.
+    void poison(const Config& c, std::int64_t slot, std::int64_t count);
+    std::int64_t bytes() const { return k.bytes() + v.bytes(); }
+};
+
 class Cache {
 public:
     explicit Cache(const Config& config);
@@ -70,14 +93,29 @@ public:
     // Makes room for tokens at positions length()..length()+n-1 and records them; their rows are
     // then written with write(). Throws Error and changes nothing when they do not fit.
     void append(std::span<const int> tokens);
-    // Stores the rows [kv_dim] of layer l at position pos, one of the latest append()'s.
+    // The slot where position pos's rows go; pos must be one of the latest append()'s.
+    std::int64_t write_slot(int pos);
+    // Layer l's rows of `positions` are now in storage (written by the backend at their
+    // write_slot): the variant's chance to react (a quantized cache quantizes them, a paged one
+    // publishes a block the last layer completed).
+    void stored(int l, std::span<const int> positions);
+    // Host convenience (tests): writes the host rows [kv_dim] of layer l at position pos, one of
+    // the latest append()'s, and calls stored().
     void write(int l, int pos, const float* k_row, const float* v_row);
-    // The head_size floats of layer l, KV head h, position t < length().
-    virtual const float* key(int l, int h, int t) const = 0;
-    virtual const float* value(int l, int h, int t) const = 0;
-    // Fills keys[i], values[i] with the rows a query at position pos attends to, in increasing
-    // logical position, and returns how many: pos + 1 for every exact variant (all of 0..pos).
-    virtual int attended(int l, int h, int pos, const float** keys, const float** values) const;
+
+    // The slot holding position t's rows, or -1 when the cache holds none for t.
+    virtual std::int64_t slot(int t) const = 0;
+    // The slots a query at position pos attends to, in increasing logical position (and those
+    // positions, if asked); returns how many: pos + 1 for every exact variant (all of 0..pos).
+    virtual int attended(int pos, std::int64_t* slots, int* positions = nullptr) const;
+    // Where the rows live.
+    virtual const KVStorage& storage() const = 0;
+    // What a query row of this cache passes to the kernels (write_slot and n left unset).
+    RowKV row_kv() const;
+    // The head_size floats of layer l, KV head h, position t (NaN when not held), read from
+    // host-visible storage; throws Error for storage on a device.
+    const float* key(int l, int h, int t) const;
+    const float* value(int l, int h, int t) const;
     // The most positions one append() may add (a window's ring needs its rows read before they
     // are overwritten); the decoder splits a longer prefill into chunks of this size.
     virtual int max_append() const { return config_.max_seq; }
@@ -103,7 +141,9 @@ public:
 protected:
     // Room for positions up to new_length (exclusive); must throw before changing anything.
     virtual void reserve(int new_length) = 0;
-    virtual void store(int l, int pos, const float* k_row, const float* v_row) = 0;
+    // Bookkeeping before position pos is written (a paged cache counts writes into shared blocks).
+    virtual void on_write(int pos) { (void)pos; }
+    virtual void on_stored(int l, int pos) { (void)l, (void)pos; }
     // Forget positions >= n; the rows' memory reads NaN again.
     virtual void release(int n) = 0;
     void record(EventKind kind, int pos = -1, int count = 0, int block = -1, int from = -1) const;
@@ -115,6 +155,7 @@ protected:
 private:
     std::vector<int> tokens_;
     int append_start_ = 0;  // first position of the latest append: rows before it are final
+    std::vector<float> nan_row_;  // [head_size] what key()/value() return for a position not held
 };
 
 // One array per tensor, reserved for max_seq positions, in one of two layouts:
@@ -124,12 +165,13 @@ private:
 class ContiguousCache : public Cache {
 public:
     enum class Layout { head_major, seq_major };
-    explicit ContiguousCache(const Config& config, Layout layout = Layout::head_major)
-        : ContiguousCache(config, layout, config.max_seq) {}
+    explicit ContiguousCache(const Config& config, Layout layout = Layout::head_major, Memory& memory = host_memory())
+        : ContiguousCache(config, layout, config.max_seq, memory) {}
 
-    const float* key(int l, int h, int t) const override { return k_.data() + offset(l, h, t); }
-    const float* value(int l, int h, int t) const override { return v_.data() + offset(l, h, t); }
-    int attended(int l, int h, int pos, const float** keys, const float** values) const override;
+    // head_major: slot t of a [max_seq]-row run per (layer, head); seq_major: t * n_kv_heads.
+    std::int64_t slot(int t) const override;
+    int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
+    const KVStorage& storage() const override { return storage_; }
     MemoryStats memory() const override;
     std::string name() const override;
     Layout layout() const { return layout_; }
@@ -137,22 +179,17 @@ public:
 
 protected:
     // Room for `capacity` positions (a growing cache starts with none).
-    ContiguousCache(const Config& config, Layout layout, int capacity);
+    ContiguousCache(const Config& config, Layout layout, int capacity, Memory& memory);
     void reserve(int new_length) override;
-    void store(int l, int pos, const float* k_row, const float* v_row) override;
     void release(int n) override;
+    // Storage for `capacity` positions in this layout, all NaN.
+    KVStorage make_storage(Memory& memory, int capacity) const;
 
-    std::int64_t offset(int l, int h, int t) const {
-        const Config& c = config_;
-        if (layout_ == Layout::head_major)
-            return ((std::int64_t(l) * c.n_kv_heads + h) * capacity_ + t) * c.head_size();
-        return ((std::int64_t(l) * capacity_ + t) * c.n_kv_heads + h) * c.head_size();
-    }
     Layout layout_;
     int capacity_;
-    std::vector<float>
-        k_;  // [n_layers, n_kv_heads, capacity, head_size] or [n_layers, capacity, n_kv_heads, head_size]
-    std::vector<float> v_;  // the same shape as k_
+    // k, v: [n_layers, n_kv_heads, capacity, head_size] (head_major) or
+    //       [n_layers, capacity, n_kv_heads, head_size] (seq_major)
+    KVStorage storage_;
 };
 
 // Head-major like ContiguousCache, but with no max_seq reservation: capacity starts small and
@@ -160,7 +197,7 @@ protected:
 // copied, the price of not knowing the length in advance).
 class GrowingCache : public ContiguousCache {
 public:
-    explicit GrowingCache(const Config& config, int initial_capacity = 1);
+    explicit GrowingCache(const Config& config, int initial_capacity = 1, Memory& memory = host_memory());
     MemoryStats memory() const override;
     std::string name() const override;
 

@@ -1,7 +1,8 @@
 #include "decode.h"
 
+#include "cpu_backend.h"
+
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cassert>
@@ -10,17 +11,20 @@
 
 namespace kvlab {
 
-void Activations::resize(const Config& c, int n) {
+void Activations::resize(Memory& memory, const Config& c, int n) {
     rows = n;
-    const std::size_t r = std::size_t(n);
-    for (auto* t : {&x, &xb, &q, &att, &out}) t->resize(r * c.dim);
-    for (auto* t : {&k, &v}) t->resize(r * c.kv_dim());
-    for (auto* t : {&h1, &h3}) t->resize(r * c.hidden_dim);
+    if (n <= capacity && x.memory() == &memory) return;
+    capacity = n;
+    const std::int64_t r = n;
+    for (auto* t : {&x, &xb, &q, &att, &out}) *t = Buffer<float>(memory, r * c.dim);
+    for (auto* t : {&k, &v}) *t = Buffer<float>(memory, r * c.kv_dim());
+    for (auto* t : {&h1, &h3}) *t = Buffer<float>(memory, r * c.hidden_dim);
     check(c);
 }
 
 void Activations::check(const Config& c) const {
-    const std::size_t r = std::size_t(rows);
+    const std::int64_t r = capacity;
+    assert(rows <= capacity);
     assert(x.size() == r * c.dim && xb.size() == r * c.dim && q.size() == r * c.dim);
     assert(att.size() == r * c.dim && out.size() == r * c.dim);
     assert(k.size() == r * c.kv_dim() && v.size() == r * c.kv_dim());
@@ -41,68 +45,53 @@ void check_tokens(const Config& c, std::span<const int> tokens, int start_pos) {
 
 namespace {
 
+// ----------------------------------------------------------------------------------------------
 // The layer code both decoders share. Only attention differs between them.
 
-// x[i] = token_embedding[tokens[i]]
-void embed(const Model& m, std::span<const int> tokens, Activations& a) {
-    const int dim = m.config().dim;
-    assert(a.rows == int(tokens.size()) && a.x.size() == std::size_t(a.rows) * dim);
-    for (int i = 0; i < a.rows; i++)
-        std::copy_n(m.w.token_embedding.data() + std::int64_t(tokens[i]) * dim, dim,
-                    a.x.data() + std::int64_t(i) * dim);
-}
-
-// How the layer code multiplies: weights through their packed panels, activations with
-// matmul; a test may plant its own product, which then runs on the unpacked weights.
-struct Products {
-    MatmulFn planted = nullptr;
-    void weights(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows) const {
-        if (planted)
-            planted(ex, y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
-        else
-            matmul_packed(ex, y, ldy, x, ldx, w, rows);
-    }
-    MatmulFn activations() const { return planted ? planted : kvlab::matmul; }
-};
-
 // xb = rmsnorm(x); q, k, v = xb · (wq, wk, wv); RoPE on q and k at each row's position.
-void attention_inputs(Exec& ex, Products mm, const Model& m, int l, Activations& a, std::span<const int> positions) {
-    const Config& c = m.config();
-    const PackedLayer& w = m.packed[l];
+void attention_inputs(Backend& b, Exec& ex, int l, Activations& a, const int* positions) {
+    const Config& c = b.config();
     const int dim = c.dim, kv_dim = c.kv_dim(), n = a.rows;
     a.check(c);
-    assert(int(positions.size()) == n);
-    rmsnorm(ex, a.xb.data(), a.x.data(), m.w.rms_att.data() + std::int64_t(l) * dim, n, dim);
-    mm.weights(ex, a.q.data(), dim, a.xb.data(), dim, w.wq, n);
-    mm.weights(ex, a.k.data(), kv_dim, a.xb.data(), dim, w.wk, n);
-    mm.weights(ex, a.v.data(), kv_dim, a.xb.data(), dim, w.wv, n);
-    rope(ex, a.q.data(), n, c.n_heads, c.head_size(), positions, m.rope);
-    rope(ex, a.k.data(), n, c.n_kv_heads, c.head_size(), positions, m.rope);
+    b.rmsnorm(ex, a.xb.data(), a.x.data(), Norm::att, l, n);
+    b.matmul(ex, a.q.data(), dim, a.xb.data(), dim, Matrix::wq, l, n);
+    b.matmul(ex, a.k.data(), kv_dim, a.xb.data(), dim, Matrix::wk, l, n);
+    b.matmul(ex, a.v.data(), kv_dim, a.xb.data(), dim, Matrix::wv, l, n);
+    b.rope(ex, a.q.data(), n, c.n_heads, positions);
+    b.rope(ex, a.k.data(), n, c.n_kv_heads, positions);
 }
 
 // x += att · wo;  x += w2 · (silu(xb · w1) * (xb · w3)) with xb = rmsnorm(x).
-void attention_output_and_ffn(Exec& ex, Products mm, const Model& m, int l, Activations& a) {
-    const Config& c = m.config();
-    const PackedLayer& w = m.packed[l];
+void attention_output_and_ffn(Backend& b, Exec& ex, int l, Activations& a) {
+    const Config& c = b.config();
     const int dim = c.dim, hidden = c.hidden_dim, n = a.rows;
     a.check(c);
-    mm.weights(ex, a.out.data(), dim, a.att.data(), dim, w.wo, n);
-    add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
-    rmsnorm(ex, a.xb.data(), a.x.data(), m.w.rms_ffn.data() + std::int64_t(l) * dim, n, dim);
-    mm.weights(ex, a.h1.data(), hidden, a.xb.data(), dim, w.w1, n);
-    mm.weights(ex, a.h3.data(), hidden, a.xb.data(), dim, w.w3, n);
-    silu_mul(ex, a.h1.data(), a.h3.data(), std::int64_t(n) * hidden);
-    mm.weights(ex, a.out.data(), dim, a.h1.data(), hidden, w.w2, n);
-    add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
+    b.matmul(ex, a.out.data(), dim, a.att.data(), dim, Matrix::wo, l, n);
+    b.add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
+    b.rmsnorm(ex, a.xb.data(), a.x.data(), Norm::ffn, l, n);
+    b.matmul(ex, a.h1.data(), hidden, a.xb.data(), dim, Matrix::w1, l, n);
+    b.matmul(ex, a.h3.data(), hidden, a.xb.data(), dim, Matrix::w3, l, n);
+    b.silu_mul(ex, a.h1.data(), a.h3.data(), std::int64_t(n) * hidden);
+    b.matmul(ex, a.out.data(), dim, a.h1.data(), hidden, Matrix::w2, l, n);
+    b.add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
 }
 
-// logits = rmsnorm(x[last row]) · wcls
-void classify(Exec& ex, Products mm, const Model& m, Activations& a, std::vector<float>& logits) {
-    const Config& c = m.config();
-    const std::int64_t last = std::int64_t(a.rows - 1) * c.dim;
-    logits.resize(c.vocab_size);
-    rmsnorm(ex, a.xb.data() + last, a.x.data() + last, m.w.rms_final.data(), 1, c.dim);
-    mm.weights(ex, logits.data(), c.vocab_size, a.xb.data() + last, c.dim, m.wcls, 1);
+// logits[rows, vocab_size] = rmsnorm(x[rows, dim]) · wcls; normed is [rows, dim] scratch.
+void classify(Backend& b, Exec& ex, const float* x, float* normed, float* logits, int rows) {
+    const Config& c = b.config();
+    b.rmsnorm(ex, normed, x, Norm::final, 0, rows);
+    b.matmul(ex, logits, c.vocab_size, normed, c.dim, Matrix::wcls, 0, rows);
+}
+
+template <class T>
+void ensure(Buffer<T>& buffer, Memory& memory, std::int64_t n) {
+    if (buffer.size() < n || buffer.memory() != &memory) buffer = Buffer<T>(memory, n);
+}
+
+template <class T>
+void upload(Buffer<T>& buffer, Memory& memory, std::span<const T> host) {
+    ensure(buffer, memory, std::int64_t(host.size()));
+    if (!host.empty()) buffer.upload(host);
 }
 
 }  // namespace
@@ -110,80 +99,85 @@ void classify(Exec& ex, Products mm, const Model& m, Activations& a, std::vector
 // ----------------------------------------------------------------------------------------------
 // Naive decode
 
-NaiveDecoder::NaiveDecoder(const Model& model, int n_threads) : model_(model) { exec.n_threads = n_threads; }
+NaiveDecoder::NaiveDecoder(Backend& backend) : backend_(&backend) {}
 
-const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
-    const Config& c = model_.config();
-    check_tokens(c, tokens, 0);
-    const int T = int(tokens.size());
-    std::vector<int> positions(T);
-    std::iota(positions.begin(), positions.end(), 0);
-    act_.resize(c, T);
-    embed(model_, tokens, act_);
-    for (int l = 0; l < c.n_layers; l++) {
-        attention_inputs(exec, Products{matmul}, model_, l, act_, positions);
-        attention(T);
-        attention_output_and_ffn(exec, Products{matmul}, model_, l, act_);
-    }
-    classify(exec, Products{matmul}, model_, act_, logits_);
-    return logits_;
+NaiveDecoder::NaiveDecoder(const Model& model, int n_threads)
+    : own_(std::make_unique<CpuBackend>(model)), backend_(own_.get()) {
+    exec.n_threads = n_threads;
 }
 
-// For each head: S = Q_h K_h^T / sqrt(head_size) with S[i][j] = -inf for j > i, P = softmax by
-// row, att_h = P V_h. Masked entries become exact zeros in P and add exact zeros to P V_h, so row
-// i computes bit for bit what a cached decode computes at position i (NUMERICS.md).
-// K and V are this layer's rows in act_, recomputed every step.
-void NaiveDecoder::attention(int T) {
-    const Config& c = model_.config();
-    const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
-    kt_.resize(std::size_t(hs) * T);     // [head_size, T]
-    scores_.resize(std::size_t(T) * T);  // [T, T]
-    assert(act_.rows == T);
-    const float scale = attention_scale(hs);
-    const float neg_inf = -std::numeric_limits<float>::infinity();
-    const MatmulFn mm = Products{matmul}.activations();
-    for (int h = 0; h < c.n_heads; h++) {
-        const int kvh = h / c.group();
-        for (int j = 0; j < T; j++)
-            for (int d = 0; d < hs; d++) kt_[std::size_t(d) * T + j] = act_.k[std::size_t(j) * kv_dim + kvh * hs + d];
-        // S[T, T] = Q_h[T, hs] · Kt[hs, T]
-        mm(exec, scores_.data(), T, act_.q.data() + h * hs, dim, kt_.data(), T, T, hs, T);
-        for (int i = 0; i < T; i++) {
-            float* s = scores_.data() + std::size_t(i) * T;
-            // The planted bug lets row i see one position into its future.
-            const int last = mutant == Mutant::mask_off_by_one ? std::min(i + 1, T - 1) : i;
-            for (int j = 0; j <= last; j++) s[j] = s[j] / scale;
-            for (int j = last + 1; j < T; j++) s[j] = neg_inf;
-            softmax(s, T);
-        }
-        exec.flops += std::uint64_t(T) * (T + 1) / 2 + std::uint64_t(T) * softmax_flops(T);
-        // att_h[T, hs] = P[T, T] · V_h[T, hs]
-        mm(exec, act_.att.data() + h * hs, dim, scores_.data(), T, act_.v.data() + kvh * hs, kv_dim, T, T, hs);
+NaiveDecoder::~NaiveDecoder() = default;
+
+const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
+    Backend& b = *backend_;
+    Memory& memory = b.memory();
+    const Config& c = b.config();
+    check_tokens(c, tokens, 0);
+    const int T = int(tokens.size());
+    std::vector<int> positions(std::size_t(T), 0);  // [T]
+    std::iota(positions.begin(), positions.end(), 0);
+    upload(tokens_, memory, tokens);
+    upload(positions_, memory, std::span<const int>(positions));
+    upload(kv_head_, memory, std::span<const int>(kv_head_map(c)));
+    act_.resize(memory, c, T);
+    b.embed(exec, act_.x.data(), tokens_.data(), T);
+    // The planted bug lets row i see one position into its future.
+    const int future = mutant == Mutant::mask_off_by_one ? 1 : 0;
+    for (int l = 0; l < c.n_layers; l++) {
+        attention_inputs(b, exec, l, act_, positions_.data());
+        b.causal_attention(exec, act_.att.data(), act_.q.data(), act_.k.data(), act_.v.data(), T, kv_head_.data(),
+                           future);
+        attention_output_and_ffn(b, exec, l, act_);
     }
+    // Only the last row's logits: rmsnorm and the classifier on that row alone.
+    ensure(logits_dev_, memory, c.vocab_size);
+    const std::int64_t last = std::int64_t(T - 1) * c.dim;
+    classify(b, exec, act_.x.data() + last, act_.xb.data() + last, logits_dev_.data(), 1);
+    logits_.resize(std::size_t(c.vocab_size));
+    memory.download(logits_.data(), logits_dev_.data(), std::int64_t(sizeof(float)) * c.vocab_size);
+    return logits_;
 }
 
 // ----------------------------------------------------------------------------------------------
 // Cached decode
 
+CachedDecoder::CachedDecoder(Backend& backend)
+    : backend_(&backend),
+      own_cache_(std::make_unique<ContiguousCache>(backend.config(), ContiguousCache::Layout::head_major,
+                                                   backend.memory())),
+      cache_(own_cache_.get()) {}
+
+CachedDecoder::CachedDecoder(Backend& backend, Cache& cache) : backend_(&backend), cache_(&cache) {
+    check_cache(cache);
+}
+
 CachedDecoder::CachedDecoder(const Model& model, int n_threads)
-    : model_(model), own_(std::make_unique<ContiguousCache>(model.config())), cache_(own_.get()) {
+    : own_backend_(std::make_unique<CpuBackend>(model)), backend_(own_backend_.get()),
+      own_cache_(std::make_unique<ContiguousCache>(model.config())), cache_(own_cache_.get()) {
     exec.n_threads = n_threads;
 }
 
-CachedDecoder::CachedDecoder(const Model& model, Cache& cache, int n_threads) : model_(model), cache_(&cache) {
+CachedDecoder::CachedDecoder(const Model& model, Cache& cache, int n_threads)
+    : own_backend_(std::make_unique<CpuBackend>(model)), backend_(own_backend_.get()), cache_(&cache) {
     exec.n_threads = n_threads;
     check_cache(cache);
 }
 
+CachedDecoder::~CachedDecoder() = default;
+
 void CachedDecoder::check_cache(const Cache& cache) const {
-    const Config &c = model_.config(), &k = cache.config();
+    const Config &c = backend_->config(), &k = cache.config();
     if (k.n_layers != c.n_layers || k.n_kv_heads != c.n_kv_heads || k.head_size() != c.head_size() ||
         k.max_seq != c.max_seq)
         throw Error(fmt::format("cache shape ({}) does not fit the model ({})", k.describe(), c.describe()));
+    if (&cache.storage().memory() != &backend_->memory())
+        throw Error(fmt::format("the {} cache keeps its rows in {} memory; the {} backend needs them in {} memory",
+                                cache.name(), cache.storage().memory().name(), backend_->name(),
+                                backend_->memory().name()));
 }
 
 const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
-    check_tokens(model_.config(), tokens, pos());
+    check_tokens(backend_->config(), tokens, pos());
     // A variant that reads rows before a long append would overwrite them (a window's ring)
     // takes the prefill in chunks; rows are independent, so the logits do not change.
     const std::size_t chunk = std::size_t(std::max(1, cache_->max_append()));
@@ -197,7 +191,7 @@ const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
 }
 
 const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
-    const Config& c = model_.config();
+    const Config& c = backend_->config();
     check_tokens(c, sequence, 0);
     prefix_hit_ = 0;
     if (pos() == 0) {
@@ -221,7 +215,7 @@ const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
 
 const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
                                               std::span<const std::vector<int>> tokens) {
-    const Config& c = model_.config();
+    const Config& c = backend_->config();
     const int n_seqs = int(caches.size());
     if (n_seqs == 0 || tokens.size() != caches.size())
         throw Error(fmt::format("batch: {} caches and {} token lists", caches.size(), tokens.size()));
@@ -243,7 +237,10 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
         }
     }
     // Rows of every sequence, stacked: row i belongs to seq_of_row[i] at logical positions[i].
-    std::vector<int> all_tokens, seq_of_row, positions, rope_positions, last_row(n_seqs);
+    // Then the host-side bookkeeping for the whole step: where each row's K and V go, and the
+    // slots each row attends (the same for every layer and head).
+    std::vector<int> all_tokens, seq_of_row, positions, rope_positions;
+    std::vector<int> last_row(caches.size(), 0);  // [n_seqs]
     for (int s = 0; s < n_seqs; s++) {
         for (std::size_t i = 0; i < tokens[s].size(); i++) {
             const int pos = start[s] + int(i);
@@ -254,78 +251,79 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
             const bool off = mutant == Mutant::rope_decode_off && tokens[s].size() == 1 && start[s] > 0;
             rope_positions.push_back(off ? (pos + 1) % c.max_seq : pos);
         }
-        last_row[s] = int(positions.size()) - 1;
+        last_row[std::size_t(s)] = int(positions.size()) - 1;
     }
     const int n = int(all_tokens.size());
-    act_.resize(c, n);
-    embed(model_, all_tokens, act_);
+    int max_n = 1;
+    for (int pos : positions) max_n = std::max(max_n, pos + 1);  // every variant attends at most pos + 1
+    std::vector<RowKV> write_kv(all_tokens.size()), read_kv(all_tokens.size());  // [rows]
+    std::vector<std::int64_t> slots(std::size_t(n) * max_n, -1);            // [rows, max_n]
+    for (int i = 0; i < n; i++) {
+        Cache& own = *caches[seq_of_row[i]];
+        // The planted bug reads through the next sequence's cache.
+        const Cache& read = mutant == Mutant::batch_mixes_blocks ? *caches[(seq_of_row[i] + 1) % n_seqs] : own;
+        write_kv[i] = own.row_kv();
+        write_kv[i].write_slot = own.write_slot(positions[i]);
+        read_kv[i] = read.row_kv();
+        read_kv[i].n = read.attended(positions[i], slots.data() + std::int64_t(i) * max_n);
+        assert(read_kv[i].n <= max_n);
+    }
+    std::vector<int> kv_head = kv_head_map(c);  // [n_heads]
+    // The planted GQA bug interleaves query heads over KV heads instead of grouping them.
+    if (mutant == Mutant::gqa_modulo)
+        for (int h = 0; h < c.n_heads; h++) kv_head[h] = h % c.n_kv_heads;
+
+    Backend& b = *backend_;
+    Memory& memory = b.memory();
+    upload(tokens_, memory, std::span<const int>(all_tokens));
+    upload(positions_, memory, std::span<const int>(rope_positions));
+    upload(write_kv_, memory, std::span<const RowKV>(write_kv));
+    upload(read_kv_, memory, std::span<const RowKV>(read_kv));
+    upload(slots_, memory, std::span<const std::int64_t>(slots));
+    upload(kv_head_, memory, std::span<const int>(kv_head));
+    int probe_row = -1;  // the first sequence's last row, whose weights the probe copies
+    if (probe) {
+        probe_row = last_row[0];
+        ensure(probe_dev_, memory, std::int64_t(c.n_heads) * max_n);
+        probe->weights.assign(std::size_t(c.n_layers) * c.n_heads * c.max_seq, 0.0f);  // [n_layers, n_heads, max_seq]
+        probe->n = read_kv[std::size_t(probe_row)].n;
+    }
+
+    act_.resize(memory, c, n);
+    b.embed(exec, act_.x.data(), tokens_.data(), n);
     for (int l = 0; l < c.n_layers; l++) {
-        attention_inputs(exec, Products{matmul}, model_, l, act_, rope_positions);
+        attention_inputs(b, exec, l, act_, positions_.data());
         // Write first, then read: row i attends over 0..pos, its own K and V included.
         const int wl = mutant == Mutant::kv_wrong_layer ? (l + 1) % c.n_layers : l;
         auto write_rows = [&] {
-            for (int i = 0; i < n; i++)
-                caches[seq_of_row[i]]->write(wl, positions[i], act_.k.data() + std::size_t(i) * c.kv_dim(),
-                                             act_.v.data() + std::size_t(i) * c.kv_dim());
+            b.store_kv(exec, write_kv_.data(), n, wl, act_.k.data(), act_.v.data());
+            for (int s = 0; s < n_seqs; s++)
+                caches[s]->stored(wl, std::span<const int>(positions).subspan(std::size_t(last_row[s] + 1) -
+                                                                              tokens[s].size(),
+                                                                          tokens[s].size()));
         };
         if (mutant != Mutant::read_before_write) write_rows();
-        attention(l, caches, seq_of_row, positions);
+        b.attention(exec, act_.att.data(), act_.q.data(), read_kv_.data(), n, l, slots_.data(), max_n,
+                    kv_head_.data(), probe_row, probe ? probe_dev_.data() : nullptr);
         if (mutant == Mutant::read_before_write) write_rows();
-        attention_output_and_ffn(exec, Products{matmul}, model_, l, act_);
+        if (probe)
+            for (int h = 0; h < c.n_heads; h++)
+                memory.download(probe->weights.data() + (std::size_t(l) * c.n_heads + h) * c.max_seq,
+                                probe_dev_.data() + std::int64_t(h) * max_n,
+                                std::int64_t(sizeof(float)) * probe->n);
+        attention_output_and_ffn(b, exec, l, act_);
     }
     // logits[s] = rmsnorm(x[last row of s]) · wcls, all sequences as one product.
-    last_.resize(std::size_t(n_seqs) * c.dim);  // [n_seqs, dim]
+    ensure(last_, memory, std::int64_t(n_seqs) * c.dim);
+    ensure(normed_, memory, std::int64_t(n_seqs) * c.dim);
+    ensure(logits_dev_, memory, std::int64_t(n_seqs) * c.vocab_size);
     for (int s = 0; s < n_seqs; s++)
-        std::copy_n(act_.x.data() + std::size_t(last_row[s]) * c.dim, c.dim, last_.data() + std::size_t(s) * c.dim);
-    std::vector<float>& normed = act_.xb;  // [rows, dim], rows >= n_seqs: reused as scratch
-    assert(normed.size() >= last_.size());
-    rmsnorm(exec, normed.data(), last_.data(), model_.w.rms_final.data(), n_seqs, c.dim);
+        memory.copy(last_.data() + std::int64_t(s) * c.dim, act_.x.data() + std::int64_t(last_row[s]) * c.dim,
+                    std::int64_t(sizeof(float)) * c.dim);
+    classify(b, exec, last_.data(), normed_.data(), logits_dev_.data(), n_seqs);
     logits_.resize(std::size_t(n_seqs) * c.vocab_size);
-    Products{matmul}.weights(exec, logits_.data(), c.vocab_size, normed.data(), c.dim, model_.wcls, n_seqs);
+    memory.download(logits_.data(), logits_dev_.data(), std::int64_t(sizeof(float)) * n_seqs * c.vocab_size);
     return logits_;
-}
-
-void CachedDecoder::attention(int l, std::span<Cache* const> caches, std::span<const int> seq_of_row,
-                              std::span<const int> positions) {
-    const Config& c = model_.config();
-    const int hs = c.head_size(), n_heads = c.n_heads, rows = int(positions.size()), n_seqs = int(caches.size());
-    const std::int64_t n_items = std::int64_t(rows) * n_heads;
-    std::int64_t work = 0;  // multiply-adds, to decide whether threads pay off
-    for (int pos : positions) {
-        exec.flops += n_heads * attention_row_flops(hs, pos + 1);
-        work += std::int64_t(n_heads) * 2 * hs * (pos + 1);
-    }
-    const std::size_t per_thread = std::size_t(c.max_seq);
-    scores_.resize(std::size_t(exec.n_threads) * per_thread);  // [n_threads, max_seq]
-    keys_.resize(std::size_t(exec.n_threads) * per_thread);    // [n_threads, max_seq]
-    values_.resize(std::size_t(exec.n_threads) * per_thread);  // [n_threads, max_seq]
-    const bool parallel = exec.n_threads > 1 && n_items > 1 && work >= exec.parallel_min_work;
-    int probe_row = -1;  // the first sequence's last row, whose weights the probe copies
-    if (probe) {
-        for (int i = 0; i < rows; i++)
-            if (seq_of_row[i] == 0) probe_row = i;
-        probe->weights.resize(std::size_t(c.n_layers) * n_heads * per_thread);  // [n_layers, n_heads, max_seq]
-    }
-    // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
-#pragma omp parallel for num_threads(exec.n_threads) schedule(static) if (parallel)
-    for (std::int64_t item = 0; item < n_items; item++) {
-        const int i = int(item / n_heads), h = int(item % n_heads);
-        // The planted GQA bug interleaves query heads over KV heads instead of grouping them.
-        const int kvh = mutant == Mutant::gqa_modulo ? h % c.n_kv_heads : h / c.group();
-        const int s = mutant == Mutant::batch_mixes_blocks ? (seq_of_row[i] + 1) % n_seqs : seq_of_row[i];
-        const std::size_t th = std::size_t(omp_get_thread_num()) * per_thread;
-        const float** keys = keys_.data() + th;
-        const float** values = values_.data() + th;
-        const int n = caches[s]->attended(l, kvh, positions[i], keys, values);
-        attention_row(
-            act_.att.data() + std::size_t(i) * c.dim + h * hs, act_.q.data() + std::size_t(i) * c.dim + h * hs, hs, n,
-            [&](int t) { return keys[t]; }, [&](int t) { return values[t]; }, scores_.data() + th);
-        if (i == probe_row) {
-            std::copy(scores_.data() + th, scores_.data() + th + n,
-                      probe->weights.data() + (std::size_t(l) * n_heads + h) * per_thread);
-            if (h == 0) probe->n = n;
-        }
-    }
 }
 
 }  // namespace kvlab

@@ -9,62 +9,77 @@
 //
 // They are different algorithms built from the same kernels (kernels.h), which is why their
 // logits agree bit for bit (NUMERICS.md). Both return the logits of the last position.
+// The layer code (embed, rmsnorm, q/k/v products, RoPE, cache write, attention, output product,
+// feed-forward, classifier) is written once, against a Backend (backend.h): the same code
+// drives the CPU and a GPU. Buffers live in the backend's memory; only tokens go in and logits
+// come out.
 #pragma once
 
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "backend.h"
 #include "cache.h"
-#include "kernels.h"
 #include "model.h"
 
 namespace kvlab {
 
-// Work buffers for `rows` rows of the residual stream; the forward of one layer, minus
-// attention, is the same code for both decoders.
+// Work buffers for `rows` rows of the residual stream in a backend's memory; the forward of one
+// layer, minus attention, is the same code for both decoders. Buffers grow, never shrink, so a
+// captured step keeps its pointers.
 struct Activations {
     int rows = 0;
-    std::vector<float> x;    // [rows, dim]        residual stream
-    std::vector<float> xb;   // [rows, dim]        normalized input of a sublayer
-    std::vector<float> q;    // [rows, dim]        queries, all heads
-    std::vector<float> k;    // [rows, kv_dim]
-    std::vector<float> v;    // [rows, kv_dim]
-    std::vector<float> att;  // [rows, dim]        attention output, all heads
-    std::vector<float> out;  // [rows, dim]        output of a sublayer before the residual add
-    std::vector<float> h1;   // [rows, hidden_dim]
-    std::vector<float> h3;   // [rows, hidden_dim]
-    void resize(const Config& c, int rows);
+    int capacity = 0;
+    Buffer<float> x;    // [rows, dim]        residual stream
+    Buffer<float> xb;   // [rows, dim]        normalized input of a sublayer
+    Buffer<float> q;    // [rows, dim]        queries, all heads
+    Buffer<float> k;    // [rows, kv_dim]
+    Buffer<float> v;    // [rows, kv_dim]
+    Buffer<float> att;  // [rows, dim]        attention output, all heads
+    Buffer<float> out;  // [rows, dim]        output of a sublayer before the residual add
+    Buffer<float> h1;   // [rows, hidden_dim]
+    Buffer<float> h3;   // [rows, hidden_dim]
+    void resize(Memory& memory, const Config& c, int rows);
     void check(const Config& c) const;  // asserts every shape above
 };
 
 class NaiveDecoder {
 public:
+    // Runs on `backend` (it must outlive the decoder).
+    explicit NaiveDecoder(Backend& backend);
+    // Runs on a CPU backend of its own.
     explicit NaiveDecoder(const Model& model, int n_threads = 1);
+    ~NaiveDecoder();
     // Logits [vocab_size] after the full forward over tokens[0..T).
     const std::vector<float>& forward(std::span<const int> tokens);
 
-    Exec exec;  // threads, and the FLOPs counted so far
-    // nullptr: the kernels. A test may plant an order-changing product here; it then replaces
-    // every product the naive path computes (weights and attention alike).
-    MatmulFn matmul = nullptr;
+    Backend& backend() { return *backend_; }
+    Exec exec;                     // threads, and the FLOPs counted so far
     Mutant mutant = Mutant::none;  // a planted bug (mutants.h): here only mask_off_by_one
 
 private:
-    void attention(int T);
-    const Model& model_;
+    std::unique_ptr<Backend> own_;
+    Backend* backend_;
     Activations act_;
-    std::vector<float> kt_;      // [head_size, T]  one KV head's keys, transposed
-    std::vector<float> scores_;  // [T, T]          one head's scores, then probabilities
+    Buffer<int> tokens_;     // [T]
+    Buffer<int> positions_;  // [T] 0..T-1
+    Buffer<int> kv_head_;    // [n_heads]
+    Buffer<float> logits_dev_;   // [vocab_size]
     std::vector<float> logits_;  // [vocab_size]
 };
 
 class CachedDecoder {
 public:
-    // Runs on a cache of its own: contiguous, head-major.
+    // Runs on `backend` with a contiguous head-major cache of its own in the backend's memory.
+    explicit CachedDecoder(Backend& backend);
+    // Runs on `backend` and `cache` (any variant in the backend's memory, of the model's shape;
+    // both must outlive the decoder).
+    CachedDecoder(Backend& backend, Cache& cache);
+    // The same on a CPU backend of its own.
     explicit CachedDecoder(const Model& model, int n_threads = 1);
-    // Runs on `cache` (any variant; it must outlive the decoder and fit the model's shape).
     CachedDecoder(const Model& model, Cache& cache, int n_threads = 1);
+    ~CachedDecoder();
 
     // Runs tokens as rows at positions pos()..pos()+n-1, appending their K and V to the cache;
     // returns the logits of the last one. decode(t) is prefill of one token.
@@ -86,9 +101,9 @@ public:
     Cache& cache() { return *cache_; }
     const Cache& cache() const { return *cache_; }
     void reset() { cache_->clear(); }
+    Backend& backend() { return *backend_; }
 
     Exec exec;
-    MatmulFn matmul = nullptr;     // as NaiveDecoder::matmul: nullptr is the kernels
     Mutant mutant = Mutant::none;  // a planted bug (mutants.h); none in normal use
 
     // For the viewer: when set, each call copies the attention weights (softmax output) of the
@@ -102,17 +117,23 @@ public:
 
 private:
     void check_cache(const Cache& cache) const;
-    void attention(int l, std::span<Cache* const> caches, std::span<const int> seq_of_row,
-                   std::span<const int> positions);
-    const Model& model_;
-    std::unique_ptr<Cache> own_;  // the default cache, when none was given
+    std::unique_ptr<Backend> own_backend_;
+    Backend* backend_;
+    std::unique_ptr<Cache> own_cache_;  // the default cache, when none was given
     Cache* cache_;
     Activations act_;
-    std::vector<float> scores_;         // [n_threads, max_seq]  one attention row's scores per thread
-    std::vector<const float*> keys_;    // [n_threads, max_seq]  the K rows it attends to
-    std::vector<const float*> values_;  // [n_threads, max_seq]  the V rows
-    std::vector<float> last_;           // [n_seqs, dim]         each sequence's last residual row
-    std::vector<float> logits_;         // [n_seqs, vocab_size]
+    // The step's host-side bookkeeping, uploaded once per step.
+    Buffer<int> tokens_;               // [rows]
+    Buffer<int> positions_;            // [rows] RoPE positions
+    Buffer<RowKV> write_kv_;           // [rows] each row's cache, and where its own K and V go
+    Buffer<RowKV> read_kv_;            // [rows] the cache each row reads (write_kv_ but for a planted bug)
+    Buffer<std::int64_t> slots_;       // [rows, max_n] the slots each row attends
+    Buffer<int> kv_head_;              // [n_heads]
+    Buffer<float> last_;               // [n_seqs, dim] each sequence's last residual row
+    Buffer<float> normed_;             // [n_seqs, dim]
+    Buffer<float> logits_dev_;         // [n_seqs, vocab_size]
+    Buffer<float> probe_dev_;          // [n_heads, max_n]
+    std::vector<float> logits_;        // [n_seqs, vocab_size]
     int prefix_hit_ = 0;
 };
 

@@ -75,18 +75,6 @@ Model::Model(Weights weights) : w(std::move(weights)) {
     w.check_shapes();
     const Config& c = w.config;
     rope = RopeTable(c.max_seq, c.head_size());
-    const std::size_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
-    for (std::size_t l = 0; l < std::size_t(c.n_layers); l++)
-        packed.push_back(PackedLayer{
-            PackedMatrix(w.wq.data() + l * dim * dim, c.dim, c.dim),
-            PackedMatrix(w.wk.data() + l * dim * kv_dim, c.dim, c.kv_dim()),
-            PackedMatrix(w.wv.data() + l * dim * kv_dim, c.dim, c.kv_dim()),
-            PackedMatrix(w.wo.data() + l * dim * dim, c.dim, c.dim),
-            PackedMatrix(w.w1.data() + l * dim * hidden, c.dim, c.hidden_dim),
-            PackedMatrix(w.w2.data() + l * hidden * dim, c.hidden_dim, c.dim),
-            PackedMatrix(w.w3.data() + l * dim * hidden, c.dim, c.hidden_dim),
-        });
-    wcls = PackedMatrix(w.wcls.data(), c.dim, c.vocab_size);
 }
 
 std::uint64_t SplitMix64::next() {

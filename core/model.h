@@ -52,34 +52,12 @@ struct RopeTable {
     RopeTable() = default;
 };
 
-// A weight matrix W[n_in, n_out] (in, out) repacked in panels of kPanel columns, so that a
-// product streams it front to back: panel p holds W[k][p*kPanel .. p*kPanel+kPanel-1] for
-// every k, contiguously, the last panel padded with zeros. Only the memory order changes; each
-// output element is summed exactly as matmul sums it.
-struct PackedMatrix {
-    static const int kPanel;  // columns per panel (two vector registers)
-    int n_in = 0, n_out = 0;
-    const float* w = nullptr;   // [n_in, n_out] the unpacked original (owned by Weights)
-    std::vector<float> panels;  // [ceil(n_out / kPanel), n_in, kPanel]
-    PackedMatrix() = default;
-    PackedMatrix(const float* w, int n_in, int n_out);
-};
-// One layer's matrices, packed.
-struct PackedLayer {
-    PackedMatrix wq, wk, wv, wo, w1, w2, w3;
-};
-
+// A model: its weights and its RoPE table. How a backend lays the weights out for its kernels
+// (the CPU's register-width panels, a device copy) is the backend's business (backend.h).
 struct Model {
     Weights w;
     RopeTable rope;
-    std::vector<PackedLayer> packed;  // [n_layers]
-    PackedMatrix wcls;                // the classifier, packed
     explicit Model(Weights weights);
-    // Packed matrices point into w: a copy would point into the original, so there is none.
-    Model(const Model&) = delete;
-    Model& operator=(const Model&) = delete;
-    Model(Model&&) = default;
-    Model& operator=(Model&&) = default;
     const Config& config() const { return w.config; }
 };
 

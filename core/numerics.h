@@ -7,7 +7,30 @@
 #include <cstdint>
 #include <limits>
 
+// Functions marked KVLAB_HD are one source for the CPU and the GPU: nvcc compiles them for
+// both sides, g++ sees plain functions.
+#if defined(__CUDACC__)
+#define KVLAB_HD __host__ __device__
+#else
+#define KVLAB_HD
+#endif
+
 namespace kvlab {
+
+// What memory holding no row reads as: a read past a sequence's valid rows poisons the logits.
+inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The float whose bits are u (2^k below, and the GPU's kernels).
+KVLAB_HD inline float float_from_bits(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    return std::bit_cast<float>(u);
+#endif
+}
+
+// 2^k as a float for k in [-126, 127]: exponent bits only.
+KVLAB_HD inline float pow2_f32(int k) { return float_from_bits(std::uint32_t(k + 127) << 23); }
 
 // e^x in float, from plain multiplies and adds, so the same source gives the same bits on
 // any IEEE machine (the C library's expf differs between libms, and the GPU's __expf differs
@@ -16,16 +39,16 @@ namespace kvlab {
 //                                  so n * kLn2Hi is exact for every n we reach)
 //   e^r = degree-7 Taylor polynomial (truncation error < 8e-9, under a tenth of an ulp)
 //   e^x = e^r * 2^n               (2^n built from its bits; two steps below the normal range)
-inline float exp_f32(float x) {
+KVLAB_HD inline float exp_f32(float x) {
     constexpr float kLog2e = 1.44269504088896341f;
     constexpr float kLn2Hi = 0.693359375f;      // 9 significant bits
     constexpr float kLn2Lo = -2.12194440e-4f;   // ln 2 - kLn2Hi
     constexpr float kOverflow = 88.7228394f;    // ln(FLT_MAX), rounded up
     constexpr float kUnderflow = -103.972084f;  // below this e^x rounds to +0
     if (x != x) return x;                       // NaN stays NaN
-    if (x > kOverflow) return std::numeric_limits<float>::infinity();
+    if (x > kOverflow) return float_from_bits(0x7f800000u);  // +inf
     if (x < kUnderflow) return 0.0f;  // -inf included: masked scores become exact zeros
-    const float n = std::floor(x * kLog2e + 0.5f);
+    const float n = floorf(x * kLog2e + 0.5f);  // exact: floor only drops the fraction
     const float r = (x - n * kLn2Hi) - n * kLn2Lo;
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
@@ -35,12 +58,10 @@ inline float exp_f32(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    // 2^k as a float for k in [-126, 127]: exponent bits only.
-    auto pow2 = [](int k) { return std::bit_cast<float>(std::uint32_t(k + 127) << 23); };
     const int k = int(n);  // in [-150, 128]
-    if (k > 127) return p * pow2(127) * 2.0f;
-    if (k < -126) return p * pow2(k + 100) * pow2(-100);  // first product exact, second rounds once
-    return p * pow2(k);
+    if (k > 127) return p * pow2_f32(127) * 2.0f;
+    if (k < -126) return p * pow2_f32(k + 100) * pow2_f32(-100);  // first product exact, second rounds once
+    return p * pow2_f32(k);
 }
 
 inline std::uint32_t float_bits(float x) { return std::bit_cast<std::uint32_t>(x); }

@@ -10,7 +10,6 @@
 namespace kvlab {
 
 namespace {
-constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
 
 std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
     // splitmix64's finalizer over h ^ x: every input bit reaches every output bit.
@@ -30,7 +29,7 @@ std::uint64_t BlockPool::BlockKey::hash() const {
     return h;
 }
 
-BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching)
+BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching, Memory& memory)
     : config_(config), block_size_(block_size), n_blocks_(n_blocks), prefix_caching_(prefix_caching) {
     config_.validate();
     if (block_size < 1 || block_size > config_.max_seq)
@@ -41,9 +40,10 @@ BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool pr
         std::size_t(n_blocks) * config_.n_layers * config_.n_kv_heads * block_size * config_.head_size();
     if (n > std::size_t(kMaxElements))
         throw Error(fmt::format("paged cache: {} blocks of {} positions are too large", n_blocks, block_size));
-    k_.assign(n, kPoison);
-    v_.assign(n, kPoison);
-    assert(k_.size() == n && v_.size() == n);
+    const std::int64_t per_layer = std::int64_t(config_.n_kv_heads) * block_size;
+    storage_ = KVStorage(memory, std::int64_t(n_blocks) * config_.n_layers * per_layer, config_.head_size(), per_layer,
+                         block_size);
+    assert(storage_.k.size() == std::int64_t(n) && storage_.v.size() == std::int64_t(n));
     refcount_.assign(n_blocks, 0);
     published_.assign(n_blocks, 0);
     keys_.resize(n_blocks);
@@ -101,11 +101,8 @@ void BlockPool::release(int block, const PagedCache* owner) {
     owners.erase(std::find(owners.begin(), owners.end(), owner));
     last_used_[block] = ++tick_;
     if (--refcount_[block] == 1 && !published_[block]) {
-        const PagedCache* last = owners[0];
-        const auto& table = last->block_table();
-        const std::int64_t b = std::find(table.begin(), table.end(), block) - table.begin();
-        const std::int64_t rows = std::clamp<std::int64_t>(last->length() - b * block_size_, 0, block_size_);
-        if (rows < block_size_) poison(block, int(rows));
+        const int rows = owners[0]->rows_in(block);
+        if (rows < block_size_) poison(block, rows);
     }
     if (refcount_[block] > 0 || published_[block]) return;
     poison(block, 0);
@@ -140,12 +137,25 @@ void BlockPool::unpublish(int block) {
 }
 
 void BlockPool::poison(int block, int from_slot) {
-    const int hs = config_.head_size();
-    for (int l = 0; l < config_.n_layers; l++)
-        for (int h = 0; h < config_.n_kv_heads; h++) {
-            std::fill_n(key_row(block, l, h, from_slot), std::size_t(block_size_ - from_slot) * hs, kPoison);
-            std::fill_n(value_row(block, l, h, from_slot), std::size_t(block_size_ - from_slot) * hs, kPoison);
-        }
+    storage_.poison(config_, slot(block, from_slot), block_size_ - from_slot);
+}
+
+void BlockPool::copy_block(int to, int from) {
+    // A block's rows of every layer and head are one run: [n_layers, n_kv_heads, block_size, head_size].
+    const std::int64_t bytes = block_bytes() / 2;
+    const std::int64_t hs = config_.head_size();
+    storage_.memory().copy(storage_.k.data() + slot(to, 0) * hs, storage_.k.data() + slot(from, 0) * hs, bytes);
+    storage_.memory().copy(storage_.v.data() + slot(to, 0) * hs, storage_.v.data() + slot(from, 0) * hs, bytes);
+}
+
+const float* BlockPool::key_row(int block, int l, int h, int s) const {
+    assert(storage_.memory().host_visible());
+    return storage_.k.data() + storage_.row(l, h, slot(block, s)) * config_.head_size();
+}
+
+const float* BlockPool::value_row(int block, int l, int h, int s) const {
+    assert(storage_.memory().host_visible());
+    return storage_.v.data() + storage_.row(l, h, slot(block, s)) * config_.head_size();
 }
 
 void BlockPool::event(EventKind kind, int seq, int block, int from, int pos, int count) const {
@@ -155,7 +165,7 @@ void BlockPool::event(EventKind kind, int seq, int block, int from, int pos, int
 MemoryStats BlockPool::memory() const {
     MemoryStats m;
     m.payload_bytes = m.reserved_bytes = std::int64_t(n_blocks_) * block_bytes();
-    m.allocated_bytes = std::int64_t(sizeof(float) * (k_.size() + v_.size()));
+    m.allocated_bytes = storage_.bytes();
     m.blocks_total = n_blocks_;
     m.blocks_free = n_free();
     m.blocks_cached = n_cached();
@@ -167,7 +177,7 @@ MemoryStats BlockPool::memory() const {
 // One sequence
 
 PagedCache::PagedCache(BlockPool& pool, std::uint64_t model_identity, int id)
-    : Cache(pool.config()), pool_(pool), model_(model_identity), nan_row_(config_.head_size(), kPoison) {
+    : Cache(pool.config()), pool_(pool), model_(model_identity) {
     seq_id = id;
 }
 
@@ -175,43 +185,39 @@ PagedCache::~PagedCache() {
     for (int block : table_) pool_.release(block, this);
 }
 
-int PagedCache::slot(int pos) const {
+int PagedCache::slot_in_block(int pos) const {
     const int bs = pool_.block_size();
     // The planted bug takes the slot modulo a different block size than the block index.
     if (mutant == Mutant::slot_wrong_block && bs > 1) return pos % (bs - 1);
     return pos % bs;
 }
 
-const float* PagedCache::key(int l, int h, int t) const {
+std::int64_t PagedCache::slot(int t) const {
     const std::size_t b = std::size_t(t / pool_.block_size());
-    if (b >= table_.size()) return nan_row_.data();
-    return pool_.key_row(table_[b], l, h, slot(t));
-}
-
-const float* PagedCache::value(int l, int h, int t) const {
-    const std::size_t b = std::size_t(t / pool_.block_size());
-    if (b >= table_.size()) return nan_row_.data();
-    return pool_.value_row(table_[b], l, h, slot(t));
+    if (t < 0 || b >= table_.size()) return -1;
+    return pool_.slot(table_[b], slot_in_block(t));
 }
 
 // Block by block through the table: one lookup per block instead of one per row.
-int PagedCache::attended(int l, int h, int pos, const float** keys, const float** values) const {
-    if (mutant == Mutant::slot_wrong_block) return Cache::attended(l, h, pos, keys, values);
-    const int bs = pool_.block_size(), hs = config_.head_size();
+int PagedCache::attended(int pos, std::int64_t* slots, int* positions) const {
+    if (mutant == Mutant::slot_wrong_block) return Cache::attended(pos, slots, positions);
+    const int bs = pool_.block_size();
     for (int t0 = 0, b = 0; t0 <= pos; t0 += bs, b++) {
         const int n = std::min(bs, pos + 1 - t0);
-        if (b >= int(table_.size())) {
-            for (int s = 0; s < n; s++) keys[t0 + s] = values[t0 + s] = nan_row_.data();
-            continue;
-        }
-        const float* k = pool_.key_row(table_[b], l, h, 0);
-        const float* v = pool_.value_row(table_[b], l, h, 0);
+        const std::int64_t first = b < int(table_.size()) ? pool_.slot(table_[b], 0) : -1;
         for (int s = 0; s < n; s++) {
-            keys[t0 + s] = k + std::int64_t(s) * hs;
-            values[t0 + s] = v + std::int64_t(s) * hs;
+            slots[t0 + s] = first < 0 ? -1 : first + s;
+            if (positions) positions[t0 + s] = t0 + s;
         }
     }
     return pos + 1;
+}
+
+int PagedCache::rows_in(int block) const {
+    const auto it = std::find(table_.begin(), table_.end(), block);
+    if (it == table_.end()) return 0;
+    const std::int64_t b = it - table_.begin();
+    return int(std::clamp<std::int64_t>(length() - b * pool_.block_size(), 0, pool_.block_size()));
 }
 
 BlockPool::BlockKey PagedCache::key_of(int b) const {
@@ -240,10 +246,7 @@ void PagedCache::reserve(int new_length) {
     // Nothing below throws.
     if (cow) {
         const int shared = table_[b], copy = pool_.allocate(this);
-        std::copy_n(pool_.key_row(shared, 0, 0, 0), pool_.block_bytes() / 2 / sizeof(float),
-                    pool_.key_row(copy, 0, 0, 0));
-        std::copy_n(pool_.value_row(shared, 0, 0, 0), pool_.block_bytes() / 2 / sizeof(float),
-                    pool_.value_row(copy, 0, 0, 0));
+        pool_.copy_block(copy, shared);
         pool_.poison(copy, length() % bs);  // rows past our length are not ours
         pool_.release(shared, this);
         table_[b] = copy;
@@ -252,19 +255,18 @@ void PagedCache::reserve(int new_length) {
     for (int i = 0; i < n_new; i++) table_.push_back(pool_.allocate(this));
 }
 
-void PagedCache::store(int l, int pos, const float* k_row, const float* v_row) {
-    const int bs = pool_.block_size(), hs = config_.head_size();
-    const int block = table_[pos / bs], s = slot(pos);
-    if (pool_.refcount(block) > 1 || pool_.published(block)) pool_.shared_writes_++;
-    for (int h = 0; h < config_.n_kv_heads; h++) {
-        std::memcpy(pool_.key_row(block, l, h, s), k_row + h * hs, sizeof(float) * hs);
-        std::memcpy(pool_.value_row(block, l, h, s), v_row + h * hs, sizeof(float) * hs);
-    }
+void PagedCache::on_write(int pos) {
+    const int block = table_[std::size_t(pos / pool_.block_size())];
+    if (pool_.refcount(block) > 1 || pool_.published(block)) pool_.count_shared_write();
+}
+
+void PagedCache::on_stored(int l, int pos) {
+    const int bs = pool_.block_size();
     // The last layer's row that fills a block completes it: hash it, and publish it.
     if (l == config_.n_layers - 1 && pos % bs == bs - 1 && pos / bs == int(hashes_.size())) {
         BlockPool::BlockKey key = key_of(pos / bs);
         hashes_.push_back(key.hash());
-        if (pool_.prefix_caching()) pool_.publish(block, std::move(key));
+        if (pool_.prefix_caching()) pool_.publish(table_[std::size_t(pos / bs)], std::move(key));
     }
 }
 
@@ -308,7 +310,7 @@ int PagedCache::attach_prefix(std::span<const int> tokens) {
     table_ = std::move(blocks);
     hashes_ = std::move(hashes);
     adopt(tokens.first(hit));
-    pool_.hit_positions_ += hit;
+    pool_.count_prefix_hit(hit);
     record(EventKind::prefix_hit, 0, hit);
     return hit;
 }

@@ -14,6 +14,16 @@
 //  - fork: a child sequence maps all of its parent's blocks (parallel samples, beams). Whoever
 //    writes into a shared partially filled block first gets a private copy (copy-on-write).
 // Full blocks are never written again, so sharing them is free.
+//
+// The pool is bookkeeping over a storage (as vLLM's block pool and nano-vllm's block manager):
+// reference counts, a free list, hashes and LRU ticks are host-side integers; the rows live in
+// one KVStorage, [n_blocks, n_layers, n_kv_heads, block_size, head_size], in any backend's
+// memory. Position t of a sequence is slot table[t / block_size] * (n_layers * n_kv_heads *
+// block_size) + t % block_size; the kernels read those slots, whatever the device.
+//
+// kvlab <-> vLLM: refcount = ref_cnt, published = has a block_hash (vLLM's "cached"), cached
+// (unreferenced and published) = an eviction candidate in free_block_queue, BlockKey::hash =
+// hash_block_tokens (parent hash, token ids, extra keys: here the model's identity).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +41,8 @@ class BlockPool {
 public:
     // Blocks of block_size positions for models of config's shape (n_layers, n_kv_heads,
     // head_size; max_seq bounds every sequence). prefix_caching publishes full blocks.
-    BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching = false);
+    BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching = false,
+              Memory& memory = host_memory());
     BlockPool(const BlockPool&) = delete;
     BlockPool& operator=(const BlockPool&) = delete;
 
@@ -54,16 +65,19 @@ public:
     std::int64_t prefix_hit_positions() const { return hit_positions_; }
     MemoryStats memory() const;
 
-    float* key_row(int block, int l, int h, int slot) { return k_.data() + offset(block, l, h, slot); }
-    float* value_row(int block, int l, int h, int slot) { return v_.data() + offset(block, l, h, slot); }
-    const float* key_row(int block, int l, int h, int slot) const { return k_.data() + offset(block, l, h, slot); }
-    const float* value_row(int block, int l, int h, int slot) const { return v_.data() + offset(block, l, h, slot); }
+    const KVStorage& storage() const { return storage_; }
+    // The slot of row s of a block (the storage row of layer 0, KV head 0).
+    std::int64_t slot(int block, int s) const {
+        return std::int64_t(block) * config_.n_layers * config_.n_kv_heads * block_size_ + s;
+    }
+    // Host-visible storage only (tests).
+    const float* key_row(int block, int l, int h, int s) const;
+    const float* value_row(int block, int l, int h, int s) const;
 
     std::vector<CacheEvent>* trace = nullptr;
     Mutant mutant = Mutant::none;
 
-private:
-    friend class PagedCache;
+    // ---- What a PagedCache asks of its pool.
     // The identity of a full block's contents.
     struct BlockKey {
         std::uint64_t parent = 0;  // the previous block's hash (0 for the first block)
@@ -72,10 +86,6 @@ private:
         std::uint64_t hash() const;
         bool operator==(const BlockKey&) const = default;
     };
-    std::int64_t offset(int block, int l, int h, int slot) const {
-        const Config& c = config_;
-        return (((std::int64_t(block) * c.n_layers + l) * c.n_kv_heads + h) * block_size_ + slot) * c.head_size();
-    }
     // A block for seq with refcount 1: from the free list, else the least recently used cached
     // one (unpublished first). Callers check available() beforehand.
     int allocate(const PagedCache* owner);
@@ -88,13 +98,17 @@ private:
     void publish(int block, BlockKey key);
     void unpublish(int block);
     void poison(int block, int from_slot);  // NaN in slots from_slot..block_size-1, every layer and head
+    // The whole of block `from` (every layer and head) into block `to`: a copy-on-write, on the device.
+    void copy_block(int to, int from);
     void event(EventKind kind, int seq, int block, int from = -1, int pos = -1, int count = 0) const;
+    void count_shared_write() { shared_writes_++; }
+    void count_prefix_hit(int positions) { hit_positions_ += positions; }
 
+private:
     Config config_;
     int block_size_, n_blocks_;
     bool prefix_caching_;
-    std::vector<float> k_;                                // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
-    std::vector<float> v_;                                // [n_blocks, n_layers, n_kv_heads, block_size, head_size]
+    KVStorage storage_;                                   // [n_blocks, n_layers, n_kv_heads, block_size] rows
     std::vector<int> refcount_;                           // [n_blocks]
     std::vector<int> free_;                               // free blocks, taken from the back
     std::vector<char> published_;                         // [n_blocks]
@@ -113,9 +127,9 @@ public:
     PagedCache(BlockPool& pool, std::uint64_t model_identity = 0, int seq_id = 0);
     ~PagedCache() override;
 
-    const float* key(int l, int h, int t) const override;
-    const float* value(int l, int h, int t) const override;
-    int attended(int l, int h, int pos, const float** keys, const float** values) const override;
+    std::int64_t slot(int t) const override;
+    int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
+    const KVStorage& storage() const override { return pool_.storage(); }
     int attach_prefix(std::span<const int> tokens) override;
     MemoryStats memory() const override;
     std::string name() const override;
@@ -124,20 +138,22 @@ public:
     std::unique_ptr<PagedCache> fork(int new_seq_id) const;
     const std::vector<int>& block_table() const { return table_; }
     BlockPool& pool() const { return pool_; }
+    // How many of block's slots hold this sequence's rows (0 if it does not map the block).
+    int rows_in(int block) const;
 
 protected:
     void reserve(int new_length) override;
-    void store(int l, int pos, const float* k_row, const float* v_row) override;
+    void on_write(int pos) override;
+    void on_stored(int l, int pos) override;
     void release(int n) override;
 
 private:
-    int slot(int pos) const;
+    int slot_in_block(int pos) const;
     BlockPool::BlockKey key_of(int b) const;  // the key of logical block b, from the tokens
     BlockPool& pool_;
     std::uint64_t model_;
     std::vector<int> table_;             // [ceil(length / block_size)] physical block of each logical block
     std::vector<std::uint64_t> hashes_;  // [length / block_size] hash of each full logical block
-    std::vector<float> nan_row_;         // [head_size] NaN: what a position with no block reads
 };
 
 }  // namespace kvlab

@@ -12,7 +12,7 @@ namespace kvlab {
 
 namespace {
 
-constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+constexpr float kPoison = kNaN;
 
 // One group's affine map: x_hat = code * scale + min.
 struct Range {
@@ -79,22 +79,23 @@ QuantizedCache::QuantizedCache(const Config& config, QuantSpec spec) : Cache(con
     k_scales_.assign(k_meta, kPoison);
     k_mins_.assign(k_meta, kPoison);
     k_residual_.assign(per_channel_keys() ? heads * (g - 1) * hs : 0, kPoison);
-    k_mirror_.assign(rows * hs, kPoison);
-    v_mirror_.assign(rows * hs, kPoison);
+    mirror_ = KVStorage(host_memory(), std::int64_t(rows), hs, std::int64_t(c.n_kv_heads) * c.max_seq, c.max_seq);
+    k_mirror_ = mirror_.k.data();
+    v_mirror_ = mirror_.v.data();
     key_rows_.assign(c.n_layers, 0);
     assert(k_codes_.size() == rows * row_bytes_ && v_codes_.size() == rows * row_bytes_);
     assert(v_scales_.size() == rows * token_groups_ && k_scales_.size() == k_meta && k_mins_.size() == k_meta);
     assert(k_residual_.size() == (per_channel_keys() ? heads * (g - 1) * hs : 0));
-    assert(k_mirror_.size() == rows * hs && v_mirror_.size() == rows * hs);
+    assert(mirror_.k.size() == std::int64_t(rows * hs) && mirror_.v.size() == std::int64_t(rows * hs));
 }
 
 void QuantizedCache::reserve(int new_length) { assert(new_length <= config_.max_seq); }
 
 void QuantizedCache::quantize_row(const float* x, std::int64_t r, std::vector<std::uint8_t>& codes,
-                                  std::vector<float>& scales, std::vector<float>& mins, std::vector<float>& mirror) {
+                                  std::vector<float>& scales, std::vector<float>& mins, float* mirror) {
     const int hs = config_.head_size(), g = spec_.group, levels = (1 << spec_.bits) - 1;
     std::uint8_t* code_row = codes.data() + r * row_bytes_;
-    float* out = mirror.data() + r * hs;
+    float* out = mirror + r * hs;
     for (int gi = 0; gi < token_groups_; gi++) {
         const Range range = fit(x + gi * g, g, 1, levels);
         scales[r * token_groups_ + gi] = range.scale;
@@ -124,8 +125,17 @@ void QuantizedCache::quantize_key_group(int l, int h, int gi, const float* rows)
     }
 }
 
-void QuantizedCache::store(int l, int pos, const float* k_row, const float* v_row) {
-    const int hs = config_.head_size(), g = spec_.group;
+void QuantizedCache::on_stored(int l, int pos) {
+    const int hs = config_.head_size(), g = spec_.group, kv_dim = config_.kv_dim();
+    // The raw rows the backend wrote, [kv_dim] each, before their mirror rows are overwritten.
+    std::vector<float> k_raw(std::size_t(kv_dim), 0.0f), v_raw(std::size_t(kv_dim), 0.0f);
+    for (int h = 0; h < config_.n_kv_heads; h++) {
+        std::copy_n(k_mirror_ + row(l, h, pos), hs, k_raw.data() + h * hs);
+        std::copy_n(v_mirror_ + row(l, h, pos), hs, v_raw.data() + h * hs);
+    }
+    assert(k_raw.size() == std::size_t(kv_dim) && v_raw.size() == std::size_t(kv_dim));
+    const float* k_row = k_raw.data();
+    const float* v_row = v_raw.data();
     if (per_channel_keys() && pos > key_rows_[l])
         throw Error(fmt::format("quantized cache: per-channel keys go in order; layer {} got {} before {}", l, pos,
                                 key_rows_[l]));
@@ -146,7 +156,7 @@ void QuantizedCache::store(int l, int pos, const float* k_row, const float* v_ro
             std::vector<float> rows(std::size_t(g) * hs);  // [group, head_size]
             for (int i = 0; i < g; i++) {
                 const float* src = g0 + i == pos ? k
-                                   : complete    ? k_mirror_.data() + row(l, h, g0 + i)
+                                   : complete    ? k_mirror_ + row(l, h, g0 + i)
                                                  : residual_row(l, h, g0 + i);
                 std::copy_n(src, hs, rows.data() + std::size_t(i) * hs);
             }
@@ -156,7 +166,7 @@ void QuantizedCache::store(int l, int pos, const float* k_row, const float* v_ro
         } else {
             // Not yet complete: KIVI keeps the row in full precision, and attention reads it as is.
             std::copy_n(k, hs, residual_row(l, h, pos));
-            std::copy_n(k, hs, k_mirror_.data() + row(l, h, pos));
+            std::copy_n(k, hs, k_mirror_ + row(l, h, pos));
         }
     }
     key_rows_[l] = std::max(key_rows_[l], pos + 1);
@@ -167,8 +177,8 @@ void QuantizedCache::release(int n) {
     for (int l = 0; l < config_.n_layers; l++) {
         for (int h = 0; h < config_.n_kv_heads; h++) {
             for (int t = n; t < length(); t++) {
-                std::fill_n(k_mirror_.data() + row(l, h, t), hs, kPoison);
-                std::fill_n(v_mirror_.data() + row(l, h, t), hs, kPoison);
+                std::fill_n(k_mirror_ + row(l, h, t), hs, kPoison);
+                std::fill_n(v_mirror_ + row(l, h, t), hs, kPoison);
                 std::fill_n(v_scales_.data() + row_index(l, h, t) * token_groups_, token_groups_, kPoison);
                 std::fill_n(v_mins_.data() + row_index(l, h, t) * token_groups_, token_groups_, kPoison);
                 if (!per_channel_keys()) {
@@ -188,7 +198,7 @@ void QuantizedCache::release(int n) {
                 if (t >= n)
                     std::fill_n(res, hs, kPoison);
                 else if (was_complete)
-                    std::copy_n(k_mirror_.data() + row(l, h, t), hs, res);
+                    std::copy_n(k_mirror_ + row(l, h, t), hs, res);
             }
             // Scales of every group that is no longer complete.
             for (int gj = gi; gj < channel_groups_ && gj * g < key_rows_[l]; gj++) {
@@ -214,7 +224,7 @@ MemoryStats QuantizedCache::memory() const {
     m.allocated_bytes = std::int64_t(k_codes_.size() + v_codes_.size()) +
                         std::int64_t(sizeof(float) * (k_scales_.size() + k_mins_.size() + v_scales_.size() +
                                                       v_mins_.size() + k_residual_.size()));
-    m.scratch_bytes = std::int64_t(sizeof(float) * (k_mirror_.size() + v_mirror_.size()));
+    m.scratch_bytes = mirror_.bytes();
     return m;
 }
 

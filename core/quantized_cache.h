@@ -11,9 +11,11 @@
 // of the incomplete group stay in fp32 (KIVI's residual) and the group is quantized when its last
 // row is written.
 //
-// Attention reads dequantized floats through key()/value(), so it runs the same kernel as every
-// other cache. A production kernel dequantizes in registers; we keep a float mirror instead and
-// report it as scratch memory, not as cache memory.
+// Attention reads dequantized floats through slots, so it runs the same kernel as every other
+// cache. A production kernel dequantizes in registers; we keep a float mirror instead (the
+// cache's storage, where the backend writes each new row and stored() replaces it by its
+// dequantized value) and report it as scratch memory, not as cache memory. Quantizing runs on
+// the host, so this cache needs host-visible memory (the CPU backend).
 #pragma once
 
 #include <cstdint>
@@ -36,8 +38,8 @@ public:
     // Throws Error for a spec that does not fit the config (bits, group size).
     explicit QuantizedCache(const Config& config, QuantSpec spec = {});
 
-    const float* key(int l, int h, int t) const override { return k_mirror_.data() + row(l, h, t); }
-    const float* value(int l, int h, int t) const override { return v_mirror_.data() + row(l, h, t); }
+    std::int64_t slot(int t) const override { return t; }
+    const KVStorage& storage() const override { return mirror_; }
     MemoryStats memory() const override;
     std::string name() const override;  // "quant-int8(k=per-channel,v=per-token,group=32)"
     const QuantSpec& spec() const { return spec_; }
@@ -53,7 +55,9 @@ public:
 
 protected:
     void reserve(int new_length) override;
-    void store(int l, int pos, const float* k_row, const float* v_row) override;
+    // Quantizes the raw rows the backend wrote into the mirror and replaces them by their
+    // dequantized values.
+    void on_stored(int l, int pos) override;
     void release(int n) override;
 
 private:
@@ -66,7 +70,7 @@ private:
     // Per-token: quantizes the head_size floats x of row (l, h, t) into codes/scales/mins, and
     // writes the dequantized values into mirror.
     void quantize_row(const float* x, std::int64_t r, std::vector<std::uint8_t>& codes, std::vector<float>& scales,
-                      std::vector<float>& mins, std::vector<float>& mirror);
+                      std::vector<float>& mins, float* mirror);
     // Per-channel keys: quantizes group rows [group, head_size] of group gi of (l, h).
     void quantize_key_group(int l, int h, int gi, const float* rows);
     // Per-channel keys: the residual row of position t (t's group not yet complete).
@@ -85,8 +89,9 @@ private:
                                             // per-channel: [n_layers, n_kv_heads, channel_groups, head_size]
     std::vector<float> v_scales_, v_mins_;  // [n_layers, n_kv_heads, max_seq, token_groups]
     std::vector<float> k_residual_;         // per-channel: [n_layers, n_kv_heads, group - 1, head_size]; else empty
-    std::vector<float> k_mirror_;           // [n_layers, n_kv_heads, max_seq, head_size], NaN where nothing is stored
-    std::vector<float> v_mirror_;           // [n_layers, n_kv_heads, max_seq, head_size]
+    KVStorage mirror_;                      // k, v: [n_layers, n_kv_heads, max_seq, head_size], NaN where nothing is stored
+    float* k_mirror_ = nullptr;             // mirror_.k on the host
+    float* v_mirror_ = nullptr;             // mirror_.v on the host
     std::vector<int> key_rows_;             // [n_layers]: positions 0..key_rows_[l]-1 of layer l are written
 };
 

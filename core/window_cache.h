@@ -24,13 +24,13 @@ class WindowCache : public Cache {
 public:
     // chunk: the most positions one append may add; 0 means window. Throws Error for sinks < 0,
     // window < 1, chunk < 0.
-    WindowCache(const Config& config, int sinks, int window, int chunk = 0);
+    WindowCache(const Config& config, int sinks, int window, int chunk = 0, Memory& memory = host_memory());
 
-    // The row of t if t is resident (its slot still holds it), else a NaN row.
-    const float* key(int l, int h, int t) const override;
-    const float* value(int l, int h, int t) const override;
+    // The ring slot of t if t is resident (its slot still holds it), else -1.
+    std::int64_t slot(int t) const override;
     // Sinks 0..min(S, pos + 1) - 1, then max(S, pos - W + 1)..pos, in increasing position.
-    int attended(int l, int h, int pos, const float** keys, const float** values) const override;
+    int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
+    const KVStorage& storage() const override { return storage_; }
     int max_append() const override { return chunk_; }
     MemoryStats memory() const override;
     std::string name() const override;  // "window(sinks=S,window=W)"
@@ -39,31 +39,23 @@ public:
     int window() const { return window_; }
     int chunk() const { return chunk_; }
     int ring_size() const { return ring_size_; }
-    // The physical slot of logical position pos.
-    int slot(int pos) const;
+    // The ring slot logical position pos goes to (resident or not).
+    int ring_slot(int pos) const;
     // Whether position t < length() still has its rows in the ring.
     bool resident(int t) const;
 
 protected:
     void reserve(int new_length) override;
-    void store(int l, int pos, const float* k_row, const float* v_row) override;
     // Throws Error, changing nothing, when a position a query at n would attend was evicted.
     void release(int n) override;
 
 private:
-    std::int64_t offset(int l, int h, int slot) const {
-        return ((std::int64_t(l) * config_.n_kv_heads + h) * ring_size_ + slot) * config_.head_size();
-    }
-    void poison_slot(int slot);
-
     int sinks_, window_, chunk_;
     int ring_;                    // R = window + chunk - 1: the ring slots after the sinks
     int ring_size_;               // min(sinks + R, max_seq) slots in all
     bool direct_;                 // sinks + R >= max_seq: slot = pos, nothing is ever evicted
-    std::vector<float> k_;        // [n_layers, n_kv_heads, ring_size, head_size], NaN where nothing is stored
-    std::vector<float> v_;        // [n_layers, n_kv_heads, ring_size, head_size]
+    KVStorage storage_;           // k, v: [n_layers, n_kv_heads, ring_size, head_size], NaN where nothing is stored
     std::vector<int> owner_;      // [ring_size]: the position whose rows a slot holds, or -1
-    std::vector<float> nan_row_;  // [head_size] NaNs: what an evicted position reads as
 };
 
 }  // namespace kvlab

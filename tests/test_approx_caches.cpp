@@ -26,7 +26,6 @@ using kvlab::test::full_range;
 
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // A config with the given cache shape; the fields a cache does not use are 1.
 Config cache_config(int n_layers, int n_kv_heads, int head_size, int max_seq, int group = 1) {
@@ -262,7 +261,7 @@ void window_property(int planted_shift) {
                 for (int h = 0; h < c.n_kv_heads; h++)
                     for (int pos = start; pos < cache.length(); pos++) {
                         const std::vector<int> expected = window_rule(S, W, pos, planted_shift);
-                        const int n = cache.attended(l, h, pos, keys.data(), values.data());
+                        const int n = kvlab::test::attended_rows(cache, l, h, pos, keys, values);
                         if (n != int(expected.size()))
                             RC_FAIL(
                                 fmt::format("window(S={}, W={}, chunk={}), max_seq {}: a query at {} attends {} "
@@ -542,7 +541,7 @@ TEST_CASE("window: nonsense parameters are one-line errors; a window larger than
     std::mt19937 rng(3);
     append_rows(big, w, 8, rng);
     std::vector<const float*> keys(8), values(8);
-    CHECK(big.attended(0, 0, 7, keys.data(), values.data()) == 8);
+    CHECK(kvlab::test::attended_rows(big, 0, 0, 7, keys, values) == 8);
     for (int t = 0; t < 8; t++) CHECK(same_bits(keys[t], w.k_head(0, 0, t), 2));
 }
 

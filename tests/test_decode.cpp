@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "baseline.h"
+#include "cpu_backend.h"
 #include "decode.h"
 #include "test_util.h"
 
@@ -24,8 +25,9 @@ namespace {
 void check_naive_equals_cached(MatmulFn naive_matmul) {
     const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
     const Model m = random_model(c, seed);
-    NaiveDecoder naive(m);
-    naive.matmul = naive_matmul;
+    CpuBackend naive_backend(m);
+    naive_backend.planted_matmul = naive_matmul;
+    NaiveDecoder naive(naive_backend);
     CachedDecoder cached(m);
     for (int T = prompt_len; T <= int(tokens.size()); T++) {
         const std::span<const int> prefix(tokens.data(), T);
@@ -97,8 +99,9 @@ TEST_CASE("P1 counter-test: an order-changing matmul in the naive path is caught
 void check_prefill_equals_one_by_one(MatmulFn matmul) {
     const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
     const Model m = random_model(c, seed);
-    CachedDecoder batched(m), one_by_one(m);
-    batched.matmul = one_by_one.matmul = matmul;
+    CpuBackend backend(m);
+    backend.planted_matmul = matmul;
+    CachedDecoder batched(backend), one_by_one(backend);
     std::vector<float> lb = batched.prefill(std::span<const int>(tokens.data(), prompt_len));
     std::vector<float> lo;
     for (int t = 0; t < prompt_len; t++) lo = one_by_one.decode(tokens[t]);
@@ -138,9 +141,11 @@ void check_thread_count_invariance(MatmulFn matmul) {
     const Model m = random_model(c, seed);
     std::vector<std::vector<float>> runs;  // per thread count: naive logits then cached logits, every step
     for (int threads : {1, 2, 4}) {
-        NaiveDecoder naive(m, threads);
-        CachedDecoder cached(m, threads);
-        naive.matmul = cached.matmul = matmul;
+        CpuBackend backend(m);
+        backend.planted_matmul = matmul;
+        NaiveDecoder naive(backend);
+        CachedDecoder cached(backend);
+        naive.exec.n_threads = cached.exec.n_threads = threads;
         // Force every product onto the threads, however small, so the split is exercised.
         naive.exec.parallel_min_work = cached.exec.parallel_min_work = 0;
         std::vector<float> all;

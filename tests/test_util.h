@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cache.h"
 #include "config.h"
 #include "models_dir.h"
 #include "numerics.h"
@@ -26,6 +27,26 @@ inline void showValue(const Config& c, std::ostream& os) { os << c.describe(); }
 }  // namespace kvlab
 
 namespace kvlab::test {
+
+// The K and V rows (host pointers into the cache's storage) that a query at pos reads at layer
+// l, KV head h: the slots cache.attended() lists, resolved as the kernels resolve them (a slot
+// of -1 reads a NaN row). Returns how many.
+inline int attended_rows(const Cache& cache, int l, int h, int pos, std::vector<const float*>& keys,
+                         std::vector<const float*>& values) {
+    static const std::vector<float> nan_row(4096, kNaN);
+    const KVStorage& st = cache.storage();
+    const int hs = cache.config().head_size();
+    std::vector<std::int64_t> slots(std::size_t(pos) + 1, -1);  // [pos + 1]: no variant attends more
+    const int n = cache.attended(pos, slots.data());
+    keys.resize(std::size_t(n));
+    values.resize(std::size_t(n));
+    for (int i = 0; i < n; i++) {
+        const std::int64_t s = slots[std::size_t(i)];
+        keys[std::size_t(i)] = s < 0 ? nan_row.data() : st.k.data() + st.row(l, h, s) * hs;
+        values[std::size_t(i)] = s < 0 ? nan_row.data() : st.v.data() + st.row(l, h, s) * hs;
+    }
+    return n;
+}
 
 // What llama2.c's own test (test_all.py, test_runc) records for `run stories260K.bin -z tok512.bin
 // -t 0.0 -n 200`: 200 greedy steps from BOS.

@@ -6,7 +6,6 @@
 #include <cassert>
 #include <chrono>
 #include <optional>
-#include <unordered_set>
 
 #include "common.h"
 #include "decode.h"
@@ -265,18 +264,14 @@ void Session::run() {
         st.attended = m.last_attended;
         st.weights = m.last_weights;
     };
-    // A's newest row: the positions it attended and the weights. The positions come from the
-    // cache itself: t was attended when its key row is one the cache handed to attention.
-    std::vector<const float*> keys(std::size_t(c.max_seq)), values(std::size_t(c.max_seq));  // [max_seq]
+    // A's newest row: the positions it attended (the cache's own list) and the weights.
+    std::vector<std::int64_t> slots(std::size_t(c.max_seq));  // [max_seq]
     auto take_probe = [&] {
         const int pos = A.cache->length() - 1;
-        const int n = A.cache->attended(0, 0, pos, keys.data(), values.data());
+        m.last_attended.assign(std::size_t(c.max_seq), -1);
+        const int n = A.cache->attended(pos, slots.data(), m.last_attended.data());
         assert(n == m.probe.n);
-        const std::unordered_set<const float*> rows(keys.begin(), keys.begin() + n);
-        m.last_attended.clear();
-        for (int t = 0; t <= pos; t++)
-            if (rows.count(A.cache->key(0, 0, t))) m.last_attended.push_back(t);
-        assert(int(m.last_attended.size()) == n);
+        m.last_attended.resize(std::size_t(n));
         m.last_weights.resize(std::size_t(c.n_layers) * c.n_heads * std::size_t(n));  // [n_layers, n_heads, n]
         for (int lh = 0; lh < c.n_layers * c.n_heads; lh++)
             std::copy_n(m.probe.weights.data() + std::size_t(lh) * std::size_t(c.max_seq), n,

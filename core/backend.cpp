@@ -1,0 +1,50 @@
+#include "backend.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+namespace kvlab {
+
+namespace {
+
+class HostMemory final : public Memory {
+public:
+    std::string_view name() const override { return "host"; }
+    bool host_visible() const override { return true; }
+    void* allocate(std::int64_t bytes) override {
+        // 64-byte alignment: a vector register's load never straddles a cache line.
+        const std::size_t n = (std::size_t(bytes) + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, n);
+        if (!p) throw Error(fmt::format("host memory: cannot allocate {} bytes", bytes));
+        return p;
+    }
+    void deallocate(void* p) override { std::free(p); }
+    void upload(void* dst, const void* src, std::int64_t bytes) override { std::memmove(dst, src, std::size_t(bytes)); }
+    void download(void* dst, const void* src, std::int64_t bytes) override {
+        std::memmove(dst, src, std::size_t(bytes));
+    }
+    void copy(void* dst, const void* src, std::int64_t bytes) override { std::memmove(dst, src, std::size_t(bytes)); }
+    void fill_nan(float* x, std::int64_t n) override {
+        std::fill_n(x, n, std::numeric_limits<float>::quiet_NaN());
+    }
+};
+
+}  // namespace
+
+Memory& host_memory() {
+    static HostMemory memory;
+    return memory;
+}
+
+std::vector<int> kv_head_map(const Config& c) {
+    std::vector<int> map(std::size_t(c.n_heads));  // [n_heads]
+    for (int h = 0; h < c.n_heads; h++) map[std::size_t(h)] = h / c.group();
+    return map;
+}
+
+}  // namespace kvlab

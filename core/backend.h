@@ -1,0 +1,145 @@
+// kvlab core: the backend interface. The layer code of both decoders (decode.cpp) is written
+// once against it; a backend runs the kernels on its own memory.
+//
+//   Memory    where buffers live: allocate, upload, download, a copy inside the memory (a
+//             copy-on-write block), a NaN fill (rows that hold nothing read as NaN)
+//   Backend   the model's weights in the backend's own layout, and exactly the kernels of
+//             kernels.h: embed, matmul, rmsnorm, rope, softmax (inside attention), silu_mul,
+//             add, the masked T x T attention of naive decode and the attention of cached decode
+//             over the rows a cache hands out as slot indices, and the K/V store into those slots
+//
+// Backends: CpuBackend (core/cpu_backend.h, xsimd and OpenMP), and in gpu/ the CUDA backend and
+// its host launcher (the same per-thread source run over the whole grid on the CPU). Every
+// pointer passed to a Backend or a Memory lives in that backend's memory: host memory for the
+// CPU, device memory for CUDA. All of them produce the same bits (NUMERICS.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "config.h"
+#include "kernels.h"
+
+namespace kvlab {
+
+class Memory {
+public:
+    virtual ~Memory() = default;
+    virtual std::string_view name() const = 0;  // "host", "cuda"
+    // Host-visible memory can be read through plain pointers (tests, quantized caches).
+    virtual bool host_visible() const = 0;
+    // Throws Error (one line) when the memory cannot hold `bytes` more.
+    virtual void* allocate(std::int64_t bytes) = 0;
+    virtual void deallocate(void* p) = 0;
+    virtual void upload(void* dst, const void* src, std::int64_t bytes) = 0;    // host -> this
+    virtual void download(void* dst, const void* src, std::int64_t bytes) = 0;  // this -> host
+    virtual void copy(void* dst, const void* src, std::int64_t bytes) = 0;      // this -> this
+    virtual void fill_nan(float* x, std::int64_t n) = 0;
+    // Waits for queued work (a device's stream); the host's is synchronous.
+    virtual void synchronize() {}
+};
+
+// Plain host memory, shared by the CPU backend and the GPU kernels' host launcher.
+Memory& host_memory();
+
+// n elements of T in a Memory, freed with it. Move-only.
+template <class T>
+class Buffer {
+public:
+    Buffer() = default;
+    Buffer(Memory& memory, std::int64_t n)
+        : memory_(&memory), data_(n > 0 ? static_cast<T*>(memory.allocate(n * std::int64_t(sizeof(T)))) : nullptr),
+          size_(n) {}
+    Buffer(Buffer&& o) noexcept { swap(o); }
+    Buffer& operator=(Buffer&& o) noexcept {
+        Buffer(std::move(o)).swap(*this);
+        return *this;
+    }
+    ~Buffer() {
+        if (data_) memory_->deallocate(data_);
+    }
+    void swap(Buffer& o) noexcept {
+        std::swap(memory_, o.memory_);
+        std::swap(data_, o.data_);
+        std::swap(size_, o.size_);
+    }
+    T* data() const { return data_; }
+    std::int64_t size() const { return size_; }
+    std::int64_t bytes() const { return size_ * std::int64_t(sizeof(T)); }
+    Memory* memory() const { return memory_; }
+    void upload(std::span<const T> host, std::int64_t at = 0) {
+        memory_->upload(data_ + at, host.data(), std::int64_t(host.size_bytes()));
+    }
+
+private:
+    Memory* memory_ = nullptr;
+    T* data_ = nullptr;
+    std::int64_t size_ = 0;
+};
+
+// Where one query row finds its cache's K and V. The storage holds rows of head_size floats;
+// the row of (layer l, KV head h, slot s) starts at float (l*layer_rows + h*head_rows + s) *
+// head_size of k (and of v). Slots are the cache's physical row indices (Cache::attended); a
+// slot of -1 is a position whose rows are not held: it reads as NaN.
+struct RowKV {
+    float* k = nullptr;
+    float* v = nullptr;
+    std::int64_t layer_rows = 0;
+    std::int64_t head_rows = 0;
+    std::int64_t write_slot = -1;  // where this row's own K and V go
+    int n = 0;                     // rows attended: slots[0..n)
+    int pad_ = 0;
+};
+
+// The weights a product reads, by name; the backend keeps them in its own layout.
+enum class Matrix { wq, wk, wv, wo, w1, w2, w3, wcls };
+enum class Norm { att, ffn, final };
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string_view name() const = 0;  // "cpu", "gpu", "gpu-host"
+    virtual Memory& memory() = 0;
+    virtual const Config& config() const = 0;
+
+    // x[rows, dim] = token_embedding[tokens[i]]
+    virtual void embed(Exec& ex, float* x, const int* tokens, int rows) = 0;
+    // y[rows, n_out] (row stride ldy) = x[rows, n_in] (row stride ldx) · W, W = the matrix `m`
+    // of layer l: each element summed over k in increasing order from +0 (kernels.h: matmul).
+    virtual void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) = 0;
+    // out[rows, dim] = rmsnorm(x[rows, dim]) with the weights `n` of layer l
+    virtual void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) = 0;
+    // vec[rows, n_heads * head_size] rotated; row i at logical position positions[i]
+    virtual void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) = 0;
+    // h1[n] = silu(h1[n]) * h3[n]
+    virtual void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) = 0;
+    // x[n] += y[n]
+    virtual void add(Exec& ex, float* x, const float* y, std::int64_t n) = 0;
+
+    // Naive decode's attention over T rows, every head: S = Q_h K_h^T / sqrt(head_size), S[i][j]
+    // = -inf for j > i + future, P = softmax(S) by row, att_h = P V_h (P·V summed over j in
+    // increasing order). q, att: [T, dim]; k, v: [T, kv_dim]; kv_head: [n_heads] the KV head
+    // each query head reads. `future` is 0; a planted bug sets 1 (row i sees i + 1).
+    virtual void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
+                                  const int* kv_head, int future) = 0;
+
+    // Cached decode's write: row i's K and V (k, v: [rows, kv_dim]) into layer l of its cache
+    // at rows[i].write_slot. rows: [rows] RowKV.
+    virtual void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) = 0;
+    // Cached decode's attention at layer l: row i, head h reads rows[i].n slots,
+    // slots[i * max_n + j] in increasing logical position, through KV head kv_head[h], with
+    // kernels.h's attention_row. q, att: [rows, dim]; slots: [rows, max_n].
+    // probe (optional, [n_heads, max_n]): the softmax output of row probe_row, every head.
+    virtual void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                           const std::int64_t* slots, int max_n, const int* kv_head, int probe_row,
+                           float* probe) = 0;
+};
+
+// The KV head each of n_heads query heads reads: h / (n_heads / n_kv_heads).
+std::vector<int> kv_head_map(const Config& c);
+
+}  // namespace kvlab

@@ -1,0 +1,156 @@
+#include "cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <limits>
+
+namespace kvlab {
+
+CpuBackend::CpuBackend(const Model& model) : model_(model), nan_row_(std::size_t(model.config().head_size()), kNaN) {
+    const Weights& w = model.w;
+    const Config& c = w.config;
+    const std::size_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+    for (std::size_t l = 0; l < std::size_t(c.n_layers); l++)
+        layers_.push_back(PackedLayer{
+            PackedMatrix(w.wq.data() + l * dim * dim, c.dim, c.dim),
+            PackedMatrix(w.wk.data() + l * dim * kv_dim, c.dim, c.kv_dim()),
+            PackedMatrix(w.wv.data() + l * dim * kv_dim, c.dim, c.kv_dim()),
+            PackedMatrix(w.wo.data() + l * dim * dim, c.dim, c.dim),
+            PackedMatrix(w.w1.data() + l * dim * hidden, c.dim, c.hidden_dim),
+            PackedMatrix(w.w2.data() + l * hidden * dim, c.hidden_dim, c.dim),
+            PackedMatrix(w.w3.data() + l * dim * hidden, c.dim, c.hidden_dim),
+        });
+    wcls_ = PackedMatrix(w.wcls.data(), c.dim, c.vocab_size);
+    assert(layers_.size() == std::size_t(c.n_layers) && nan_row_.size() == std::size_t(c.head_size()));
+}
+
+const PackedMatrix& CpuBackend::packed(Matrix m, int l) const {
+    if (m == Matrix::wcls) return wcls_;
+    const PackedLayer& p = layers_[std::size_t(l)];
+    switch (m) {
+        case Matrix::wq: return p.wq;
+        case Matrix::wk: return p.wk;
+        case Matrix::wv: return p.wv;
+        case Matrix::wo: return p.wo;
+        case Matrix::w1: return p.w1;
+        case Matrix::w2: return p.w2;
+        case Matrix::w3: return p.w3;
+        case Matrix::wcls: break;
+    }
+    return wcls_;
+}
+
+void CpuBackend::embed(Exec&, float* x, const int* tokens, int rows) {
+    const int dim = config().dim;
+    for (int i = 0; i < rows; i++)
+        std::copy_n(model_.w.token_embedding.data() + std::int64_t(tokens[i]) * dim, dim, x + std::int64_t(i) * dim);
+}
+
+void CpuBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {
+    const PackedMatrix& w = packed(m, l);
+    if (planted_matmul)
+        planted_matmul(ex, y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
+    else
+        matmul_packed(ex, y, ldy, x, ldx, w, rows);
+}
+
+void CpuBackend::rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) {
+    const Weights& w = model_.w;
+    const int dim = config().dim;
+    const float* weight = n == Norm::att   ? w.rms_att.data() + std::int64_t(l) * dim
+                          : n == Norm::ffn ? w.rms_ffn.data() + std::int64_t(l) * dim
+                                           : w.rms_final.data();
+    kvlab::rmsnorm(ex, out, x, weight, rows, dim);
+}
+
+void CpuBackend::rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) {
+    kvlab::rope(ex, vec, rows, n_heads, config().head_size(), std::span<const int>(positions, std::size_t(rows)),
+                model_.rope);
+}
+
+void CpuBackend::silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) { kvlab::silu_mul(ex, h1, h3, n); }
+
+void CpuBackend::add(Exec& ex, float* x, const float* y, std::int64_t n) { kvlab::add(ex, x, y, n); }
+
+// For each head: S = Q_h K_h^T / sqrt(head_size) with S[i][j] = -inf for j > i, P = softmax by
+// row, att_h = P V_h. Masked entries become exact zeros in P and add exact zeros to P V_h, so row
+// i computes bit for bit what a cached decode computes at position i (NUMERICS.md). Q·K^T runs
+// as a product with K transposed: each score is still summed over d in increasing order.
+void CpuBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
+                                  const int* kv_head, int future) {
+    const Config& c = config();
+    const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
+    kt_.resize(std::size_t(hs) * T);     // [head_size, T]
+    scores_.resize(std::size_t(T) * T);  // [T, T]
+    assert(kt_.size() == std::size_t(hs) * T && scores_.size() == std::size_t(T) * T);
+    const float scale = attention_scale(hs);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const MatmulFn mm = planted_matmul ? planted_matmul : kvlab::matmul;
+    for (int h = 0; h < c.n_heads; h++) {
+        const int kvh = kv_head[h];
+        for (int j = 0; j < T; j++)
+            for (int d = 0; d < hs; d++) kt_[std::size_t(d) * T + j] = k[std::size_t(j) * kv_dim + kvh * hs + d];
+        // S[T, T] = Q_h[T, hs] · Kt[hs, T]
+        mm(ex, scores_.data(), T, q + h * hs, dim, kt_.data(), T, T, hs, T);
+        for (int i = 0; i < T; i++) {
+            float* s = scores_.data() + std::size_t(i) * T;
+            const int last = std::min(i + future, T - 1);
+            for (int j = 0; j <= last; j++) s[j] = s[j] / scale;
+            for (int j = last + 1; j < T; j++) s[j] = neg_inf;
+            softmax(s, T);
+        }
+        ex.flops += std::uint64_t(T) * (T + 1) / 2 + std::uint64_t(T) * softmax_flops(T);
+        // att_h[T, hs] = P[T, T] · V_h[T, hs]
+        mm(ex, att + h * hs, dim, scores_.data(), T, v + kvh * hs, kv_dim, T, T, hs);
+    }
+}
+
+void CpuBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const float* k, const float* v) {
+    const Config& c = config();
+    const int hs = c.head_size(), kv_dim = c.kv_dim();
+    for (int i = 0; i < n_rows; i++) {
+        const RowKV& r = rows[i];
+        for (int h = 0; h < c.n_kv_heads; h++) {
+            const std::int64_t at = (l * r.layer_rows + h * r.head_rows + r.write_slot) * hs;
+            std::memcpy(r.k + at, k + std::int64_t(i) * kv_dim + h * hs, sizeof(float) * hs);
+            std::memcpy(r.v + at, v + std::int64_t(i) * kv_dim + h * hs, sizeof(float) * hs);
+        }
+    }
+}
+
+void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                           const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) {
+    const Config& c = config();
+    const int hs = c.head_size(), n_heads = c.n_heads;
+    const std::int64_t n_items = std::int64_t(n_rows) * n_heads;
+    std::int64_t work = 0;  // multiply-adds, to decide whether threads pay off
+    for (int i = 0; i < n_rows; i++) {
+        ex.flops += n_heads * attention_row_flops(hs, rows[i].n);
+        work += std::int64_t(n_heads) * 2 * hs * rows[i].n;
+    }
+    const std::size_t per_thread = std::size_t(std::max(1, max_n));
+    scores_.resize(std::size_t(ex.n_threads) * per_thread);  // [n_threads, max_n]
+    assert(scores_.size() == std::size_t(ex.n_threads) * per_thread);
+    const bool parallel = ex.n_threads > 1 && n_items > 1 && work >= ex.parallel_min_work;
+    // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
+#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
+    for (std::int64_t item = 0; item < n_items; item++) {
+        const int i = int(item / n_heads), h = int(item % n_heads);
+        const RowKV& r = rows[i];
+        const std::int64_t* s = slots + std::int64_t(i) * max_n;
+        const std::int64_t base = l * r.layer_rows + kv_head[h] * r.head_rows;
+        auto row = [&](const float* storage, int t) {
+            return s[t] < 0 ? nan_row_.data() : storage + (base + s[t]) * hs;
+        };
+        float* scores = scores_.data() + std::size_t(omp_get_thread_num()) * per_thread;
+        attention_row(
+            att + std::int64_t(i) * c.dim + h * hs, q + std::int64_t(i) * c.dim + h * hs, hs, r.n,
+            [&](int t) { return row(r.k, t); }, [&](int t) { return row(r.v, t); }, scores);
+        if (i == probe_row) std::copy_n(scores, r.n, probe + std::int64_t(h) * max_n);
+    }
+}
+
+}  // namespace kvlab

@@ -1,0 +1,52 @@
+// kvlab core: the CPU backend. The kernels of kernels.h on host memory, with the weights
+// repacked in register-width panels (PackedMatrix) for the products, vectors across output
+// elements (xsimd) and threads across rows and heads (OpenMP).
+#pragma once
+
+#include <vector>
+
+#include "backend.h"
+#include "model.h"
+
+namespace kvlab {
+
+class CpuBackend final : public Backend {
+public:
+    // The model must outlive the backend (the packed panels point into its weights).
+    explicit CpuBackend(const Model& model);
+
+    std::string_view name() const override { return "cpu"; }
+    Memory& memory() override { return host_memory(); }
+    const Config& config() const override { return model_.config(); }
+
+    void embed(Exec& ex, float* x, const int* tokens, int rows) override;
+    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override;
+    void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override;
+    void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) override;
+    void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override;
+    void add(Exec& ex, float* x, const float* y, std::int64_t n) override;
+    void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
+                          const int* kv_head, int future) override;
+    void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override;
+    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
+
+    // nullptr: the kernels. A test may plant an order-changing product here; it then replaces
+    // every product this backend computes (weights, on their unpacked originals, and the
+    // activations of naive attention alike).
+    MatmulFn planted_matmul = nullptr;
+
+private:
+    struct PackedLayer {
+        PackedMatrix wq, wk, wv, wo, w1, w2, w3;
+    };
+    const PackedMatrix& packed(Matrix m, int l) const;
+    const Model& model_;
+    std::vector<PackedLayer> layers_;  // [n_layers]
+    PackedMatrix wcls_;
+    std::vector<float> kt_;        // [head_size, T]  naive attention: one KV head's keys, transposed
+    std::vector<float> scores_;    // [T, T] naive; [n_threads, max_seq] cached: one row's scores per thread
+    std::vector<float> nan_row_;   // [head_size] what a slot of -1 reads
+};
+
+}  // namespace kvlab
