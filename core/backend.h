@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -105,6 +106,17 @@ public:
     virtual std::string_view name() const = 0;  // "cpu", "gpu", "gpu-host"
     virtual Memory& memory() = 0;
     virtual const Config& config() const = 0;
+
+    // Runs `body`, a step's kernel calls. The same key promises the same calls on the same
+    // buffers with the same arguments (only the contents of buffers differ), so a device
+    // backend may capture the body once as a graph and replay it (a CUDA Graph); the CPU just
+    // runs it. While capturing() is true the decoder sizes every per-step argument for the worst
+    // case (max_n = max_seq) and keeps host work (cache hooks) out of the body.
+    virtual void run(std::uint64_t key, const std::function<void()>& body) {
+        (void)key;
+        body();
+    }
+    virtual bool capturing() const { return false; }
 
     // x[rows, dim] = token_embedding[tokens[i]]
     virtual void embed(Exec& ex, float* x, const int* tokens, int rows) = 0;

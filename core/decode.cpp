@@ -254,8 +254,14 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
         last_row[std::size_t(s)] = int(positions.size()) - 1;
     }
     const int n = int(all_tokens.size());
+    Backend& b = *backend_;
+    Memory& memory = b.memory();
+    // A backend that captures steps as graphs replays them with the same arguments: the slot
+    // lists are then sized for the longest sequence, and the probe (a download per layer) is off.
+    const bool capture = b.capturing() && !probe;
     int max_n = 1;
     for (int pos : positions) max_n = std::max(max_n, pos + 1);  // every variant attends at most pos + 1
+    if (capture) max_n = c.max_seq;
     std::vector<RowKV> write_kv(all_tokens.size()), read_kv(all_tokens.size());  // [rows]
     std::vector<std::int64_t> slots(std::size_t(n) * max_n, -1);            // [rows, max_n]
     for (int i = 0; i < n; i++) {
@@ -273,8 +279,6 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
     if (mutant == Mutant::gqa_modulo)
         for (int h = 0; h < c.n_heads; h++) kv_head[h] = h % c.n_kv_heads;
 
-    Backend& b = *backend_;
-    Memory& memory = b.memory();
     upload(tokens_, memory, std::span<const int>(all_tokens));
     upload(positions_, memory, std::span<const int>(rope_positions));
     upload(write_kv_, memory, std::span<const RowKV>(write_kv));
@@ -288,39 +292,60 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
         probe->weights.assign(std::size_t(c.n_layers) * c.n_heads * c.max_seq, 0.0f);  // [n_layers, n_heads, max_seq]
         probe->n = read_kv[std::size_t(probe_row)].n;
     }
-
     act_.resize(memory, c, n);
-    b.embed(exec, act_.x.data(), tokens_.data(), n);
-    for (int l = 0; l < c.n_layers; l++) {
-        attention_inputs(b, exec, l, act_, positions_.data());
-        // Write first, then read: row i attends over 0..pos, its own K and V included.
-        const int wl = mutant == Mutant::kv_wrong_layer ? (l + 1) % c.n_layers : l;
-        auto write_rows = [&] {
-            b.store_kv(exec, write_kv_.data(), n, wl, act_.k.data(), act_.v.data());
-            for (int s = 0; s < n_seqs; s++)
-                caches[s]->stored(wl, std::span<const int>(positions).subspan(std::size_t(last_row[s] + 1) -
-                                                                              tokens[s].size(),
-                                                                          tokens[s].size()));
-        };
-        if (mutant != Mutant::read_before_write) write_rows();
-        b.attention(exec, act_.att.data(), act_.q.data(), read_kv_.data(), n, l, slots_.data(), max_n,
-                    kv_head_.data(), probe_row, probe ? probe_dev_.data() : nullptr);
-        if (mutant == Mutant::read_before_write) write_rows();
-        if (probe)
-            for (int h = 0; h < c.n_heads; h++)
-                memory.download(probe->weights.data() + (std::size_t(l) * c.n_heads + h) * c.max_seq,
-                                probe_dev_.data() + std::int64_t(h) * max_n,
-                                std::int64_t(sizeof(float)) * probe->n);
-        attention_output_and_ffn(b, exec, l, act_);
-    }
-    // logits[s] = rmsnorm(x[last row of s]) · wcls, all sequences as one product.
     ensure(last_, memory, std::int64_t(n_seqs) * c.dim);
     ensure(normed_, memory, std::int64_t(n_seqs) * c.dim);
     ensure(logits_dev_, memory, std::int64_t(n_seqs) * c.vocab_size);
-    for (int s = 0; s < n_seqs; s++)
-        memory.copy(last_.data() + std::int64_t(s) * c.dim, act_.x.data() + std::int64_t(last_row[s]) * c.dim,
-                    std::int64_t(sizeof(float)) * c.dim);
-    classify(b, exec, last_.data(), normed_.data(), logits_dev_.data(), n_seqs);
+
+    // Layer l's rows of each sequence are in storage: the caches' hooks (host bookkeeping).
+    auto stored = [&](int l) {
+        for (int s = 0; s < n_seqs; s++)
+            caches[s]->stored(l, std::span<const int>(positions).subspan(
+                                     std::size_t(last_row[s] + 1) - tokens[s].size(), tokens[s].size()));
+    };
+    const int write_layer_shift = mutant == Mutant::kv_wrong_layer ? 1 : 0;  // the planted bug writes into l + 1
+    auto forward = [&] {
+        b.embed(exec, act_.x.data(), tokens_.data(), n);
+        for (int l = 0; l < c.n_layers; l++) {
+            attention_inputs(b, exec, l, act_, positions_.data());
+            // Write first, then read: row i attends over 0..pos, its own K and V included.
+            const int wl = (l + write_layer_shift) % c.n_layers;
+            auto write_rows = [&] {
+                b.store_kv(exec, write_kv_.data(), n, wl, act_.k.data(), act_.v.data());
+                if (!capture) stored(wl);
+            };
+            if (mutant != Mutant::read_before_write) write_rows();
+            b.attention(exec, act_.att.data(), act_.q.data(), read_kv_.data(), n, l, slots_.data(), max_n,
+                        kv_head_.data(), probe_row, probe ? probe_dev_.data() : nullptr);
+            if (mutant == Mutant::read_before_write) write_rows();
+            if (probe)
+                for (int h = 0; h < c.n_heads; h++)
+                    memory.download(probe->weights.data() + (std::size_t(l) * c.n_heads + h) * c.max_seq,
+                                    probe_dev_.data() + std::int64_t(h) * max_n, std::int64_t(sizeof(float)) * probe->n);
+            attention_output_and_ffn(b, exec, l, act_);
+        }
+        // logits[s] = rmsnorm(x[last row of s]) · wcls, all sequences as one product.
+        for (int s = 0; s < n_seqs; s++)
+            memory.copy(last_.data() + std::int64_t(s) * c.dim, act_.x.data() + std::int64_t(last_row[s]) * c.dim,
+                        std::int64_t(sizeof(float)) * c.dim);
+        classify(b, exec, last_.data(), normed_.data(), logits_dev_.data(), n_seqs);
+    };
+    if (!capture) {
+        forward();
+    } else {
+        // Everything the captured calls depend on, besides buffer contents.
+        std::uint64_t key = 0x6b766c6162ull;  // "kvlab"
+        auto mix = [&key](std::uint64_t x) { key = (key ^ x) * 0x100000001b3ull; };
+        for (int s = 0; s < n_seqs; s++) mix(std::uint64_t(last_row[s]));
+        mix(std::uint64_t(n));
+        mix(std::uint64_t(mutant));
+        for (const void* p : {(const void*)act_.x.data(), (const void*)tokens_.data(), (const void*)positions_.data(),
+                              (const void*)write_kv_.data(), (const void*)read_kv_.data(), (const void*)slots_.data(),
+                              (const void*)kv_head_.data(), (const void*)last_.data(), (const void*)logits_dev_.data()})
+            mix(std::uint64_t(reinterpret_cast<std::uintptr_t>(p)));
+        b.run(key, forward);
+        for (int l = 0; l < c.n_layers; l++) stored((l + write_layer_shift) % c.n_layers);
+    }
     logits_.resize(std::size_t(n_seqs) * c.vocab_size);
     memory.download(logits_.data(), logits_dev_.data(), std::int64_t(sizeof(float)) * n_seqs * c.vocab_size);
     return logits_;

@@ -1,0 +1,33 @@
+// kvlab gpu: choosing where a decoder runs.
+//
+//   cpu       CpuBackend (core): xsimd and OpenMP
+//   gpu       the CUDA backend: the kernels of gpu/kernels.h launched on a device
+//   gpu-host  the same per-thread source launched on the host over the whole grid: how the GPU's
+//             arithmetic is checked bit for bit on machines without a GPU (CI)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend.h"
+#include "model.h"
+
+namespace kvlab {
+
+struct BackendOptions {
+    int n_threads = 1;    // cpu
+    bool graphs = true;   // gpu: capture the cached decode step as a CUDA Graph and replay it
+};
+
+// Whether this build compiled the CUDA backend (nvcc was found).
+bool gpu_built();
+// Why `--device gpu` cannot run here ("" when it can): no CUDA in this build, or no device.
+std::string gpu_unavailable();
+
+// The backend for `device` over `model` (which must outlive it). Throws Error, in one line, for
+// an unknown device name and for a GPU this build or this machine does not have.
+std::unique_ptr<Backend> make_backend(std::string_view device, const Model& model, const BackendOptions& options = {});
+
+}  // namespace kvlab
