@@ -4,17 +4,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "approx_metrics.h"
 #include "baseline.h"
+#include "cache_factory.h"
 #include "commands.h"
 #include "common.h"
+#include "compare.h"
 #include "decode.h"
-#include "paged.h"
-#include "quantized_cache.h"
-#include "window_cache.h"
 
 namespace kvlab::cli {
 
@@ -32,9 +31,7 @@ double median_seconds(int reps, F&& run) {
     return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) { return compare_bits(a, b).equal; }
 
 // One cache variant at context length T: decode step time relative to the contiguous cache.
 struct VariantRow {
@@ -52,24 +49,26 @@ struct VariantRow {
 std::vector<VariantRow> bench_variants(const Model& model, std::span<const int> tokens, const BenchOptions& o) {
     const Config& c = model.config();
     const int T = int(tokens.size()), reps = o.reps, threads = o.threads;
-    BlockPool pool(c, o.block_size, (c.max_seq + o.block_size - 1) / std::max(1, o.block_size));
-    struct Variant {
-        std::unique_ptr<Cache> cache;
+    // The table's rows, in order; the first (contiguous, head-major) is the yardstick.
+    const Variant kinds[] = {Variant::contiguous_head, Variant::contiguous_seq, Variant::growing, Variant::paged,
+                             Variant::quantized,       Variant::quantized,      Variant::window};
+    std::vector<CacheSpec> specs(std::size(kinds));
+    for (std::size_t i = 0; i < specs.size(); i++) specs[i].variant = kinds[i];
+    specs[2].initial_capacity = 16;
+    specs[3].block_size = o.block_size;
+    specs[4].quant = QuantSpec{8, QuantSpec::Axis::per_channel, o.group};
+    specs[5].quant = QuantSpec{4, QuantSpec::Axis::per_channel, o.group};
+    specs[6].sinks = 4, specs[6].window = std::max(1, T / 2 - 4), specs[6].chunk = 8;
+    struct Entry {
+        CacheAndPool cp;
         bool exact;
+        Cache& cache() const { return *cp.cache; }
     };
-    std::vector<Variant> variants;
-    variants.push_back({std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::head_major), true});
-    variants.push_back({std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::seq_major), true});
-    variants.push_back({std::make_unique<GrowingCache>(c, 16), true});
-    variants.push_back({std::make_unique<PagedCache>(pool), true});
-    variants.push_back(
-        {std::make_unique<QuantizedCache>(c, QuantSpec{8, QuantSpec::Axis::per_channel, o.group}), false});
-    variants.push_back(
-        {std::make_unique<QuantizedCache>(c, QuantSpec{4, QuantSpec::Axis::per_channel, o.group}), false});
-    variants.push_back({std::make_unique<WindowCache>(c, 4, std::max(1, T / 2 - 4), 8), false});
+    std::vector<Entry> variants;
+    for (const CacheSpec& spec : specs) variants.push_back({make_cache(c, spec), is_exact(spec.variant)});
     std::vector<std::unique_ptr<CachedDecoder>> decoders;
     for (auto& v : variants) {
-        decoders.push_back(std::make_unique<CachedDecoder>(model, *v.cache, threads));
+        decoders.push_back(std::make_unique<CachedDecoder>(model, v.cache(), threads));
         if (T > 1) decoders.back()->prefill(tokens.first(T - 1));
     }
     std::vector<std::vector<double>> samples(variants.size());
@@ -80,7 +79,7 @@ std::vector<VariantRow> bench_variants(const Model& model, std::span<const int> 
             const std::size_t i = (j + std::size_t(r)) % variants.size();  // no variant always goes first
             const auto t0 = std::chrono::steady_clock::now();
             for (int k = 0; k < inner; k++) {
-                variants[i].cache->truncate(T - 1);
+                variants[i].cache().truncate(T - 1);
                 logits[i] = decoders[i]->decode(tokens[T - 1]);
             }
             samples[i].push_back(seconds_since(t0) / inner);
@@ -88,8 +87,8 @@ std::vector<VariantRow> bench_variants(const Model& model, std::span<const int> 
     std::vector<VariantRow> rows;
     for (std::size_t i = 0; i < variants.size(); i++) {
         std::sort(samples[i].begin(), samples[i].end());
-        VariantRow row{variants[i].cache->name(),           variants[i].exact,
-                       samples[i][samples[i].size() / 2],   variants[i].cache->memory(),
+        VariantRow row{variants[i].cache().name(),          variants[i].exact,
+                       samples[i][samples[i].size() / 2],   variants[i].cache().memory(),
                        bitwise_equal(logits[i], logits[0]), 0};
         row.max_abs = compare_logits(logits[0], logits[i]).max_abs;
         rows.push_back(row);
@@ -148,9 +147,7 @@ int run_bench(const BenchOptions& options) {
     const Config c = shape_from_string(options.shape);
     BenchOptions o = options;
     if (o.block_size == 0) o.block_size = std::min(16, c.max_seq);
-    if (o.group == 0)
-        for (int g = 1; g <= std::min(16, c.head_size()); g++)
-            if (c.head_size() % g == 0) o.group = g;
+    if (o.group == 0) o.group = default_quant_group(c);
     std::vector<int> lengths = parse_int_list("--lengths", o.lengths);
     std::sort(lengths.begin(), lengths.end());
     for (int T : lengths)

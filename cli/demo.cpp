@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "compare.h"
 #include "decode.h"
 #include "sampler.h"
 
@@ -15,30 +16,13 @@ namespace kvlab::cli {
 
 namespace {
 
-struct Comparison {
-    bool equal = true;
-    std::uint64_t max_ulp = 0;
-    int first_diff = -1;
-};
-
-Comparison compare(const std::vector<float>& a, const std::vector<float>& b) {
-    Comparison c;
-    for (std::size_t i = 0; i < a.size(); i++) {
-        const std::uint64_t d = ulp_distance(a[i], b[i]);
-        if (d != 0 && c.first_diff < 0) c.first_diff = int(i);
-        c.max_ulp = std::max(c.max_ulp, d);
-    }
-    c.equal = c.max_ulp == 0 && a.size() == b.size();
-    return c;
-}
-
 struct StepRow {
     std::string kind;  // "prefill" or "decode"
     int pos_first, pos_last, token;
     std::string text;
     double naive_s, cached_s;
     std::uint64_t naive_flops, cached_flops;
-    Comparison cmp;
+    BitComparison cmp;
 };
 
 }  // namespace
@@ -69,7 +53,7 @@ int run_demo(const DemoOptions& o) {
         const std::vector<float>& lc = cached.prefill(fresh);
         r.cached_s = seconds_since(t0);
         r.cached_flops = cached.exec.flops - g0;
-        r.cmp = compare(ln, lc);
+        r.cmp = compare_bits(ln, lc);
         rows.push_back(r);
         return lc;
     };
@@ -145,7 +129,7 @@ int run_demo(const DemoOptions& o) {
                                                               : fmt::format("{}-{}", r.pos_first, r.pos_last);
             const std::string verdict =
                 r.cmp.equal ? "bitwise equal"
-                            : fmt::format("DIFFER (max {} ulp, first at index {})", r.cmp.max_ulp, r.cmp.first_diff);
+                            : fmt::format("DIFFER (max {} ulp, first at index {})", r.cmp.max_ulp, r.cmp.first);
             fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9.3f} {:>11.3f} {:>9.3f} {:>11.3f} {:>7.1f}x  {}\n",
                        i == 0 ? std::string("prefill") : fmt::format("{}", i), pos, r.token,
                        fmt::format("\"{}\"", escape(r.text)), r.naive_s * 1e3, r.naive_flops / 1e6, r.cached_s * 1e3,

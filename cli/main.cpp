@@ -8,6 +8,7 @@
 
 #include "checkpoint.h"
 #include "commands.h"
+#include "common.h"
 #include "memory.h"
 #include "model.h"
 #include "pool.h"
@@ -34,18 +35,6 @@ int run_export(const ExportOptions& o) {
 
 }  // namespace kvlab::cli
 
-namespace {
-
-void add_model_options(CLI::App* cmd, kvlab::cli::ModelOptions& m) {
-    cmd->add_option("--model", m.model,
-                    "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, "
-                    "else a random model of its shape)");
-    cmd->add_option("--tokenizer", m.tokenizer, "llama2.c tokenizer.bin (default: tok512.bin beside the shared model)");
-    cmd->add_option("--model-seed", m.seed, "seed of the random model used when there is no checkpoint");
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
     using namespace kvlab::cli;
     CLI::App app{"kvlab: naive and KV-cached decode of a tiny Llama-style transformer, bitwise equal"};
@@ -53,7 +42,7 @@ int main(int argc, char** argv) {
 
     DemoOptions demo;
     auto* demo_cmd = app.add_subcommand("demo", "decode naive and cached side by side, checking bitwise equality");
-    add_model_options(demo_cmd, demo.m);
+    add_model_options(demo_cmd, demo.m.model, demo.m.tokenizer, demo.m.seed);
     demo_cmd->add_option("--prompt", demo.prompt, "prompt text (needs a tokenizer)");
     demo_cmd->add_option("--tokens", demo.tokens, "prompt as token ids, e.g. 1,403,407");
     demo_cmd->add_option("--steps", demo.steps, "tokens to decode after the prompt")->check(CLI::Range(1, 1 << 20));
@@ -65,7 +54,7 @@ int main(int argc, char** argv) {
 
     GenerateOptions gen;
     auto* gen_cmd = app.add_subcommand("generate", "generate text with the cached decoder (greedy by default)");
-    add_model_options(gen_cmd, gen.m);
+    add_model_options(gen_cmd, gen.m.model, gen.m.tokenizer, gen.m.seed);
     gen_cmd->add_option("--prompt", gen.prompt, "prompt text (needs a tokenizer)");
     gen_cmd->add_option("--tokens", gen.tokens, "prompt as token ids, e.g. 1,403,407");
     gen_cmd
@@ -126,10 +115,7 @@ int main(int argc, char** argv) {
         "pool", "a scripted session over one paged block pool: requests, prefix hits, forks, rollbacks");
     add_pool_options(pool_cmd, pool);
 
-    ViewCommandOptions view;
-    auto* view_cmd = app.add_subcommand(
-        "view", "a Dear ImGui viewer: watch the cache fill while the real decoders run (--headless for pictures)");
-    add_view_options(view_cmd, view);
+    ViewCommand view(app);
 
     // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
     const std::string first = argc > 1 ? argv[1] : "";
@@ -159,7 +145,7 @@ int main(int argc, char** argv) {
         if (*verify_cmd) return run_verify(ver);
         if (*memory_cmd) return run_memory(mem);
         if (*pool_cmd) return run_pool(pool);
-        if (*view_cmd) return run_view(view);
+        if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
     } catch (const std::exception& e) {

@@ -5,7 +5,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -14,9 +13,9 @@
 #include <sstream>
 
 #include "common.h"
+#include "compare.h"
 #include "decode.h"
 #include "paged.h"
-#include "verify.h"
 
 namespace kvlab::cli {
 
@@ -49,14 +48,6 @@ void check_name(const std::string& name) {
         !std::all_of(name.begin(), name.end(), ident))
         throw Error(
             fmt::format("'{}' is not a sequence name (letters, digits and _, not starting with a digit)", name));
-}
-
-int parse_position(const std::string& word) {
-    int value = 0;
-    const auto [p, ec] = std::from_chars(word.data(), word.data() + word.size(), value);
-    if (ec != std::errc() || p != word.data() + word.size())
-        throw Error(fmt::format("'{}' is not a number of positions", word));
-    return value;
 }
 
 // "1 block", "2 blocks".
@@ -128,7 +119,6 @@ private:
         if (diff) differing_++;
         return diff;
     }
-    std::string event_text(const CacheEvent& e) const;
     nlohmann::json event_json(const CacheEvent& e) const;
     std::vector<const Sequence*> by_id() const;
     std::string table_text(const PagedCache& cache) const;
@@ -149,15 +139,6 @@ private:
     std::int64_t prefilled_ = 0;
     int copies_ = 0, prefills_ = 0, differing_ = 0;
 };
-
-std::string Session::event_text(const CacheEvent& e) const {
-    std::string s = fmt::format("{:<15} {}", to_string(e.kind), name_of(e.seq));
-    if (e.pos >= 0) s += fmt::format(" pos {}", e.pos);
-    if (e.count != 0) s += fmt::format(" count {}", e.count);
-    if (e.block >= 0) s += fmt::format(" block {}", e.block);
-    if (e.from >= 0) s += fmt::format(" from {}", e.from);
-    return s;
-}
 
 nlohmann::json Session::event_json(const CacheEvent& e) const {
     nlohmann::json j = {{"kind", to_string(e.kind)}, {"sequence", name_of(e.seq)}};
@@ -252,7 +233,7 @@ void Session::execute(int index, const std::string& text, int width) {
     } else if (op == "rollback") {
         usage(3, "rollback NAME N");
         Sequence& s = find(w[1]);
-        const int n = parse_position(w[2]), len = s.cache->length();
+        const int n = parse_int("rollback", w[2], " (a number of positions)"), len = s.cache->length();
         if (n < 0) throw Error(fmt::format("cannot roll back to {}: positions start at 0", n));
         if (n > len) throw Error(fmt::format("cannot roll back to {}: '{}' holds only {} positions", n, w[1], len));
         s.cache->truncate(n);
@@ -315,7 +296,8 @@ void Session::execute(int index, const std::string& text, int width) {
                pool_.n_cached(), pool_.n_used(), logits, did);
     if (verdict && *verdict) fmt::print("     logits differ from naive decode: {}\n", **verdict);
     if (o_.events)
-        for (std::size_t i = first_event; i < trace_.size(); i++) fmt::print("       {}\n", event_text(trace_[i]));
+        for (std::size_t i = first_event; i < trace_.size(); i++)
+            fmt::print("       {}\n", describe(trace_[i], name_of(trace_[i].seq)));
     if (op == "show") print_show();
     std::fflush(stdout);  // lines before a failing command come out before main's error
 }
@@ -495,12 +477,7 @@ int run_pool(const PoolOptions& o) {
 }
 
 void add_pool_options(CLI::App* cmd, PoolOptions& o) {
-    cmd->add_option("--model", o.m.model,
-                    "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, "
-                    "else a random model of its shape)");
-    cmd->add_option("--tokenizer", o.m.tokenizer,
-                    "llama2.c tokenizer.bin (default: tok512.bin beside the shared model)");
-    cmd->add_option("--model-seed", o.m.seed, "seed of the random model used when there is no checkpoint");
+    add_model_options(cmd, o.m.model, o.m.tokenizer, o.m.seed);
     // No range here: the pool checks the block size against the model's max_seq, which CLI11 cannot know.
     cmd->add_option("--block-size", o.block_size, "positions per block (default 4; at most max_seq)");
     cmd->add_option("--blocks", o.blocks, "blocks in the pool (default 32)")->check(CLI::Range(1, 1 << 16));

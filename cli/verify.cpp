@@ -1,4 +1,4 @@
-// kvlab verify: the verification suite from the command line (core/verify.h). Exit status 0
+// kvlab verify: the verification suite from the command line (proofs/verify.h). Exit status 0
 // when every row is what its variant promises (exact: bitwise equal; approximate: exact inside
 // its regime and differing outside, or within its error bound; mutant: caught), 1 otherwise.
 #include "verify.h"

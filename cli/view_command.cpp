@@ -3,18 +3,74 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <iterator>
 
+#include "cache_factory.h"
 #include "commands.h"
 #include "common.h"
 
+#ifdef KVLAB_HAVE_VIEWER
+#include "view.h"
+#endif
+
 namespace kvlab::cli {
 
-int run_view(ViewCommandOptions& o) {
+#ifdef KVLAB_HAVE_VIEWER
+
+struct ViewCommand::Options {
+    viz::ViewOptions view;
+    std::string variant = "contiguous";
+    std::string shape;  // random model's shape: "n_layers=2,n_heads=4,n_kv_heads=2" over stories260K's
+    std::string size = "1600x1000";
+    std::string step;  // a step number, or "end"
+};
+
+ViewCommand::ViewCommand(CLI::App& app)
+    : o_(std::make_unique<Options>()),
+      cmd_(app.add_subcommand(
+          "view", "a Dear ImGui viewer: watch the cache fill while the real decoders run (--headless for pictures)")) {
+    CLI::App* cmd = cmd_;
+    viz::ViewOptions& v = o_->view;
+    viz::Settings& s = v.settings;
+    add_model_options(cmd, s.model_path, s.tokenizer_path, s.seed);
+    cmd->add_option("--shape", o_->shape,
+                    "run a random model of this shape instead, e.g. n_layers=2,n_heads=4,n_kv_heads=2");
+    cmd->add_option("--variant", o_->variant, variant_names(viz::kVariants) + " (contiguous: contiguous-head)");
+    cmd->add_option("--prompt", s.prompt, "prompt text");
+    cmd->add_option("--steps", s.steps, "decode steps after the prefill")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--block-size", s.block_size, "paged variants: positions per block")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--n-blocks", s.n_blocks, "paged variants: blocks in the pool (0: enough for every sequence)")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--bits", s.quant_bits, "quantized: 8 or 4")->check(CLI::IsMember({8, 4}));
+    cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--window", s.window, "window: positions in the sliding window")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--fork-at", s.fork_at, "prefix-shared: A forks into C after this decode step")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--free-at", s.free_fork_at, "prefix-shared: C is freed after this decode step (0: never)")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_flag("--headless", v.headless, "render offscreen (starts Xvfb when there is no display)");
+    cmd->add_option("--frames", v.frames, "render this many frames, then exit")->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--size", o_->size, "window size, WIDTHxHEIGHT (default 1600x1000)");
+    cmd->add_option("--speed", v.speed, "playback speed in steps per second")->check(CLI::Range(0.01f, 1000.0f));
+    cmd->add_option("--step", o_->step, "show this step, paused (a number, or 'end' for the last)");
+    cmd->add_option("--screenshot", v.screenshot, "write the last frame as PNG");
+    cmd->add_option("--layout", v.layout, "write the panels' regions, palette and state as JSON (for tests)");
+    cmd->add_option("--record", v.record, "write every frame as DIR/frame_NNNN.png, and DIR/animation.gif if possible");
+    cmd->add_option("--record-every", v.record_every, "keep every n-th frame when recording")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_flag("--fps", v.fps, "report frames per second (playback in real time)");
+    // A planted viewer bug: the pixel tests must catch it. Not for users, so not in --help.
+    cmd->add_option("--plant", v.plant)->group("");
+}
+
+int ViewCommand::run() {
+    Options& o = *o_;
     viz::ViewOptions& v = o.view;
-    const auto variant = viz::parse_variant(o.variant);
-    if (!variant)
-        throw Error(fmt::format("unknown variant '{}' (variants: contiguous, paged, prefix-shared, quantized, window)",
-                                one_line(o.variant)));
+    const auto variant = parse_variant(o.variant);
+    if (!variant || std::ranges::find(viz::kVariants, *variant) == std::end(viz::kVariants))
+        throw Error(
+            fmt::format("unknown variant '{}' (variants: {})", one_line(o.variant), variant_names(viz::kVariants)));
     v.settings.variant = *variant;
     if (!o.shape.empty()) {
         v.settings.shape = shape_from_string(o.shape);
@@ -30,48 +86,26 @@ int run_view(ViewCommandOptions& o) {
         v.step = parse_int("--step", o.step, " (a step number, or 'end')");
         if (v.step < 0) throw Error(fmt::format("--step must be a step number >= 0 or 'end', not {}", v.step));
     }
-#ifdef KVLAB_HAVE_VIEWER
     return viz::run_view(v);
-#else
-    throw Error("this kvlab was built without the viewer (install libimgui-dev libglfw3-dev libstb-dev and rebuild)");
-#endif
 }
 
-void add_view_options(CLI::App* cmd, ViewCommandOptions& o) {
-    viz::ViewOptions& v = o.view;
-    viz::Settings& s = v.settings;
-    cmd->add_option("--model", s.model_path,
-                    "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, else a random model)");
-    cmd->add_option("--tokenizer", s.tokenizer_path, "llama2.c tokenizer.bin (default: tok512.bin beside the model)");
-    cmd->add_option("--shape", o.shape,
-                    "run a random model of this shape instead, e.g. n_layers=2,n_heads=4,n_kv_heads=2");
-    cmd->add_option("--model-seed", s.seed, "seed of the random model");
-    cmd->add_option("--variant", o.variant, "contiguous, paged, prefix-shared, quantized or window");
-    cmd->add_option("--prompt", s.prompt, "prompt text");
-    cmd->add_option("--steps", s.steps, "decode steps after the prefill")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--block-size", s.block_size, "paged variants: positions per block")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--n-blocks", s.n_blocks, "paged variants: blocks in the pool (0: enough for every sequence)")
-        ->check(CLI::Range(0, 1 << 20));
-    cmd->add_option("--bits", s.quant_bits, "quantized: 8 or 4")->check(CLI::IsMember({8, 4}));
-    cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
-    cmd->add_option("--window", s.window, "window: positions in the sliding window")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--fork-at", s.fork_at, "prefix-shared: A forks into C after this decode step")
-        ->check(CLI::Range(0, 1 << 20));
-    cmd->add_option("--free-at", s.free_fork_at, "prefix-shared: C is freed after this decode step (0: never)")
-        ->check(CLI::Range(0, 1 << 20));
-    cmd->add_flag("--headless", v.headless, "render offscreen (starts Xvfb when there is no display)");
-    cmd->add_option("--frames", v.frames, "render this many frames, then exit")->check(CLI::Range(1, 1 << 24));
-    cmd->add_option("--size", o.size, "window size, WIDTHxHEIGHT (default 1600x1000)");
-    cmd->add_option("--speed", v.speed, "playback speed in steps per second")->check(CLI::Range(0.01f, 1000.0f));
-    cmd->add_option("--step", o.step, "show this step, paused (a number, or 'end' for the last)");
-    cmd->add_option("--screenshot", v.screenshot, "write the last frame as PNG");
-    cmd->add_option("--layout", v.layout, "write the panels' regions, palette and state as JSON (for tests)");
-    cmd->add_option("--record", v.record, "write every frame as DIR/frame_NNNN.png, and DIR/animation.gif if possible");
-    cmd->add_option("--record-every", v.record_every, "keep every n-th frame when recording")
-        ->check(CLI::Range(1, 1 << 20));
-    cmd->add_flag("--fps", v.fps, "report frames per second (playback in real time)");
-    // A planted viewer bug: the pixel tests must catch it. Not for users, so not in --help.
-    cmd->add_option("--plant", v.plant)->group("");
+#else  // built without the viewer
+
+struct ViewCommand::Options {};
+
+ViewCommand::ViewCommand(CLI::App& app)
+    : o_(std::make_unique<Options>()), cmd_(app.add_subcommand("view", "the Dear ImGui viewer (not in this build)")) {
+    cmd_->allow_extras();  // whatever options it was given, the answer is the one line below
 }
+
+int ViewCommand::run() {
+    throw Error(
+        "this kvlab was built without the viewer (it needs libimgui-dev libglfw3-dev libstb-dev libgl-dev, "
+        "and KVLAB_VIEWER=ON)");
+}
+
+#endif
+
+ViewCommand::~ViewCommand() = default;
 
 }  // namespace kvlab::cli

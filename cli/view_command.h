@@ -1,9 +1,9 @@
-// kvlab view: the Dear ImGui viewer (viz/), as a command.
+// kvlab view: the Dear ImGui viewer as a command. The CLI reaches the viewer only through its
+// entry point (viz/view.h: ViewOptions, run_view); a build without the viewer (KVLAB_VIEWER
+// off) still has the command, which says in one line that the viewer is missing.
 #pragma once
 
-#include <string>
-
-#include "view.h"
+#include <memory>
 
 namespace CLI {
 class App;
@@ -11,17 +11,20 @@ class App;
 
 namespace kvlab::cli {
 
-struct ViewCommandOptions {
-    viz::ViewOptions view;
-    std::string variant = "contiguous";
-    std::string shape;  // random model's shape: "n_layers=2,n_heads=4,n_kv_heads=2" over stories260K's
-    std::string size = "1600x1000";
-    std::string step;  // a step number, or "end"
+class ViewCommand {
+public:
+    // Adds `view` and its options (model, session, playback, capture) to `app`.
+    explicit ViewCommand(CLI::App& app);
+    ~ViewCommand();
+    // The subcommand: true after parsing when it was chosen.
+    CLI::App& command() const { return *cmd_; }
+    // Runs the viewer with the parsed options; the exit code. Bad options are Errors.
+    int run();
+
+private:
+    struct Options;  // the viewer's options when it is built in; nothing otherwise
+    std::unique_ptr<Options> o_;
+    CLI::App* cmd_;
 };
-
-int run_view(ViewCommandOptions& o);
-
-// Adds the model, session, playback and capture options to `cmd`.
-void add_view_options(CLI::App* cmd, ViewCommandOptions& o);
 
 }  // namespace kvlab::cli

@@ -8,6 +8,8 @@
 #include <new>
 #include <vector>
 
+#include "numerics.h"
+
 namespace kvlab {
 
 namespace {
@@ -30,7 +32,7 @@ public:
     }
     void copy(void* dst, const void* src, std::int64_t bytes) override { std::memmove(dst, src, std::size_t(bytes)); }
     void fill_nan(float* x, std::int64_t n) override {
-        std::fill_n(x, n, std::numeric_limits<float>::quiet_NaN());
+        std::fill_n(x, n, kNaN);
     }
 };
 

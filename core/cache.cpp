@@ -24,6 +24,27 @@ std::string_view to_string(EventKind kind) {
     return "?";
 }
 
+std::string describe(const CacheEvent& e, std::string_view who) {
+    switch (e.kind) {
+        case EventKind::append: return fmt::format("{} append: positions {}..{}", who, e.pos, e.pos + e.count - 1);
+        case EventKind::block_allocated: return fmt::format("{} block_allocated: block {}", who, e.block);
+        case EventKind::block_shared: return fmt::format("{} block_shared: maps block {} too", who, e.block);
+        case EventKind::copy_on_write:
+            return fmt::format("{} copy_on_write: block {} -> {} (first row written: pos {})", who, e.from, e.block,
+                               e.pos);
+        case EventKind::evicted:
+            return e.block >= 0 ? fmt::format("{} evicted: cached block {} reclaimed", who, e.block)
+                                : fmt::format("{} evicted: pos {} left the window", who, e.pos);
+        case EventKind::rolled_back:
+            return fmt::format("{} rolled_back: length {}, {} positions forgotten", who, e.pos, e.count);
+        case EventKind::freed: return fmt::format("{} freed: block {} back on the free list", who, e.block);
+        case EventKind::prefix_hit:
+            return fmt::format("{} prefix_hit: {} positions served from the prefix cache", who, e.count);
+        case EventKind::grown: return fmt::format("{} grown: capacity {} positions", who, e.count);
+    }
+    return fmt::format("{} event", who);
+}
+
 std::int64_t kv_bytes(const Config& c, std::int64_t T) {
     return 2ll * 4 * c.n_layers * T * c.n_kv_heads * c.head_size();
 }

@@ -53,6 +53,9 @@ struct CacheEvent {
     int block = -1;  // a physical block
     int from = -1;   // the block copied from (copy_on_write)
 };
+// The event as one line, `who` naming its sequence: "A copy_on_write: block 3 -> 7 (first row
+// written: pos 6)". `kvlab pool --events` and the viewer's paged panel print these.
+std::string describe(const CacheEvent& e, std::string_view who);
 
 // Memory a cache holds. reserved_bytes counts what the variant says it allocated for K and V
 // (payload plus metadata); allocated_bytes is measured from its buffers; they must agree.

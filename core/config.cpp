@@ -26,6 +26,25 @@ std::string one_line(const std::string& text) {
     return out;
 }
 
+int parse_int(const std::string& option, const std::string& text, const std::string& hint) {
+    int value = 0;
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc() || p != text.data() + text.size())
+        throw Error(fmt::format("{}: '{}' is not an integer{}", option, one_line(text), hint));
+    return value;
+}
+
+std::vector<int> parse_int_list(const std::string& option, const std::string& text) {
+    std::vector<int> out;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        const std::size_t end = std::min(text.find(',', start), text.size());
+        out.push_back(parse_int(option, text.substr(start, end - start), " (expected a list like 1,2,3)"));
+        start = end + 1;
+    }
+    return out;
+}
+
 namespace {
 // Every field by its glossary name, in llama2.c's header order.
 constexpr std::pair<const char*, int Config::*> kFields[] = {
@@ -76,10 +95,7 @@ Config Config::parse(const std::string& spec, Config c) {
         const auto eq = item.find('=');
         if (eq == std::string::npos) throw Error(fmt::format("shape: expected name=value, got '{}'", item));
         const std::string name = item.substr(0, eq), text = item.substr(eq + 1);
-        int value = 0;
-        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (ec != std::errc() || end != text.data() + text.size())
-            throw Error(fmt::format("shape: '{}' is not an integer for {}", text, name));
+        const int value = parse_int("shape", text, fmt::format(" for {}", name));
         const auto* f = std::find_if(std::begin(kFields), std::end(kFields),
                                      [&](const auto& entry) { return name == entry.first; });
         if (f == std::end(kFields)) throw Error(fmt::format("shape: unknown field '{}'", name));

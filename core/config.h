@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace kvlab {
 
@@ -23,6 +24,11 @@ struct Error : std::runtime_error {
 
 // Text (a file name, say) made safe for a one-line message: control characters become '?'.
 std::string one_line(const std::string& text);
+
+// "42" -> 42; anything else is an Error naming `option` (with `hint` after the message).
+int parse_int(const std::string& option, const std::string& text, const std::string& hint = "");
+// "1,2,3" -> {1, 2, 3}; anything else is an Error naming `option`.
+std::vector<int> parse_int_list(const std::string& option, const std::string& text);
 
 struct Config {
     int dim = 0;

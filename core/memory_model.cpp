@@ -6,6 +6,8 @@
 #include <cctype>
 #include <limits>
 
+#include "model.h"
+
 namespace kvlab {
 
 namespace {
@@ -23,15 +25,6 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b) {
     if (a != 0 && b > std::numeric_limits<std::int64_t>::max() / a)
         throw Error("memory: the KV cache size does not fit in a 64-bit byte count (lower --context or --batch)");
     return a * b;
-}
-
-// splitmix64 (Steele, Lea and Flood 2014), written out here so that the spread of lengths depends on
-// nothing but the seed: std::uniform_int_distribution differs between standard libraries.
-std::uint64_t splitmix64(std::uint64_t& state) {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 }  // namespace
@@ -126,11 +119,13 @@ std::vector<int> spread_lengths(int n, int min_len, int max_len, std::uint64_t s
     const std::uint64_t range = std::uint64_t(max_len) - std::uint64_t(min_len) + 1;
     // Draws below 2^64 mod range are rejected, so that every length is exactly equally likely.
     const std::uint64_t reject_below = (std::uint64_t{0} - range) % range;
-    std::uint64_t state = seed;
+    // splitmix64, not std::uniform_int_distribution (which differs between standard libraries):
+    // the spread depends on nothing but the seed.
+    SplitMix64 rng(seed);
     std::vector<int> lengths(n);
     for (int& len : lengths) {
-        std::uint64_t x = splitmix64(state);
-        while (x < reject_below) x = splitmix64(state);
+        std::uint64_t x = rng.next();
+        while (x < reject_below) x = rng.next();
         len = min_len + int(x % range);
     }
     return lengths;

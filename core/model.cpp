@@ -77,12 +77,7 @@ Model::Model(Weights weights) : w(std::move(weights)) {
     rope = RopeTable(c.max_seq, c.head_size());
 }
 
-std::uint64_t SplitMix64::next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+std::uint64_t SplitMix64::next() { return splitmix64_finalize(state += 0x9e3779b97f4a7c15ull); }
 
 double SplitMix64::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 

@@ -65,7 +65,16 @@ struct Model {
 // adds (Irwin-Hall: the sum of 12 uniforms minus 6), so no libm function decides a weight.
 Model random_model(const Config& config, std::uint64_t seed, bool shared_classifier = true);
 
-// The PRNG behind random_model, also used by tests to draw prompts.
+// splitmix64's output function (Steele, Lea and Flood 2014): every input bit reaches every output
+// bit. SplitMix64 applies it to a counter, the prefix cache (paged.cpp) to its chained block hash.
+inline std::uint64_t splitmix64_finalize(std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// The PRNG behind random_model, also used by tests to draw prompts and by the memory model to
+// spread request lengths (the same numbers from a seed on every machine and standard library).
 struct SplitMix64 {
     std::uint64_t state;
     explicit SplitMix64(std::uint64_t seed) : state(seed) {}

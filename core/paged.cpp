@@ -7,16 +7,15 @@
 #include <cstring>
 #include <limits>
 
+#include "model.h"
+
 namespace kvlab {
 
 namespace {
 
+// Chains x into hash h (boost's hash_combine step), then splitmix64's finalizer spreads it.
 std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
-    // splitmix64's finalizer over h ^ x: every input bit reaches every output bit.
-    std::uint64_t z = h ^ (x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return splitmix64_finalize(h ^ (x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2)));
 }
 }  // namespace
 

@@ -81,7 +81,7 @@ TEST_CASE("viewer: every panel draws every step of every variant, at several win
 
 TEST_CASE("viewer: restart swaps in a new session, and bad settings keep the old one with a message") {
     const Context ctx;
-    App app(small(Variant::contiguous));
+    App app(small(Variant::contiguous_head));
     draw(app, 1600, 1000);
     REQUIRE(app.restart(small(Variant::paged)));
     CHECK(app.session().info().settings.variant == Variant::paged);
@@ -98,7 +98,7 @@ TEST_CASE("viewer: restart swaps in a new session, and bad settings keep the old
 
 TEST_CASE("viewer, counter-test: below the minimum size (1280x800) the region check finds clipped grids") {
     const Context ctx;
-    App app(small(Variant::contiguous));
+    App app(small(Variant::contiguous_head));
     REQUIRE(app.session().wait_for(app.session().info().total_steps - 1));
     app.seek(app.session().info().total_steps - 1);
     bool clipped = false;

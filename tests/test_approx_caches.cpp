@@ -88,14 +88,6 @@ double bound(double lo, double hi, int bits, double factor) {
     return factor * scale + 8 * FLT_EPSILON * (std::fabs(lo) + std::fabs(hi));
 }
 
-// Runs a property that must fail and checks RapidCheck says so, with `expected` in its message.
-void expect_fails(const std::function<void()>& property, const std::string& expected) {
-    const auto failure = kvlab::test::run_to_failure(property);
-    REQUIRE(failure);
-    INFO(failure->description);
-    CHECK(failure->description.find(expected) != std::string::npos);
-}
-
 // ----------------------------------------------------------------------------------------------
 // Quantized cache
 
@@ -325,7 +317,7 @@ TEST_CASE("quantized: per-token values and keys are within half a step of what w
 }
 
 TEST_CASE("quantized counter-test: demanding a quarter step fails", "[quant][counter]") {
-    expect_fails([] { quant_property(QuantSpec::Axis::per_token, 0.25); }, "reads");
+    test::expect_failure([] { quant_property(QuantSpec::Axis::per_token, 0.25); }, "reads");
 }
 
 TEST_CASE("quantized: per-channel keys are exact fp32 until their group completes, within half a step after",
@@ -334,7 +326,8 @@ TEST_CASE("quantized: per-channel keys are exact fp32 until their group complete
 }
 
 TEST_CASE("quantized counter-test: demanding exact keys in complete groups fails", "[quant][counter]") {
-    expect_fails([] { quant_property(QuantSpec::Axis::per_channel, 0.5, true); }, "is not the fp32 row written");
+    test::expect_failure([] { quant_property(QuantSpec::Axis::per_channel, 0.5, true); },
+                         "is not the fp32 row written");
 }
 
 TEST_CASE("quantized: packed codes round-trip, int8 and int4", "[quant]") {
@@ -490,8 +483,8 @@ TEST_CASE("window: attended() is the sinks and the window, in order, through app
 }
 
 TEST_CASE("window counter-test: an off-by-one in the window's start fails the property", "[window][counter]") {
-    expect_fails([] { window_property(-1); }, "positions, expected");
-    expect_fails([] { window_property(+1); }, "positions, expected");
+    test::expect_failure([] { window_property(-1); }, "positions, expected");
+    test::expect_failure([] { window_property(+1); }, "positions, expected");
 }
 
 TEST_CASE("window: eviction, rollback errors and memory on a small example", "[window]") {

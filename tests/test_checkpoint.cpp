@@ -58,21 +58,7 @@ namespace {
 
 using Bytes = std::vector<unsigned char>;
 
-// A file in the temp directory, removed when the test is done with it.
-struct TempFile {
-    std::string path;
-    TempFile() {
-        static int counter = 0;
-        path =
-            (fs::temp_directory_path() / fmt::format("kvlab_test_checkpoint_{}_{}.bin", getpid(), counter++)).string();
-    }
-    ~TempFile() {
-        std::error_code ec;
-        fs::remove(path, ec);
-    }
-    TempFile(const TempFile&) = delete;
-    TempFile& operator=(const TempFile&) = delete;
-};
+using test::TempFile;
 
 Bytes read_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -222,13 +208,10 @@ const Config kSmall{/*dim*/ 8,     /*hidden_dim*/ 12, /*n_layers*/ 2,
 Config gen_config() {
     const int head_size = *test::full_range(1, 17);
     const int n_heads = *test::full_range(1, 9);
-    std::vector<int> divisors;
-    for (int d = 1; d <= n_heads; d++)
-        if (n_heads % d == 0) divisors.push_back(d);
     Config c;
     c.dim = n_heads * head_size;
     c.n_heads = n_heads;
-    c.n_kv_heads = *rc::gen::elementOf(divisors);
+    c.n_kv_heads = *proofs::gen_n_kv_heads(n_heads);
     c.n_layers = *test::full_range(1, 4);
     c.hidden_dim = *test::full_range(1, 41);
     c.vocab_size = *test::full_range(1, 65);
@@ -247,18 +230,18 @@ TEST_CASE("save then load is the identity, bit for bit, and both layouts match l
         RC_TAG(shared ? "shared" : "separate");
 
         TempFile legacy;
-        save_checkpoint(legacy.path, m);
+        save_checkpoint(legacy.path(), m);
         // save writes exactly export.py's legacy layout...
-        RC_ASSERT(read_bytes(legacy.path) == legacy_bytes(m));
+        RC_ASSERT(read_bytes(legacy.path()) == legacy_bytes(m));
         // ...and load undoes it exactly.
-        const Model back = load_checkpoint(legacy.path);
+        const Model back = load_checkpoint(legacy.path());
         RC_ASSERT(weight_diff(m.w, back.w) == std::string());
         RC_ASSERT(back.w.fingerprint() == m.w.fingerprint());
 
         // The ak42 version-1 layout of the same weights loads to the same model.
         TempFile v1;
-        write_bytes(v1.path, v1_bytes(m.w));
-        const Model from_v1 = load_checkpoint(v1.path);
+        write_bytes(v1.path(), v1_bytes(m.w));
+        const Model from_v1 = load_checkpoint(v1.path());
         RC_ASSERT(weight_diff(back.w, from_v1.w) == std::string());
     });
 }
@@ -268,10 +251,10 @@ TEST_CASE("a version-1 file written by hand loads to the same weights as the leg
         INFO("shared classifier: " << shared);
         const Model m = random_model(kSmall, 42, shared);
         TempFile legacy, v1;
-        write_bytes(legacy.path, legacy_bytes(m));
-        write_bytes(v1.path, v1_bytes(m.w));
-        CHECK(read_bytes(v1.path).size() == 256 + 4 * std::size_t(kSmall.n_params(shared)));
-        const Model a = load_checkpoint(legacy.path), b = load_checkpoint(v1.path);
+        write_bytes(legacy.path(), legacy_bytes(m));
+        write_bytes(v1.path(), v1_bytes(m.w));
+        CHECK(read_bytes(v1.path()).size() == 256 + 4 * std::size_t(kSmall.n_params(shared)));
+        const Model a = load_checkpoint(legacy.path()), b = load_checkpoint(v1.path());
         CHECK(weight_diff(a.w, b.w) == "");
         CHECK(weight_diff(m.w, a.w) == "");
         CHECK(a.w.fingerprint() == m.w.fingerprint());
@@ -291,10 +274,10 @@ TEST_CASE("the saved file has the size the legacy format implies", "[checkpoint]
                                 + 2 * 6 * (4 / 2);  // freq_cis_real, freq_cis_imag [max_seq, head_size/2]
     REQUIRE(floats == 1104);
     TempFile f;
-    save_checkpoint(f.path, random_model(kSmall, 1, true));
-    CHECK(fs::file_size(f.path) == 28 + 4 * floats);  // 4444
-    save_checkpoint(f.path, random_model(kSmall, 1, false));
-    CHECK(fs::file_size(f.path) == 28 + 4 * (floats + 10 * 8));  // plus the classifier [vocab, dim]: 4764
+    save_checkpoint(f.path(), random_model(kSmall, 1, true));
+    CHECK(fs::file_size(f.path()) == 28 + 4 * floats);  // 4444
+    save_checkpoint(f.path(), random_model(kSmall, 1, false));
+    CHECK(fs::file_size(f.path()) == 28 + 4 * (floats + 10 * 8));  // plus the classifier [vocab, dim]: 4764
 }
 
 TEST_CASE("malformed files are one-line kvlab::Errors naming the file and the problem", "[checkpoint]") {
@@ -303,11 +286,11 @@ TEST_CASE("malformed files are one-line kvlab::Errors naming the file and the pr
     REQUIRE(good.size() == 4444);
     TempFile f;
     auto with = [&f](const Bytes& b) -> const std::string& {
-        write_bytes(f.path, b);
-        return f.path;
+        write_bytes(f.path(), b);
+        return f.path();
     };
 
-    SECTION("missing file") { check_load_error(f.path + ".missing", "file not found"); }
+    SECTION("missing file") { check_load_error(f.path() + ".missing", "file not found"); }
     SECTION("a directory") { check_load_error(fs::temp_directory_path().string(), "not a regular file"); }
     SECTION("empty file") { check_load_error(with({}), "is shorter than the 28-byte llama2.c header (0 bytes)"); }
     SECTION("part of a header") {
@@ -383,7 +366,7 @@ TEST_CASE("malformed files are one-line kvlab::Errors naming the file and the pr
 TEST_CASE("save refuses what it cannot write faithfully", "[checkpoint]") {
     TempFile f;
     SECTION("unwritable path") {
-        const std::string path = f.path + ".missing-dir/model.bin";
+        const std::string path = f.path() + ".missing-dir/model.bin";
         try {
             save_checkpoint(path, random_model(kSmall, 3));
             FAIL("no error");
@@ -395,7 +378,7 @@ TEST_CASE("save refuses what it cannot write faithfully", "[checkpoint]") {
         Model m = random_model(kSmall, 3, true);
         m.w.wcls[5] += 1.0f;
         try {
-            save_checkpoint(f.path, m);
+            save_checkpoint(f.path(), m);
             FAIL("no error");
         } catch (const Error& e) {
             CHECK_THAT(e.what(), Catch::Contains("shared classifier differs from the token embedding"));
@@ -413,8 +396,8 @@ TEST_CASE("stories260K loads, and saving it reproduces the file", "[stories260k]
     CHECK(m.w.shared_classifier);
 
     TempFile f;
-    save_checkpoint(f.path, m);
-    const Bytes orig = read_bytes(path), ours = read_bytes(f.path);
+    save_checkpoint(f.path(), m);
+    const Bytes orig = read_bytes(path), ours = read_bytes(f.path());
     REQUIRE(orig.size() == ours.size());
     REQUIRE(orig.size() == 1056540);
 
@@ -442,5 +425,5 @@ TEST_CASE("stories260K loads, and saving it reproduces the file", "[stories260k]
     CHECK(worst <= 1);
 
     // And what we wrote loads back to the same model.
-    CHECK(weight_diff(m.w, load_checkpoint(f.path).w) == "");
+    CHECK(weight_diff(m.w, load_checkpoint(f.path()).w) == "");
 }

@@ -67,7 +67,7 @@ TEST_CASE("session: every variant publishes one step per prefill and decode step
 }
 
 TEST_CASE("session: exact variants are bitwise equal to naive decode at every step; int4 is not") {
-    for (Variant v : {Variant::contiguous, Variant::paged, Variant::prefix_shared}) {
+    for (Variant v : {Variant::contiguous_head, Variant::paged, Variant::prefix_shared}) {
         INFO(to_string(v));
         const Session session(small(v));
         CHECK(session.info().exact);
@@ -127,13 +127,13 @@ TEST_CASE("session: bad settings are one-line errors before any thread starts") 
         const char* needle;
     };
     const Bad cases[] = {
-        {Variant::contiguous, [](Settings& s) { s.steps = 600; }, "max_seq"},  // 9 + 600 > 512
+        {Variant::contiguous_head, [](Settings& s) { s.steps = 600; }, "max_seq"},  // 9 + 600 > 512
         {Variant::paged, [](Settings& s) { s.block_size = 0; }, "block_size"},
         {Variant::paged, [](Settings& s) { s.n_blocks = 1; }, "n_blocks"},
         {Variant::quantized, [](Settings& s) { s.quant_bits = 3; }, "bits"},
         {Variant::window, [](Settings& s) { s.window = 0; }, "window"},
         {Variant::prefix_shared, [](Settings& s) { s.free_fork_at = s.fork_at; }, "free it later"},
-        {Variant::contiguous, [](Settings& s) { s.shape.n_kv_heads = 3; }, "n_kv_heads"},
+        {Variant::contiguous_head, [](Settings& s) { s.shape.n_kv_heads = 3; }, "n_kv_heads"},
     };
     for (const Bad& b : cases) {
         Settings s = small(b.variant);

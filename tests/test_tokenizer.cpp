@@ -81,28 +81,7 @@ std::string tokenizer_bytes(const std::vector<Entry>& entries, int max_token_len
     return out;
 }
 
-// A file under the system temp dir with a unique name, removed when this goes out of scope.
-class TempFile {
-public:
-    explicit TempFile(const std::string& bytes) {
-        static std::atomic<int> counter{0};
-        const auto tag = std::to_string(std::random_device{}()) + "_" + std::to_string(counter++);
-        path_ = fs::temp_directory_path() / ("kvlab_test_tokenizer_" + tag + ".bin");
-        std::ofstream f(path_, std::ios::binary);
-        f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        REQUIRE(f.good());
-    }
-    ~TempFile() {
-        std::error_code ec;
-        fs::remove(path_, ec);
-    }
-    TempFile(const TempFile&) = delete;
-    TempFile& operator=(const TempFile&) = delete;
-    std::string path() const { return path_.string(); }
-
-private:
-    fs::path path_;
-};
+using kvlab::test::TempFile;
 
 std::string byte_piece(int b) {
     static const char* hex = "0123456789ABCDEF";
@@ -623,7 +602,7 @@ TEST_CASE("property: top-p never samples outside the nucleus", "[sampler][proper
 }
 
 TEST_CASE("sampler rejects bad arguments", "[sampler]") {
-    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float nan = kvlab::kNaN;
     const float inf = std::numeric_limits<float>::infinity();
     CHECK(contains(error_of([] { Sampler(0, 1.0f, 0.9f, 1); }), "vocab_size"));
     CHECK(contains(error_of([] { Sampler(-5, 1.0f, 0.9f, 1); }), "vocab_size"));

@@ -1,14 +1,18 @@
-// Helpers shared by kvlab's tests: generators, bitwise comparison with a readable report,
-// and the skip convention for data that may be absent.
+// Helpers shared by kvlab's tests: generators (proofs/generators.h, shared with the verification
+// suite), bitwise comparison with a readable report (core/compare.h), properties that must fail,
+// temporary files, and the skip convention for data that may be absent.
 #pragma once
 
 #include <fmt/format.h>
 #include <rapidcheck.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <ostream>
@@ -16,10 +20,11 @@
 #include <vector>
 
 #include "cache.h"
+#include "compare.h"
 #include "config.h"
+#include "generators.h"
 #include "models_dir.h"
 #include "numerics.h"
-#include "verify.h"
 
 namespace kvlab {
 // How RapidCheck prints a Config in a counterexample.
@@ -93,26 +98,54 @@ inline std::string counterexample_text(const rc::detail::FailureResult& f, const
     return example;
 }
 
-// The tiny configs the properties range over: 1-4 layers, 1-8 heads, n_kv_heads any divisor
-// of n_heads, head_size 1-32, hidden_dim 1-64, vocab 1-300, max_seq 1-64. RapidCheck scales
-// ranges by a size that grows over the run, which would leave most cases near the minimum;
-// kFullSize draws from the whole ranges in every case (shrinking still finds the small ones).
-inline constexpr int kFullSize = 100;
-// inRange drawing from the whole range in every case (see kFullSize).
-template <class T>
-rc::Gen<T> full_range(T lo, T hi) {
-    return rc::gen::resize(kFullSize, rc::gen::inRange(lo, hi));
+// Runs a property that must fail (run_to_failure's fixed seed) and checks that RapidCheck's
+// failure message contains `expected`; returns the failure for further checks.
+inline rc::detail::FailureResult expect_failure(const std::function<void()>& property, const std::string& expected) {
+    const auto failure = run_to_failure(property);
+    REQUIRE(failure);
+    INFO("shrunk counterexample:\n" << counterexample_text(*failure) << failure->description);
+    CHECK(failure->description.find(expected) != std::string::npos);
+    return *failure;
 }
+
+// A file name under the system temp folder, unique to this process and object, removed when it
+// goes out of scope. Constructed with bytes, the file holds them.
+class TempFile {
+public:
+    TempFile() {
+        static std::atomic<int> counter{0};
+        path_ = (std::filesystem::temp_directory_path() / fmt::format("kvlab_test_{}_{}.bin", ::getpid(), counter++))
+                    .string();
+    }
+    explicit TempFile(const std::string& bytes) : TempFile() {
+        std::ofstream f(path_, std::ios::binary);
+        f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        REQUIRE(f.good());
+    }
+    ~TempFile() {
+        std::error_code ec;
+        std::filesystem::remove(path_, ec);
+    }
+    TempFile(const TempFile&) = delete;
+    TempFile& operator=(const TempFile&) = delete;
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+};
+
+// The tiny configs the properties range over: 1-4 layers, 1-8 heads, n_kv_heads any divisor
+// of n_heads, head_size 1-32, hidden_dim 1-64, vocab 1-300, max_seq 1-64, every range drawn
+// whole in every case (generators.h).
+using proofs::full_range;
+using proofs::kFullSize;
 
 inline rc::Gen<Config> gen_tiny_config(int max_head_size = 32, int max_seq = 64) {
     return rc::gen::resize(kFullSize, rc::gen::exec([=] {
                                Config c;
                                c.n_layers = *rc::gen::inRange(1, 5);
                                c.n_heads = *rc::gen::inRange(1, 9);
-                               std::vector<int> divisors;
-                               for (int d = 1; d <= c.n_heads; d++)
-                                   if (c.n_heads % d == 0) divisors.push_back(d);
-                               c.n_kv_heads = *rc::gen::elementOf(divisors);
+                               c.n_kv_heads = *proofs::gen_n_kv_heads(c.n_heads);
                                c.dim = c.n_heads * *rc::gen::inRange(1, max_head_size + 1);
                                c.hidden_dim = *rc::gen::inRange(1, 65);
                                c.vocab_size = *rc::gen::inRange(1, 301);

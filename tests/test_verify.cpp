@@ -1,4 +1,4 @@
-// The verification suite (core/verify.h) run as tests: every exact variant bitwise equal to
+// The verification suite (proofs/verify.h) run as tests: every exact variant bitwise equal to
 // naive decode, every approximate one exact inside its regime and shown to differ outside it (or
 // within its stated error bound), and every planted bug caught with a shrunk counterexample.
 #include <catch2/catch.hpp>
@@ -81,4 +81,16 @@ TEST_CASE("first_difference names the index, both values, and NaN as NaN", "[ver
     CHECK(first_difference(a, b)->find("ulp") == std::string::npos);
     CHECK(first_difference(a, std::vector<float>{1.0f, std::nextafter(2.0f, 3.0f)})->find("1 ulp") !=
           std::string::npos);
+}
+
+TEST_CASE("compare_bits: bits decide equality (+0 and -0 differ), NaN counts but stays out of max_abs", "[verify]") {
+    const std::vector<float> a{0.0f, 1.0f, 2.0f, 3.0f}, b{-0.0f, 1.0f, std::nanf(""), 3.5f};
+    const BitComparison c = compare_bits(a, b);
+    CHECK(!c.equal);
+    CHECK(c.n_differ == 3);
+    CHECK(c.first == 0);
+    CHECK(c.max_ulp == std::numeric_limits<std::uint64_t>::max());
+    CHECK(c.max_abs == 0.5);
+    CHECK(compare_bits(a, a).equal);
+    CHECK(!compare_bits(a, std::vector<float>{0.0f, 1.0f, 2.0f}).equal);
 }

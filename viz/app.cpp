@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "models_dir.h"
 
@@ -126,14 +127,19 @@ void App::draw_controls() {
     ImGui::TextWrapped("cache: %s", info.cache_name.c_str());
     ImGui::Text("%s", info.config.describe().c_str());
 
-    int variant = int(edited_.variant);
-    const char* names[] = {"contiguous", "paged", "prefix-shared", "quantized", "window"};
+    // The combo lists kVariants by their names; `variant` is an index into it.
+    const char* names[std::size(kVariants)];
+    int variant = 0;
+    for (std::size_t i = 0; i < std::size(kVariants); i++) {
+        names[i] = to_string(kVariants[i]).data();  // the names are string literals: NUL-terminated
+        if (kVariants[i] == edited_.variant) variant = int(i);
+    }
     ImGui::SetNextItemWidth(-80);
-    ImGui::Combo("variant", &variant, names, IM_ARRAYSIZE(names));
-    edited_.variant = Variant(variant);
+    ImGui::Combo("variant", &variant, names, int(std::size(names)));
+    edited_.variant = kVariants[std::size_t(variant)];
     ImGui::SameLine();
     help_marker(
-        "contiguous: one array per tensor reserved for max_seq.\npaged: blocks of block_size positions "
+        "contiguous-head: one array per tensor reserved for max_seq.\npaged: blocks of block_size positions "
         "from a pool, mapped by a block table.\nprefix-shared: request B reuses A's full prompt blocks; A "
         "forks into C (copy-on-write).\nquantized: int8/int4 codes with a scale per group (approximate).\n"
         "window: attention sinks plus the last W positions (approximate past sinks + W).");
@@ -168,7 +174,7 @@ void App::draw_controls() {
             ImGui::SetNextItemWidth(-80);
             ImGui::SliderInt("window", &edited_.window, 1, 64);
             break;
-        case Variant::contiguous: break;
+        default: break;
     }
 
     const bool have_checkpoint = !edited_.model_path.empty() || !models_dir().empty();

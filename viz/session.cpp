@@ -5,45 +5,22 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <limits>
 #include <optional>
 
-#include "common.h"
+#include "cache_factory.h"
+#include "compare.h"
 #include "decode.h"
-#include "numerics.h"
+#include "model_loader.h"
 #include "paged.h"
-#include "quantized_cache.h"
 #include "sampler.h"
 #include "window_cache.h"
 
 namespace kvlab::viz {
 
-std::string_view to_string(Variant v) {
-    switch (v) {
-        case Variant::contiguous: return "contiguous";
-        case Variant::paged: return "paged";
-        case Variant::prefix_shared: return "prefix-shared";
-        case Variant::quantized: return "quantized";
-        case Variant::window: return "window";
-    }
-    return "?";
-}
-
-std::optional<Variant> parse_variant(std::string_view name) {
-    for (Variant v : kVariants)
-        if (to_string(v) == name) return v;
-    return std::nullopt;
-}
-
 std::string token_text(const SessionInfo& info, int id) {
     if (id >= 0 && id < int(info.pieces.size())) return Tokenizer::printable(info.pieces[std::size_t(id)]);
     return fmt::format("<{}>", id);
-}
-
-int quant_group(const Config& c) {
-    int g = 1;
-    for (int d = 1; d <= std::min(16, c.head_size()); d++)
-        if (c.head_size() % d == 0) g = d;
-    return g;
 }
 
 namespace {
@@ -83,8 +60,8 @@ struct Seq {
 // both record those events, so the trace is declared first and the pool before the sequences.
 struct Session::Impl {
     std::vector<CacheEvent> events;
-    std::optional<cli::LoadedModel> lm_;  // set once, first thing in the constructor
-    cli::LoadedModel& lm() { return *lm_; }
+    std::optional<LoadedModel> lm_;  // set once, first thing in the constructor
+    LoadedModel& lm() { return *lm_; }
     std::unique_ptr<BlockPool> pool;
     std::vector<Seq> seqs;  // A, then B and C for prefix_shared
     std::optional<NaiveDecoder> naive;
@@ -100,10 +77,9 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     Config shape = s.shape.dim ? s.shape : stories260k_shape();
     if (s.random_model) {
         shape.validate();
-        m.lm_.emplace(
-            cli::LoadedModel{random_model(shape, s.seed), std::nullopt, fmt::format("random (seed {})", s.seed)});
+        m.lm_.emplace(LoadedModel{random_model(shape, s.seed), std::nullopt, fmt::format("random (seed {})", s.seed)});
     } else {
-        m.lm_.emplace(cli::load_model(s.model_path, s.tokenizer_path, shape, s.seed));
+        m.lm_.emplace(load_model(s.model_path, s.tokenizer_path, shape, s.seed));
     }
     const Config& c = m.lm().model.config();
     info_.config = c;
@@ -125,53 +101,50 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
                                 s.steps, P + s.steps, c.max_seq));
     const int T = P + s.steps;
 
-    // The caches. Every event goes to one trace, split into steps as they are published.
-    auto paged = [&](bool prefix_caching, int n_seqs) {
-        if (s.block_size < 1 || s.block_size > c.max_seq)
-            throw Error(fmt::format("block_size must be in 1..{} (max_seq), not {}", c.max_seq, s.block_size));
-        // Enough: every sequence's blocks, plus one for a copy-on-write.
-        const int enough = n_seqs * ceil_div(T, s.block_size) + (n_seqs > 1 ? 1 : 0);
-        const int n_blocks = s.n_blocks ? s.n_blocks : enough;
-        if (n_blocks < ceil_div(P, s.block_size))
-            throw Error(fmt::format("n_blocks {} cannot hold the prompt's {} positions at block_size {}", n_blocks, P,
-                                    s.block_size));
-        m.pool = std::make_unique<BlockPool>(c, s.block_size, n_blocks, prefix_caching);
-        m.pool->trace = &m.events;
-    };
-    std::unique_ptr<Cache> a;
+    // A's cache (with its pool when paged), checked here so that bad settings fail before the
+    // worker starts. Every event goes to one trace, split into steps as they are published.
+    CacheSpec spec;
+    spec.variant = s.variant;
+    spec.model_identity = m.lm().model.w.fingerprint();
     switch (s.variant) {
-        case Variant::contiguous: a = std::make_unique<ContiguousCache>(c); break;
         case Variant::paged:
-            paged(false, 1);
-            a = std::make_unique<PagedCache>(*m.pool, m.lm().model.w.fingerprint(), 0);
-            break;
-        case Variant::prefix_shared:
-            if (s.free_fork_at > 0 && s.free_fork_at <= s.fork_at)
+        case Variant::prefix_shared: {
+            if (s.block_size < 1 || s.block_size > c.max_seq)
+                throw Error(fmt::format("block_size must be in 1..{} (max_seq), not {}", c.max_seq, s.block_size));
+            if (s.variant == Variant::prefix_shared && s.free_fork_at > 0 && s.free_fork_at <= s.fork_at)
                 throw Error(fmt::format("C is freed after decode step {} but forked only after step {}: free it later",
                                         s.free_fork_at, s.fork_at));
-            paged(true, 3);
-            a = std::make_unique<PagedCache>(*m.pool, m.lm().model.w.fingerprint(), 0);
-            break;
-        case Variant::quantized: {
-            QuantSpec q;
-            q.bits = s.quant_bits;
-            q.group = quant_group(c);
-            a = std::make_unique<QuantizedCache>(c, q);
+            // Enough: every sequence's blocks (A; or A, B and C), plus one for a copy-on-write.
+            const int n_seqs = s.variant == Variant::prefix_shared ? 3 : 1;
+            const int enough = n_seqs * ceil_div(T, s.block_size) + (n_seqs > 1 ? 1 : 0);
+            spec.block_size = s.block_size;
+            spec.n_blocks = s.n_blocks ? s.n_blocks : enough;
+            if (spec.n_blocks < ceil_div(P, s.block_size))
+                throw Error(fmt::format("n_blocks {} cannot hold the prompt's {} positions at block_size {}",
+                                        spec.n_blocks, P, s.block_size));
             break;
         }
+        case Variant::quantized:
+            spec.quant.bits = s.quant_bits;
+            spec.quant.group = default_quant_group(c);
+            break;
         case Variant::window:
             if (s.sinks < 0 || s.window < 1)
                 throw Error(fmt::format("window needs sinks >= 0 and window >= 1, not {} and {}", s.sinks, s.window));
-            a = std::make_unique<WindowCache>(c, s.sinks, s.window);
+            spec.sinks = s.sinks, spec.window = s.window;
             break;
+        default: break;
     }
-    a->trace = &m.events;
-    info_.cache_name = a->name();
-    info_.exact = s.variant != Variant::quantized && s.variant != Variant::window;
+    CacheAndPool a = make_cache(c, spec);
+    m.pool = std::move(a.pool);
+    if (m.pool) m.pool->trace = &m.events;
+    a.cache->trace = &m.events;
+    info_.cache_name = a.cache->name();
+    info_.exact = is_exact(s.variant);
     info_.total_steps = 1 + (s.variant == Variant::prefix_shared ? 1 : 0) + s.steps;
     info_.kv_bytes_per_token = kv_bytes(c, 1);
     m.seqs.reserve(3);  // A, B, C: run() holds references to them while B and C are added
-    m.seqs.push_back(Seq{0, "A", std::move(a), {}, std::nullopt, true});
+    m.seqs.push_back(Seq{0, "A", std::move(a.cache), {}, std::nullopt, true});
     m.naive.emplace(m.lm().model);
     m.cached.emplace(m.lm().model, *m.seqs[0].cache);
     m.cached->probe = &m.probe;
@@ -290,15 +263,13 @@ void Session::run() {
         const std::vector<float>& ln = m.naive->forward(q.cache->tokens());
         st.naive_seconds += seconds(t0);
         st.naive_flops += m.naive->exec.flops - f0;
+        const BitComparison cmp = compare_bits(ln, q.logits);
         Exactness e;
         e.seq = q.id;
-        for (std::size_t i = 0; i < ln.size(); i++) {
-            const std::int64_t d = std::int64_t(ulp_distance(ln[i], q.logits[i]));
-            e.max_ulp = std::max(e.max_ulp, d);
-            e.n_differ += d != 0;
-            e.max_abs = std::max(e.max_abs, double(std::abs(ln[i] - q.logits[i])));
-        }
-        e.bitwise_equal = e.max_ulp == 0;
+        e.bitwise_equal = cmp.equal;
+        e.max_ulp = std::int64_t(std::min<std::uint64_t>(cmp.max_ulp, std::numeric_limits<std::int64_t>::max()));
+        e.n_differ = cmp.n_differ;
+        e.max_abs = cmp.max_abs;
         e.next_token = q.next;
         e.top_cached = top5(info_, q.logits);
         e.top_naive = top5(info_, ln);

@@ -50,7 +50,4 @@ private:
     std::thread worker_;
 };
 
-// The largest divisor of head_size up to 16: the quantization group the viewer uses.
-int quant_group(const Config& c);
-
 }  // namespace kvlab::viz

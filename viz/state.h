@@ -10,30 +10,27 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "cache.h"
+#include "cache_factory.h"
 #include "config.h"
 
 namespace kvlab::viz {
 
-// The variants the viewer can run.
-//   contiguous     one head-major array per tensor, reserved for max_seq
-//   paged          one sequence over a block pool
-//   prefix_shared  requests A and B with the same prompt over a pool with prefix caching (B maps
-//                  A's full blocks); A forks into C partway through decode (copy-on-write)
-//   quantized      int8 or int4 codes with per-group scales (approximate)
-//   window         attention sinks plus a sliding window (approximate beyond sinks + window)
-enum class Variant { contiguous, paged, prefix_shared, quantized, window };
-inline constexpr Variant kVariants[] = {Variant::contiguous, Variant::paged, Variant::prefix_shared, Variant::quantized,
-                                        Variant::window};
-std::string_view to_string(Variant v);
-std::optional<Variant> parse_variant(std::string_view name);  // "contiguous", "paged", ...
+// The variants the viewer runs (core/cache_factory.h names them):
+//   contiguous-head  one head-major array per tensor, reserved for max_seq
+//   paged            one sequence over a block pool
+//   prefix-shared    requests A and B with the same prompt over a pool with prefix caching (B maps
+//                    A's full blocks); A forks into C partway through decode (copy-on-write)
+//   quantized        int8 or int4 codes with per-group scales (approximate)
+//   window           attention sinks plus a sliding window (approximate beyond sinks + window)
+inline constexpr Variant kVariants[] = {Variant::contiguous_head, Variant::paged, Variant::prefix_shared,
+                                        Variant::quantized, Variant::window};
 
 // What a session runs; the controls edit a copy and restart the session with it.
 struct Settings {
-    Variant variant = Variant::contiguous;
+    Variant variant = Variant::contiguous_head;
     std::string model_path;      // llama2.c checkpoint; "" = the shared stories260K if present
     std::string tokenizer_path;  // "" = tok512.bin beside the shared model
     bool random_model = false;   // a random model of `shape` even when a checkpoint exists

@@ -235,7 +235,8 @@ void draw_cost(const Frame& f) {
     // Why the reservation has the shape it has, per variant.
     char why[256] = "";
     switch (info.settings.variant) {
-        case Variant::contiguous:
+        case Variant::contiguous_head:
+        case Variant::contiguous_seq:
             std::snprintf(why, sizeof why,
                           "Reserved is flat: a contiguous cache allocates all max_seq = %d positions (%s) before "
                           "the first token, so a position's address is just base + t x stride.",
@@ -259,6 +260,7 @@ void draw_cost(const Frame& f) {
                           "overwritten.",
                           info.settings.sinks + info.settings.window);
             break;
+        case Variant::growing: break;  // not one the viewer runs
     }
 
     // Three plots: side by side when the window is wide, else stacked (the third full width), or

@@ -91,48 +91,6 @@ void block_tooltip(const Frame& f, const PoolView& pool, int b) {
     ImGui::EndTooltip();
 }
 
-std::string describe(const Step& st, const CacheEvent& e) {
-    const std::string who = seq_name(st, e.seq);
-    char buf[160];
-    switch (e.kind) {
-        case EventKind::append:
-            std::snprintf(buf, sizeof buf, "%s append: positions %d..%d", who.c_str(), e.pos, e.pos + e.count - 1);
-            break;
-        case EventKind::block_allocated:
-            std::snprintf(buf, sizeof buf, "%s block_allocated: block %d", who.c_str(), e.block);
-            break;
-        case EventKind::block_shared:
-            std::snprintf(buf, sizeof buf, "%s block_shared: maps block %d too", who.c_str(), e.block);
-            break;
-        case EventKind::copy_on_write:
-            std::snprintf(buf, sizeof buf, "%s copy_on_write: block %d -> %d (first row written: pos %d)", who.c_str(),
-                          e.from, e.block, e.pos);
-            break;
-        case EventKind::evicted:
-            if (e.block >= 0)
-                std::snprintf(buf, sizeof buf, "%s evicted: cached block %d reclaimed", who.c_str(), e.block);
-            else
-                std::snprintf(buf, sizeof buf, "%s evicted: pos %d left the window", who.c_str(), e.pos);
-            break;
-        case EventKind::rolled_back:
-            std::snprintf(buf, sizeof buf, "%s rolled_back: length %d, %d positions forgotten", who.c_str(), e.pos,
-                          e.count);
-            break;
-        case EventKind::freed:
-            std::snprintf(buf, sizeof buf, "%s freed: block %d back on the free list", who.c_str(), e.block);
-            break;
-        case EventKind::prefix_hit:
-            std::snprintf(buf, sizeof buf, "%s prefix_hit: %d positions served from the prefix cache", who.c_str(),
-                          e.count);
-            break;
-        case EventKind::grown:
-            std::snprintf(buf, sizeof buf, "%s grown: capacity %d positions", who.c_str(), e.count);
-            break;
-        default: std::snprintf(buf, sizeof buf, "%s event", who.c_str()); break;
-    }
-    return buf;
-}
-
 constexpr const char* kHelp =
     "Paging: the pool is one array of n_blocks physical blocks, each holding K and V for "
     "block_size positions in every layer. A sequence's block table maps its logical block i "
@@ -181,7 +139,7 @@ void draw_no_pool(const Frame& f) {
         ImGui::Dummy(ImVec2(w, h));
     }
     switch (info.settings.variant) {
-        case Variant::contiguous:
+        case Variant::contiguous_head:
             ImGui::TextWrapped(
                 "A contiguous cache reserves all max_seq = %d positions up front, so every position's "
                 "address is fixed by a formula; the price is memory held for positions that may never come.",
@@ -374,7 +332,7 @@ void draw_paged(const Frame& f) {
     if (ImGui::BeginChild("events", ImVec2(0, events_h), true)) {
         if (st.events.empty()) ImGui::TextDisabled("no cache events this step");
         for (const CacheEvent& e : st.events) {
-            const std::string text = describe(st, e);
+            const std::string text = describe(e, seq_name(st, e.seq));
             if (e.kind == EventKind::copy_on_write)
                 ImGui::TextColored(colour4(kCowRing), "%s", text.c_str());
             else if (e.kind == EventKind::evicted)

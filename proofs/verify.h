@@ -1,4 +1,4 @@
-// kvlab core: the verification suite, one property per cache variant.
+// kvlab proofs: the verification suite, one property per cache variant (library kvlab_verify).
 //
 // Each check generates small models, token sequences and variant parameters with RapidCheck,
 // decodes them with a cached decoder on the variant, and compares the logits at every step
@@ -16,8 +16,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,9 +45,5 @@ struct VerifyRow {
 std::vector<std::string> verify_names();
 // Runs the named checks; throws Error for an unknown name.
 std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& options);
-
-// The first element where two logit vectors differ bit for bit, described for a failure
-// message: index, both values in decimal and hex, their distance in ulps.
-std::optional<std::string> first_difference(std::span<const float> a, std::span<const float> b);
 
 }  // namespace kvlab

@@ -13,37 +13,23 @@
 #include <memory>
 
 #include "approx_metrics.h"
-#include "cache.h"
+#include "cache_factory.h"
+#include "compare.h"
 #include "decode.h"
+#include "generators.h"
 #include "model.h"
-#include "numerics.h"
-#include "paged.h"
-#include "quantized_cache.h"
 #include "window_cache.h"
 
 namespace kvlab {
 
-std::optional<std::string> first_difference(std::span<const float> a, std::span<const float> b) {
-    if (a.size() != b.size()) return fmt::format("sizes differ: {} vs {}", a.size(), b.size());
-    for (std::size_t i = 0; i < a.size(); i++)
-        if (float_bits(a[i]) != float_bits(b[i]) && (std::isnan(a[i]) || std::isnan(b[i])))
-            return fmt::format("first differing index {}: {:.9g} (0x{:08x}) vs {:.9g} (0x{:08x})", i, a[i],
-                               float_bits(a[i]), b[i], float_bits(b[i]));
-        else if (float_bits(a[i]) != float_bits(b[i]))
-            return fmt::format("first differing index {}: {:.9g} (0x{:08x}) vs {:.9g} (0x{:08x}), {} ulp", i, a[i],
-                               float_bits(a[i]), b[i], float_bits(b[i]), ulp_distance(a[i], b[i]));
-    return std::nullopt;
-}
-
 namespace {
 
 // ----------------------------------------------------------------------------------------------
-// Generators. RapidCheck scales ranges by a size that grows over a run; drawing at full size
-// covers the whole range in every case, and shrinking still finds the small ones.
+// Generators (generators.h: every draw covers its whole range)
 
 template <class T>
 T draw(T lo, T hi_inclusive) {
-    return *rc::gen::resize(100, rc::gen::inRange(lo, T(hi_inclusive + 1)));
+    return *proofs::full_range(lo, T(hi_inclusive + 1));
 }
 
 // Tiny models: 1-3 layers, 1-4 heads with n_kv_heads any divisor, head_size 1-8, max_seq
@@ -52,10 +38,7 @@ Config gen_config(int min_seq = 1, int min_vocab = 1) {
     Config c;
     c.n_layers = draw(1, 3);
     c.n_heads = draw(1, 4);
-    std::vector<int> divisors;
-    for (int d = 1; d <= c.n_heads; d++)
-        if (c.n_heads % d == 0) divisors.push_back(d);
-    c.n_kv_heads = *rc::gen::elementOf(divisors);
+    c.n_kv_heads = *proofs::gen_n_kv_heads(c.n_heads);
     c.dim = c.n_heads * draw(1, 8);
     c.hidden_dim = draw(1, 16);
     c.vocab_size = draw(min_vocab, 32);
@@ -89,26 +72,18 @@ void expect_memory_consistent(const Cache& cache, const std::string& what) {
         fail(fmt::format("{}: used bytes {} at length {}", what, m.used_bytes, cache.length()));
 }
 
-// A cache of one of the exact single-sequence variants, with its pool when paged.
-struct CacheUnderTest {
-    std::unique_ptr<BlockPool> pool;
-    std::unique_ptr<Cache> cache;
-};
-
-CacheUnderTest make_cache(std::string_view variant, const Config& c, Mutant mutant) {
-    CacheUnderTest u;
-    if (variant == "contiguous-head") {
-        u.cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::head_major);
-    } else if (variant == "contiguous-seq") {
-        u.cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::seq_major);
-    } else if (variant == "growing") {
-        u.cache = std::make_unique<GrowingCache>(c, draw(1, c.max_seq));
-    } else {
-        const int bs = draw(1, c.max_seq);
-        u.pool = std::make_unique<BlockPool>(c, bs, (c.max_seq + bs - 1) / bs + draw(0, 2));
-        u.pool->mutant = mutant;
-        u.cache = std::make_unique<PagedCache>(*u.pool);
+// A cache of one of the exact single-sequence variants, its parameters drawn, with the
+// planted bug switched on in it and in its pool.
+CacheAndPool cache_under_test(std::string_view variant, const Config& c, Mutant mutant) {
+    CacheSpec spec;
+    spec.variant = *parse_variant(variant);
+    if (spec.variant == Variant::growing) spec.initial_capacity = draw(1, c.max_seq);
+    if (spec.variant == Variant::paged) {
+        spec.block_size = draw(1, c.max_seq);
+        spec.n_blocks = (c.max_seq + spec.block_size - 1) / spec.block_size + draw(0, 2);
     }
+    CacheAndPool u = make_cache(c, spec);
+    if (u.pool) u.pool->mutant = mutant;
     u.cache->mutant = mutant;
     return u;
 }
@@ -130,7 +105,7 @@ void decode_property(std::string_view variant, Mutant mutant) {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
-    CacheUnderTest u = make_cache(variant, c, mutant);
+    CacheAndPool u = cache_under_test(variant, c, mutant);
     Decoders d(m, *u.cache, mutant);
     const std::string what =
         fmt::format("{}, {}, prompt {} of {}", u.cache->name(), c.describe(), prompt, tokens.size());
@@ -243,7 +218,7 @@ void rollback_property(Mutant mutant) {
     const std::string_view variant = kVariants[draw(0, 3)];
     const Config c = gen_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    CacheUnderTest u = make_cache(variant, c, mutant);
+    CacheAndPool u = cache_under_test(variant, c, mutant);
     Decoders d(m, *u.cache, mutant);
     std::vector<int> kept;
     const int rounds = draw(1, 3);
@@ -322,7 +297,7 @@ void batch_property(Mutant mutant) {
 void stale_property(Mutant mutant) {
     const Config c = gen_config(2, 2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    CacheUnderTest u = make_cache(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant);
+    CacheAndPool u = cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant);
     Decoders d(m, *u.cache, mutant);
     const std::vector<int> prompt = gen_tokens(c, draw(1, c.max_seq - 1));
     const int i = draw(0, int(prompt.size()) - 1);
