@@ -3,17 +3,35 @@
 #include <fmt/format.h>
 
 #include "cpu_backend.h"
+#include "host_backend.h"
+#ifdef KVLAB_HAVE_CUDA
+#include "cuda_backend.h"
+#endif
 
 namespace kvlab {
 
+#ifdef KVLAB_HAVE_CUDA
+bool gpu_built() { return true; }
+std::string gpu_unavailable() { return cuda_unavailable(); }
+#else
 bool gpu_built() { return false; }
+std::string gpu_unavailable() {
+    return "this build of kvlab has no GPU support (CUDA was not found when it was built); --device gpu-host runs "
+           "the GPU kernels on the CPU";
+}
+#endif
 
-std::string gpu_unavailable() { return "this build of kvlab has no GPU support (CUDA was not found when it was built)"; }
-
-std::unique_ptr<Backend> make_backend(std::string_view device, const Model& model, const BackendOptions&) {
+std::unique_ptr<Backend> make_backend(std::string_view device, const Model& model, const BackendOptions& options) {
     if (device == "cpu") return std::make_unique<CpuBackend>(model);
-    if (device == "gpu") throw Error(gpu_unavailable());
-    throw Error(fmt::format("unknown device '{}': use cpu or gpu", one_line(std::string(device))));
+    if (device == "gpu-host") return std::make_unique<GpuHostBackend>(model);
+    if (device == "gpu") {
+        if (const std::string why = gpu_unavailable(); !why.empty()) throw Error(why);
+#ifdef KVLAB_HAVE_CUDA
+        return std::make_unique<CudaBackend>(model, options.graphs);
+#endif
+    }
+    (void)options;
+    throw Error(fmt::format("unknown device '{}': use cpu, gpu or gpu-host", one_line(std::string(device))));
 }
 
 }  // namespace kvlab

@@ -26,8 +26,9 @@ bool gpu_built();
 // Why `--device gpu` cannot run here ("" when it can): no CUDA in this build, or no device.
 std::string gpu_unavailable();
 
-// The backend for `device` over `model` (which must outlive it). Throws Error, in one line, for
-// an unknown device name and for a GPU this build or this machine does not have.
+// The backend for `device` ("cpu", "gpu" or "gpu-host") over `model` (which must outlive it).
+// Throws Error, in one line, for an unknown device name and for a GPU this build or this machine
+// does not have (the message is gpu_unavailable()).
 std::unique_ptr<Backend> make_backend(std::string_view device, const Model& model, const BackendOptions& options = {});
 
 }  // namespace kvlab

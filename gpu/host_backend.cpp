@@ -1,0 +1,147 @@
+#include "host_backend.h"
+
+#include <cassert>
+
+#include "kernels.h"
+
+namespace kvlab {
+
+MatrixRef matrix_of(const Weights& w, Matrix m, int l) {
+    const Config& c = w.config;
+    const std::int64_t L = l, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+    switch (m) {
+        case Matrix::wq: return {w.wq.data() + L * dim * dim, c.dim, c.dim};
+        case Matrix::wk: return {w.wk.data() + L * dim * kv_dim, c.dim, c.kv_dim()};
+        case Matrix::wv: return {w.wv.data() + L * dim * kv_dim, c.dim, c.kv_dim()};
+        case Matrix::wo: return {w.wo.data() + L * dim * dim, c.dim, c.dim};
+        case Matrix::w1: return {w.w1.data() + L * dim * hidden, c.dim, c.hidden_dim};
+        case Matrix::w2: return {w.w2.data() + L * hidden * dim, c.hidden_dim, c.dim};
+        case Matrix::w3: return {w.w3.data() + L * dim * hidden, c.dim, c.hidden_dim};
+        case Matrix::wcls: break;
+    }
+    return {w.wcls.data(), c.dim, c.vocab_size};
+}
+
+const float* norm_of(const Weights& w, Norm n, int l) {
+    const std::int64_t at = std::int64_t(l) * w.config.dim;
+    return n == Norm::att ? w.rms_att.data() + at : n == Norm::ffn ? w.rms_ffn.data() + at : w.rms_final.data();
+}
+
+// ---- The launches: one loop iteration per GPU thread, the grid in row-major index order (the
+// order does not matter: every thread owns its outputs).
+namespace gpu::host {
+
+void matmul(float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in, int n_out) {
+    assert(rows >= 0 && n_in >= 0 && n_out >= 0 && ldy >= n_out && ldx >= n_in && ldw >= n_out);
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < n_out; o++) y[std::int64_t(r) * ldy + o] = gpu::matmul_element(x, ldx, w, ldw, n_in, r, o);
+}
+
+void rmsnorm(float* out, const float* x, const float* w, int rows, int dim) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < dim; j++) gpu::rmsnorm_element(out, x, w, dim, r, j);
+}
+
+void rope(float* vec, int rows, int n_heads, int head_size, const int* positions, const RopeTable& table) {
+    const int n_pairs = head_size / 2;
+    assert(table.n_pairs == n_pairs);
+    assert(table.cos.size() == std::size_t(table.max_seq) * n_pairs && table.sin.size() == table.cos.size());
+    for (int r = 0; r < rows; r++) {
+        assert(positions[r] >= 0 && positions[r] < table.max_seq);
+        for (int h = 0; h < n_heads; h++)
+            for (int j = 0; j < n_pairs; j++)
+                gpu::rope_pair(vec, n_heads, head_size, positions, table.cos.data(), table.sin.data(), n_pairs, r, h,
+                               j);
+    }
+}
+
+void silu_mul(float* h1, const float* h3, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; i++) gpu::silu_mul_element(h1, h3, i);
+}
+
+void add(float* x, const float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; i++) gpu::add_element(x, y, i);
+}
+
+void softmax(float* out, const float* x, int n) {
+    for (int t = 0; t < n; t++) gpu::softmax_element(out, x, n, t);
+}
+
+}  // namespace gpu::host
+
+// ---- The backend. FLOPs are counted with the CPU backend's formulas (cpu_backend.cpp,
+// kernels.cpp), so every figure a decoder reports is the same on either.
+
+void GpuHostBackend::embed(Exec&, float* x, const int* tokens, int rows) {
+    const Config& c = config();
+    for (int r = 0; r < rows; r++) {
+        assert(tokens[r] >= 0 && tokens[r] < c.vocab_size);
+        for (int j = 0; j < c.dim; j++) gpu::embed_element(x, model_.w.token_embedding.data(), tokens, c.dim, r, j);
+    }
+}
+
+void GpuHostBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {
+    const MatrixRef w = matrix_of(model_.w, m, l);
+    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(w.n_in) * std::uint64_t(w.n_out);
+    if (!planted_matmul) return gpu::host::matmul(y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < w.n_out; o++) y[std::int64_t(r) * ldy + o] = planted_matmul(x, ldx, w.w, w.n_out, w.n_in, r, o);
+}
+
+void GpuHostBackend::rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) {
+    const int dim = config().dim;
+    ex.flops += std::uint64_t(rows) * (5ull * dim + 4);
+    gpu::host::rmsnorm(out, x, norm_of(model_.w, n, l), rows, dim);
+}
+
+void GpuHostBackend::rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) {
+    const int head_size = config().head_size();
+    ex.flops += 6ull * std::uint64_t(rows) * n_heads * (head_size / 2);
+    gpu::host::rope(vec, rows, n_heads, head_size, positions, model_.rope);
+}
+
+void GpuHostBackend::silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) {
+    ex.flops += 5ull * std::uint64_t(n);
+    gpu::host::silu_mul(h1, h3, n);
+}
+
+void GpuHostBackend::add(Exec& ex, float* x, const float* y, std::int64_t n) {
+    ex.flops += std::uint64_t(n);
+    gpu::host::add(x, y, n);
+}
+
+void GpuHostBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
+                                      const int* kv_head, int future) {
+    const Config& c = config();
+    const int hs = c.head_size();
+    const std::uint64_t t = std::uint64_t(T);
+    // Per head as the CPU counts it: Q K^T, the divisions, the softmax, P V.
+    ex.flops += std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
+    for (int i = 0; i < T; i++)
+        for (int h = 0; h < c.n_heads; h++)
+            gpu::causal_attention_head(att, q, k, v, T, c.dim, c.kv_dim(), hs, kv_head[h], future, i, h);
+}
+
+void GpuHostBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const float* k, const float* v) {
+    const Config& c = config();
+    const int hs = c.head_size();
+    for (int i = 0; i < n_rows; i++)
+        for (int h = 0; h < c.n_kv_heads; h++)
+            for (int d = 0; d < hs; d++) gpu::store_kv_element(rows, l, k, v, c.kv_dim(), hs, i, h, d);
+}
+
+void GpuHostBackend::attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                               const std::int64_t* slots, int max_n, const int* kv_head, int probe_row,
+                               float* probe) {
+    const Config& c = config();
+    const int hs = c.head_size();
+    for (int i = 0; i < n_rows; i++) {
+        assert(rows[i].n <= max_n);
+        ex.flops += c.n_heads * attention_row_flops(hs, rows[i].n);
+    }
+    for (int i = 0; i < n_rows; i++)
+        for (int h = 0; h < c.n_heads; h++)
+            gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, c.dim, hs, probe_row, probe, i, h);
+}
+
+}  // namespace kvlab

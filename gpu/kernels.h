@@ -1,0 +1,192 @@
+// kvlab gpu: the code each GPU thread runs, written once. nvcc compiles these functions for the
+// device (gpu/cuda_backend.cu); g++ compiles the very same source for the host launcher
+// (gpu/host_backend.cpp), which runs them over the whole grid on the CPU. Each keeps the CPU
+// kernel's order of operations (core/kernels.h, NUMERICS.md), so the three agree bit for bit.
+//
+//   embed_element           one float of x[rows, dim]: a copy
+//   matmul_element          one Y[r][o]: ((0 + x[r][0] w[0][o]) + x[r][1] w[1][o]) + ..., k ascending
+//   rmsnorm_element         one out[r][j]: w[j] * (s * x[r][j]), s = 1 / sqrt(sum_j x^2 / dim + 1e-5),
+//                           the sum over j ascending (each thread of a row recomputes the same s)
+//   rope_pair               one (2j, 2j+1) pair: (v0 c - v1 s, v0 s + v1 c), tabled c and s
+//   silu_mul_element        one h1[i]: (a * (1 / (1 + e^-a))) * h3[i]
+//   add_element             one x[i] += y[i]
+//   softmax_stats, _weight  kernels.cpp softmax without storing the row: max scanned from x[0],
+//                           sum of exp_f32(x - max) in order, weight = e / sum (softmax_element
+//                           runs them as an element kernel, for the tests)
+//   causal_attention_head   one (row i, head h) of naive attention: scores over j = 0..T-1,
+//                           (q.k)/scale for j <= i + future and -inf after, softmax, then P V
+//                           summed over all T columns in order (masked ones add exact +0)
+//   store_kv_element        one float of a row's K and V into its cache slot
+//   attention_head          one (row i, head h) of cached attention: kernels.h's attention_row
+//                           over rows[i].n slots, read from device memory, in t order
+//
+// The rules they keep: one thread owns its outputs and computes each of them whole; every sum
+// runs in increasing index from +0.0f; no split sums, tree reductions or atomics; e^x is
+// exp_f32 (numerics.h), sqrt and division are IEEE-rounded (nvcc: -prec-sqrt=true
+// -prec-div=true), and nothing is fused into an FMA (g++: -ffp-contract=off, nvcc:
+// -fmad=false; the PTX audit test checks the compiled code).
+//
+// Attention runs one thread per (row, head): the softmax needs every score before any weight.
+// Instead of a scratch buffer of scores (whose address a captured CUDA Graph would freeze, and
+// whose size depends on the step) the thread recomputes each score when it needs it: the same
+// operations on the same inputs give the same bits every time.
+#pragma once
+
+#include <cstdint>
+
+#include "numerics.h"
+
+namespace kvlab::gpu {
+
+// The bits of the NaN a missing row reads (numerics.h kNaN, as a bit pattern for the device).
+KVLAB_HD inline float nan_f32() { return float_from_bits(0x7fc00000u); }
+KVLAB_HD inline float neg_inf_f32() { return float_from_bits(0xff800000u); }
+
+// sqrt(float(head_size)), as kernels.h attention_scale computes it (correctly rounded).
+KVLAB_HD inline float attention_scale(int head_size) { return sqrtf(float(head_size)); }
+
+// x[r][j] = token_embedding[tokens[r]][j]; emb: [vocab_size, dim], x: [rows, dim].
+KVLAB_HD inline void embed_element(float* x, const float* emb, const int* tokens, int dim, int r, int j) {
+    x[std::int64_t(r) * dim + j] = emb[std::int64_t(tokens[r]) * dim + j];
+}
+
+// Y[r][o] of Y[rows, n_out] = X[rows, n_in] · W[n_in, n_out]; row strides ldx, ldw.
+KVLAB_HD inline float matmul_element(const float* x, int ldx, const float* w, int ldw, int n_in, int r, int o) {
+    const float* xr = x + std::int64_t(r) * ldx;
+    float s = 0.0f;
+    for (int k = 0; k < n_in; k++) s = s + xr[k] * w[std::int64_t(k) * ldw + o];
+    return s;
+}
+
+// out[r][j] of rmsnorm(x[rows, dim]) with weights w[dim], in kernels.cpp's order.
+KVLAB_HD inline void rmsnorm_element(float* out, const float* x, const float* w, int dim, int r, int j) {
+    const float* xr = x + std::int64_t(r) * dim;
+    float ss = 0.0f;
+    for (int i = 0; i < dim; i++) ss = ss + xr[i] * xr[i];
+    ss = ss / float(dim);
+    ss = ss + 1e-5f;
+    ss = 1.0f / sqrtf(ss);
+    out[std::int64_t(r) * dim + j] = w[j] * (ss * xr[j]);
+}
+
+// Pair j of head h of row r of vec[rows, n_heads * head_size], at logical position positions[r];
+// cos, sin: [max_seq, n_pairs], n_pairs = head_size / 2 (an odd head's last element stays).
+KVLAB_HD inline void rope_pair(float* vec, int n_heads, int head_size, const int* positions, const float* cos,
+                               const float* sin, int n_pairs, int r, int h, int j) {
+    const std::int64_t at = std::int64_t(positions[r]) * n_pairs + j;
+    const float c = cos[at], s = sin[at];
+    float* v = vec + (std::int64_t(r) * n_heads + h) * head_size;
+    const float v0 = v[2 * j], v1 = v[2 * j + 1];
+    v[2 * j] = v0 * c - v1 * s;
+    v[2 * j + 1] = v0 * s + v1 * c;
+}
+
+KVLAB_HD inline void silu_mul_element(float* h1, const float* h3, std::int64_t i) {
+    float a = h1[i];
+    a = a * (1.0f / (1.0f + exp_f32(-a)));
+    h1[i] = a * h3[i];
+}
+
+KVLAB_HD inline void add_element(float* x, const float* y, std::int64_t i) { x[i] = x[i] + y[i]; }
+
+// The softmax of n scores score(t), as kernels.cpp softmax computes it, without storing them:
+// max scanned from score(0), sum of exp_f32(score - max) in t order; weight(t) = e_t / sum.
+struct SoftmaxStats {
+    float max, sum;
+};
+template <class Score>
+KVLAB_HD SoftmaxStats softmax_stats(int n, const Score& score) {
+    float max = score(0);
+    for (int t = 1; t < n; t++) {
+        const float s = score(t);
+        if (s > max) max = s;
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < n; t++) sum = sum + exp_f32(score(t) - max);
+    return {max, sum};
+}
+KVLAB_HD inline float softmax_weight(float score, SoftmaxStats st) { return exp_f32(score - st.max) / st.sum; }
+
+// out[t] = softmax(x[n])[t]: the building block above as an element kernel (tests run it
+// against kernels.cpp softmax on extreme inputs).
+KVLAB_HD inline void softmax_element(float* out, const float* x, int n, int t) {
+    const SoftmaxStats st = softmax_stats(n, [x](int u) { return x[u]; });
+    out[t] = softmax_weight(x[t], st);
+}
+
+// Naive attention, query row i of head h: q, att [T, dim]; k, v [T, kv_dim]; the head reads KV
+// head kvh. S[i][j] = (q_i . k_j) / scale for j <= min(i + future, T - 1), -inf after; P =
+// softmax(S[i]); att_i = sum_j P[i][j] v_j over all j = 0..T-1 (CpuBackend::causal_attention
+// multiplies P by V over the whole row, so the masked +0 products are added here too).
+KVLAB_HD inline void causal_attention_head(float* att, const float* q, const float* k, const float* v, int T,
+                                           int dim, int kv_dim, int head_size, int kvh, int future, int i, int h) {
+    const float scale = attention_scale(head_size);
+    const int last = i + future < T - 1 ? i + future : T - 1;
+    const float* qi = q + std::int64_t(i) * dim + h * head_size;
+    auto score = [&](int j) {
+        if (j > last) return neg_inf_f32();
+        const float* kj = k + std::int64_t(j) * kv_dim + kvh * head_size;
+        float s = 0.0f;
+        for (int d = 0; d < head_size; d++) s = s + qi[d] * kj[d];
+        return s / scale;
+    };
+    const SoftmaxStats st = softmax_stats(T, score);
+    float* out = att + std::int64_t(i) * dim + h * head_size;
+    for (int d = 0; d < head_size; d++) out[d] = 0.0f;
+    for (int j = 0; j < T; j++) {
+        const float p = softmax_weight(score(j), st);
+        const float* vj = v + std::int64_t(j) * kv_dim + kvh * head_size;
+        for (int d = 0; d < head_size; d++) out[d] = out[d] + p * vj[d];
+    }
+}
+
+// Row is backend.h's RowKV (a template, so that this header needs nothing but numerics.h): the
+// row of (layer l, KV head h, slot s) starts at float (l * layer_rows + h * head_rows + s) *
+// head_size of its k and of its v.
+
+// Element d of KV head h of row i's K and V (k, v: [rows, kv_dim]) into layer l at its write_slot.
+template <class Row>
+KVLAB_HD void store_kv_element(const Row* rows, int l, const float* k, const float* v, int kv_dim, int head_size,
+                               int i, int h, int d) {
+    const Row& r = rows[i];
+    const std::int64_t at = (l * r.layer_rows + h * r.head_rows + r.write_slot) * head_size + d;
+    const std::int64_t from = std::int64_t(i) * kv_dim + h * head_size + d;
+    r.k[at] = k[from];
+    r.v[at] = v[from];
+}
+
+// Cached attention, query row i of head h at layer l, exactly kernels.h attention_row: over
+// t = 0..rows[i].n - 1 (read here, from the rows array: a captured graph replays with new
+// counts), slot slots[i * max_n + t] (-1 reads NaN) of KV head kv_head[h]. q, att: [rows, dim].
+// probe (when not null and i == probe_row): [n_heads, max_n] the softmax weights.
+template <class Row>
+KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l, const std::int64_t* slots, int max_n,
+                             const int* kv_head, int dim, int head_size, int probe_row, float* probe, int i, int h) {
+    const Row& r = rows[i];
+    const std::int64_t* s = slots + std::int64_t(i) * max_n;
+    const std::int64_t base = l * r.layer_rows + kv_head[h] * r.head_rows;
+    const float scale = attention_scale(head_size);
+    const float* qi = q + std::int64_t(i) * dim + h * head_size;
+    // Element d of position t's K (or V) row; a slot of -1 holds nothing and reads NaN.
+    auto at = [&](const float* storage, int t, int d) {
+        return s[t] < 0 ? nan_f32() : storage[(base + s[t]) * head_size + d];
+    };
+    auto score = [&](int t) {
+        float x = 0.0f;
+        for (int d = 0; d < head_size; d++) x = x + qi[d] * at(r.k, t, d);
+        return x / scale;
+    };
+    const int n = r.n;
+    float* out = att + std::int64_t(i) * dim + h * head_size;
+    for (int d = 0; d < head_size; d++) out[d] = 0.0f;
+    if (n <= 0) return;
+    const SoftmaxStats st = softmax_stats(n, score);
+    const bool probed = probe != nullptr && i == probe_row;
+    for (int t = 0; t < n; t++) {
+        const float p = softmax_weight(score(t), st);
+        if (probed) probe[std::int64_t(h) * max_n + t] = p;
+        for (int d = 0; d < head_size; d++) out[d] = out[d] + p * at(r.v, t, d);
+    }
+}
+
+}  // namespace kvlab::gpu
