@@ -19,6 +19,8 @@ struct DemoOptions {
     std::string prompt, tokens;
     int steps = 64;
     int threads = 1;
+    std::string device = "cpu";  // one device, or two side by side (gpu/device.h: parse_devices)
+    bool graphs = true;
     bool json = false;
 };
 int run_demo(const DemoOptions& o);
@@ -31,6 +33,8 @@ struct GenerateOptions {
     float top_p = 0.9f;
     std::uint64_t sample_seed = 42;
     int threads = 1;
+    std::string device = "cpu";
+    bool graphs = true;
     bool json = false;
 };
 int run_generate(const GenerateOptions& o);

@@ -10,6 +10,7 @@
 #include "common.h"
 #include "compare.h"
 #include "decode.h"
+#include "device.h"
 #include "sampler.h"
 
 namespace kvlab::cli {
@@ -22,7 +23,9 @@ struct StepRow {
     std::string text;
     double naive_s, cached_s;
     std::uint64_t naive_flops, cached_flops;
-    BitComparison cmp;
+    double other_naive_s = 0, other_cached_s = 0;  // the second device's, when there is one
+    BitComparison cmp;  // the first of the run's logit vectors that differs from the first device's naive
+    std::string differs;  // which one ("" when all equal)
 };
 
 }  // namespace
@@ -34,8 +37,19 @@ int run_demo(const DemoOptions& o) {
     std::vector<int> tokens = checked_prompt(lm, o.prompt, o.tokens, "Once upon a time", o.steps, 0);
     const int P = int(tokens.size());
 
-    NaiveDecoder naive(lm.model, o.threads);
-    CachedDecoder cached(lm.model, o.threads);
+    const std::vector<std::string> devices = parse_devices(o.device);
+    BackendOptions bo;
+    bo.n_threads = o.threads;
+    bo.graphs = o.graphs;
+    const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model, bo);
+    NaiveDecoder naive(*backend);
+    CachedDecoder cached(*backend);
+    naive.exec.n_threads = cached.exec.n_threads = o.threads;
+    // A second device runs the same two decoders; all four logit vectors must agree.
+    const std::unique_ptr<Backend> backend2 = devices.size() > 1 ? make_backend(devices[1], lm.model, bo) : nullptr;
+    std::unique_ptr<NaiveDecoder> naive2 = backend2 ? std::make_unique<NaiveDecoder>(*backend2) : nullptr;
+    std::unique_ptr<CachedDecoder> cached2 = backend2 ? std::make_unique<CachedDecoder>(*backend2) : nullptr;
+    const std::string d0 = devices[0], d1 = devices.size() > 1 ? devices[1] : "";
     std::vector<StepRow> rows;
 
     // One step: naive recomputes all of `tokens`; cached runs only `fresh` (the prompt, then one token).
@@ -54,6 +68,19 @@ int run_demo(const DemoOptions& o) {
         r.cached_s = seconds_since(t0);
         r.cached_flops = cached.exec.flops - g0;
         r.cmp = compare_bits(ln, lc);
+        if (!r.cmp.equal) r.differs = d0 + " cached";
+        if (naive2) {
+            t0 = std::chrono::steady_clock::now();
+            const std::vector<float>& ln2 = naive2->forward(tokens);
+            r.other_naive_s = seconds_since(t0);
+            t0 = std::chrono::steady_clock::now();
+            const std::vector<float>& lc2 = cached2->prefill(fresh);
+            r.other_cached_s = seconds_since(t0);
+            for (const auto& [what, l] : {std::pair{d1 + " naive", &ln2}, std::pair{d1 + " cached", &lc2}}) {
+                const BitComparison b = compare_bits(ln, *l);
+                if (r.cmp.equal && !b.equal) r.cmp = b, r.differs = what;
+            }
+        }
         rows.push_back(r);
         return lc;
     };
@@ -87,6 +114,7 @@ int run_demo(const DemoOptions& o) {
                        {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"vocab_size", c.vocab_size},
                        {"max_seq", c.max_seq}};
         j["threads"] = o.threads;
+        j["devices"] = devices;
         j["prompt_tokens"] = std::vector<int>(tokens.begin(), tokens.begin() + P);
         j["generated_tokens"] = std::vector<int>(tokens.begin() + P, tokens.end());
         j["generated_text"] = generated;
@@ -102,6 +130,12 @@ int run_demo(const DemoOptions& o) {
                                   {"cached_flops", r.cached_flops},
                                   {"bitwise_equal", r.cmp.equal},
                                   {"max_ulp", r.cmp.max_ulp}});
+        if (naive2)
+            for (std::size_t i = 0; i < rows.size(); i++) {
+                j["steps"][i]["second_device_naive_seconds"] = rows[i].other_naive_s;
+                j["steps"][i]["second_device_cached_seconds"] = rows[i].other_cached_s;
+                if (!rows[i].cmp.equal) j["steps"][i]["differs"] = rows[i].differs;
+            }
         j["summary"] = {{"steps", o.steps},
                         {"bitwise_equal_steps", n_equal},
                         {"all_bitwise_equal", n_equal == int(rows.size())},
@@ -116,27 +150,35 @@ int run_demo(const DemoOptions& o) {
                         {"kv_bytes_formula", kv_bytes(c, T)}};
         fmt::print("{}\n", j.dump(2));
     } else {
-        fmt::print("kvlab demo: naive vs KV-cached decode, bit for bit\n");
+        fmt::print("kvlab demo: naive vs KV-cached decode, bit for bit{}\n",
+                   naive2 ? fmt::format(", on {} and {}", d0, d1) : d0 == "cpu" ? "" : fmt::format(", on {}", d0));
         fmt::print("model      {}  ({})\n", lm.source, c.describe());
         fmt::print("prompt     {} tokens{}; greedy decode of {} more; {} thread{}\n\n", P,
                    lm.tokenizer ? fmt::format(" \"{}\"", escape(prompt_text)) : "", o.steps, o.threads,
                    o.threads == 1 ? "" : "s");
-        fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9} {:>11} {:>9} {:>11} {:>8}  {}\n", "step", "pos", "token", "text",
-                   "naive ms", "naive MFLOP", "cached ms", "cached MFLOP", "speedup", "logits");
+        const std::string other_header =
+            naive2 ? fmt::format(" {:>14} {:>14}", d1 + " naive ms", d1 + " cached ms") : std::string();
+        fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9} {:>11} {:>9} {:>11} {:>8}{}  {}\n", "step", "pos", "token", "text",
+                   "naive ms", "naive MFLOP", "cached ms", "cached MFLOP", "speedup", other_header, "logits");
         for (std::size_t i = 0; i < rows.size(); i++) {
             const auto& r = rows[i];
             const std::string pos = r.pos_first == r.pos_last ? fmt::format("{}", r.pos_first)
                                                               : fmt::format("{}-{}", r.pos_first, r.pos_last);
             const std::string verdict =
-                r.cmp.equal ? "bitwise equal"
-                            : fmt::format("DIFFER (max {} ulp, first at index {})", r.cmp.max_ulp, r.cmp.first);
-            fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9.3f} {:>11.3f} {:>9.3f} {:>11.3f} {:>7.1f}x  {}\n",
+                r.cmp.equal ? (naive2 ? "all 4 bitwise equal" : "bitwise equal")
+                            : fmt::format("DIFFER ({} vs {} naive: first at index {}, max {} ulp)", r.differs, d0,
+                                          r.cmp.first, r.cmp.max_ulp);
+            const std::string other =
+                naive2 ? fmt::format(" {:>14.3f} {:>14.3f}", r.other_naive_s * 1e3, r.other_cached_s * 1e3)
+                       : std::string();
+            fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9.3f} {:>11.3f} {:>9.3f} {:>11.3f} {:>7.1f}x{}  {}\n",
                        i == 0 ? std::string("prefill") : fmt::format("{}", i), pos, r.token,
                        fmt::format("\"{}\"", escape(r.text)), r.naive_s * 1e3, r.naive_flops / 1e6, r.cached_s * 1e3,
-                       r.cached_flops / 1e6, r.naive_s / r.cached_s, verdict);
+                       r.cached_flops / 1e6, r.naive_s / r.cached_s, other, verdict);
         }
         fmt::print("\ngenerated  \"{}\"\n", escape(generated));
-        fmt::print("equality   {} of {} steps bitwise equal (full logit vectors of {} floats)\n", n_equal, rows.size(),
+        fmt::print("equality   {} of {} steps bitwise equal ({}full logit vectors of {} floats)\n", n_equal,
+                   rows.size(), naive2 ? fmt::format("naive and cached on {} and {}: four ", d0, d1) : "",
                    c.vocab_size);
         fmt::print("time       naive {:.1f} ms, cached {:.1f} ms: cached is {:.1f}x faster over the run\n",
                    naive_total * 1e3, cached_total * 1e3, naive_total / cached_total);
@@ -161,8 +203,8 @@ int run_demo(const DemoOptions& o) {
                    T, kv_used, c.n_layers, T, c.n_kv_heads, c.head_size());
     }
     if (n_equal != int(rows.size())) {
-        fmt::print(stderr, "kvlab: error: naive and cached logits differ at {} of {} steps\n",
-                   int(rows.size()) - n_equal, rows.size());
+        fmt::print(stderr, "kvlab: error: logits differ at {} of {} steps\n", int(rows.size()) - n_equal,
+                   rows.size());
         return 1;
     }
     return 0;

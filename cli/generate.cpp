@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "common.h"
 #include "decode.h"
+#include "device.h"
 #include "sampler.h"
 
 namespace kvlab::cli {
@@ -18,7 +19,14 @@ int run_generate(const GenerateOptions& o) {
     std::vector<int> tokens = checked_prompt(lm, o.prompt, o.tokens, "", o.steps, -1);
     const int P = int(tokens.size());
     Sampler sampler(c.vocab_size, o.temperature, o.top_p, o.sample_seed);
-    CachedDecoder dec(lm.model, o.threads);
+    const std::vector<std::string> devices = parse_devices(o.device);
+    if (devices.size() != 1) throw Error("generate: --device takes one device (cpu, gpu or gpu-host)");
+    BackendOptions bo;
+    bo.n_threads = o.threads;
+    bo.graphs = o.graphs;
+    const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model, bo);
+    CachedDecoder dec(*backend);
+    dec.exec.n_threads = o.threads;
 
     // Like llama2.c, the prompt is echoed (BOS itself prints nothing) and generation stops early
     // if the model emits BOS, which delimits stories in its training data.

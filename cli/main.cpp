@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
         ->add_option("--threads", demo.threads,
                      "threads for the kernels (on a busy machine also set OMP_WAIT_POLICY=PASSIVE)")
         ->check(CLI::Range(1, 256));
+    demo_cmd->add_option("--device", demo.device,
+                         "cpu, gpu, gpu-host (the GPU's kernels run on the host), or two side by side: both (cpu,gpu) "
+                         "or e.g. cpu,gpu-host");
+    demo_cmd->add_flag("!--no-graph", demo.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     demo_cmd->add_flag("--json", demo.json, "machine-readable output");
 
     GenerateOptions gen;
@@ -70,6 +74,8 @@ int main(int argc, char** argv) {
     gen_cmd->add_option("--seed", gen.sample_seed, "sampling seed, positive (llama2.c's xorshift generator)")
         ->check(CLI::Range(std::uint64_t{1}, std::numeric_limits<std::uint64_t>::max()));
     gen_cmd->add_option("--threads", gen.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    gen_cmd->add_option("--device", gen.device, "cpu, gpu or gpu-host");
+    gen_cmd->add_flag("!--no-graph", gen.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     gen_cmd->add_flag("--json", gen.json, "machine-readable output");
 
     BenchOptions bench;

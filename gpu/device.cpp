@@ -34,4 +34,24 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const Model& mode
     throw Error(fmt::format("unknown device '{}': use cpu, gpu or gpu-host", one_line(std::string(device))));
 }
 
+std::vector<std::string> parse_devices(std::string_view spec) {
+    if (spec == "both") return {"cpu", "gpu"};
+    std::vector<std::string> devices;
+    std::size_t from = 0;
+    while (true) {
+        const std::size_t comma = spec.find(',', from);
+        const std::string name(spec.substr(from, comma == std::string_view::npos ? spec.npos : comma - from));
+        if (name != "cpu" && name != "gpu" && name != "gpu-host")
+            throw Error(fmt::format("--device: '{}' is not a device (cpu, gpu, gpu-host, both, or two joined by a comma)",
+                                    one_line(name)));
+        for (const std::string& d : devices)
+            if (d == name) throw Error(fmt::format("--device: '{}' is named twice", name));
+        devices.push_back(name);
+        if (comma == std::string_view::npos) break;
+        from = comma + 1;
+    }
+    if (devices.size() > 2) throw Error("--device: at most two devices, to compare side by side");
+    return devices;
+}
+
 }  // namespace kvlab

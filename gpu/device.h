@@ -26,6 +26,10 @@ bool gpu_built();
 // Why `--device gpu` cannot run here ("" when it can): no CUDA in this build, or no device.
 std::string gpu_unavailable();
 
+// A --device value as the devices it names, in order: "cpu", "gpu", "gpu-host", "both" (cpu
+// then gpu), or two of them joined by a comma. Throws Error naming the bad part.
+std::vector<std::string> parse_devices(std::string_view spec);
+
 // The backend for `device` ("cpu", "gpu" or "gpu-host") over `model` (which must outlive it).
 // Throws Error, in one line, for an unknown device name and for a GPU this build or this machine
 // does not have (the message is gpu_unavailable()).

@@ -2,6 +2,7 @@
 // stderr and a non-zero exit, never a crash, a hang or a silent truncation.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -218,4 +219,31 @@ TEST_CASE("cache parameters and requests that cannot be met are one-line errors"
     check_refused("pool --script \"new a 1,2; rollback a -1\"", "roll back");
     check_refused("pool --script \"fork x y\"", "no sequence named 'x'");
     check_refused("pool --script \"new a 1,999999\"", "outside the vocabulary");
+}
+
+TEST_CASE("kvlab demo --device: two devices side by side, all four logit vectors bitwise equal", "[cli][device]") {
+    // gpu-host runs the GPU's per-thread kernel source on the host, so this runs without a GPU.
+    const Run r = run_kvlab("demo --device cpu,gpu-host --steps 6 --model-seed 3");
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("on cpu and gpu-host") != std::string::npos);
+    CHECK(r.out.find("7 of 7 steps bitwise equal (naive and cached on cpu and gpu-host: four") != std::string::npos);
+    const Run one = run_kvlab("generate --device gpu-host --steps 12 --json");
+    CHECK(one.exit_code == 0);
+}
+
+TEST_CASE("kvlab --device: unknown devices, a missing GPU and a GPU-less build are one-line errors", "[cli][errors]") {
+    check_refused("demo --device tpu", "'tpu' is not a device");
+    check_refused("demo --device cpu,cpu", "named twice");
+    check_refused("demo --device cpu,gpu-host,gpu", "at most two");
+    check_refused("generate --device both", "one device");
+    // Without a device (or without CUDA in the build) the reason comes in one line.
+    const Run r = run_kvlab("demo --device gpu --steps 2");
+    if (r.exit_code == 0) {  // this machine has a GPU: then the run must be exact
+        CHECK(r.out.find("3 of 3 steps bitwise equal") != std::string::npos);
+        return;
+    }
+    CHECK(r.err.find("kvlab: error:") == 0);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK((r.err.find("no CUDA device") != std::string::npos || r.err.find("no GPU support") != std::string::npos));
 }
