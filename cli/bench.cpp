@@ -14,6 +14,7 @@
 #include "common.h"
 #include "compare.h"
 #include "decode.h"
+#include "device.h"
 
 namespace kvlab::cli {
 
@@ -143,7 +144,77 @@ struct Row {
 
 }  // namespace
 
+// The device table: one backend's cached decode step (graph replay and not), naive decode and
+// prefill at each T, on a random model of the shape with max_seq raised to fit the longest T.
+int run_bench_device(const BenchOptions& o) {
+    std::vector<int> lengths = parse_int_list("--lengths", o.lengths_given ? o.lengths : "64,256,1024");
+    std::sort(lengths.begin(), lengths.end());
+    Config c = shape_from_string(o.shape);
+    c.max_seq = std::max(c.max_seq, lengths.back());
+    for (int T : lengths)
+        if (T < 2) throw Error(fmt::format("--lengths: T = {} is too short: a decode step needs T >= 2", T));
+    const std::vector<std::string> devices = parse_devices(o.device);
+    if (devices.size() != 1) throw Error("bench: --device takes one device (cpu, gpu or gpu-host)");
+    const Model model = random_model(c, o.seed);
+    BackendOptions with_graph, no_graph;
+    with_graph.n_threads = no_graph.n_threads = o.threads;
+    no_graph.graphs = false;
+    const std::unique_ptr<Backend> graphed = make_backend(devices[0], model, with_graph);
+    const std::unique_ptr<Backend> plain = make_backend(devices[0], model, no_graph);
+    std::vector<int> tokens(std::size_t(lengths.back()));
+    SplitMix64 rng(o.seed + 1);
+    for (int& t : tokens) t = int(rng.next() % std::uint64_t(c.vocab_size));
+    const std::int64_t weight_bytes = 4 * c.n_params(model.w.shared_classifier);
+
+    if (!o.json)
+        fmt::print("kvlab bench --device {}: {} ({}), medians of {} reps\n{:>6} {:>16} {:>16} {:>14} {:>14} {:>14} {:>9}  {}\n",
+                   devices[0], o.shape, c.describe(), o.reps, "T", "cached us graph", "cached us plain", "naive us",
+                   "prefill tok/s", "bytes/step", "GB/s", "logits");
+    nlohmann::json rows = nlohmann::json::array();
+    for (int T : lengths) {
+        const std::span<const int> seq(tokens.data(), std::size_t(T));
+        // A decode step at position T - 1: roll back one position, decode it again.
+        auto decode_us = [&](Backend& b, std::vector<float>& logits) {
+            CachedDecoder dec(b);
+            dec.prefill(seq.first(std::size_t(T) - 1));
+            logits = dec.decode(seq.back());  // the first replay of a graph also captures it
+            return 1e6 * median_seconds(o.reps, [&] {
+                       dec.cache().truncate(T - 1);
+                       dec.decode(seq.back());
+                   });
+        };
+        std::vector<float> lg, lp;
+        const double graph_us = decode_us(*graphed, lg), plain_us = decode_us(*plain, lp);
+        NaiveDecoder naive(*plain);
+        std::vector<float> ln;
+        const double naive_us = 1e6 * median_seconds(o.reps, [&] { ln = naive.forward(seq); });
+        CachedDecoder pre(*plain);
+        const double prefill_s = median_seconds(o.reps, [&] {
+            pre.reset();
+            pre.prefill(seq);
+        });
+        // A step reads every weight once and the K and V rows of T positions.
+        const std::int64_t bytes = weight_bytes + kv_bytes(c, T);
+        const bool equal = compare_bits(ln, lg).equal && compare_bits(ln, lp).equal;
+        if (o.json)
+            rows.push_back({{"T", T}, {"cached_us_graph", graph_us}, {"cached_us_no_graph", plain_us},
+                            {"naive_us", naive_us}, {"prefill_tok_per_s", T / prefill_s}, {"bytes_per_step", bytes},
+                            {"achieved_gb_per_s", bytes / graph_us / 1e3}, {"bitwise_equal", equal}});
+        else
+            fmt::print("{:>6} {:>16.1f} {:>16.1f} {:>14.1f} {:>14.0f} {:>14} {:>9.2f}  {}\n", T, graph_us, plain_us,
+                       naive_us, T / prefill_s, bytes, bytes / graph_us / 1e3,
+                       equal ? "naive, graph and plain bitwise equal" : "DIFFER");
+        if (!equal) {
+            fmt::print(stderr, "kvlab: error: logits differ at T = {} on {}\n", T, devices[0]);
+            return 1;
+        }
+    }
+    if (o.json) fmt::print("{}\n", nlohmann::json{{"device", devices[0]}, {"config", c.describe()}, {"rows", rows}}.dump(2));
+    return 0;
+}
+
 int run_bench(const BenchOptions& options) {
+    if (options.device != "cpu") return run_bench_device(options);
     const Config c = shape_from_string(options.shape);
     BenchOptions o = options;
     if (o.block_size == 0) o.block_size = std::min(16, c.max_seq);

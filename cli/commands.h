@@ -48,6 +48,8 @@ struct BenchOptions {
     int block_size = 0;  // the paged variant's; 0: 16, or max_seq if smaller
     int group = 0;       // the quantized variants' (channels per value scale, positions per key scale);
                          // 0: the largest divisor of head_size up to 16
+    std::string device = "cpu";  // cpu: the full table; gpu or gpu-host: the device table
+    bool lengths_given = false;  // --lengths was set (the device table defaults to 64,256,1024)
     bool json = false;
 };
 int run_bench(const BenchOptions& o);

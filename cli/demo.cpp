@@ -54,7 +54,7 @@ int run_demo(const DemoOptions& o) {
 
     // One step: naive recomputes all of `tokens`; cached runs only `fresh` (the prompt, then one token).
     auto step = [&](const std::string& kind, std::span<const int> fresh) -> const std::vector<float>& {
-        StepRow r{kind, cached.pos(), cached.pos() + int(fresh.size()) - 1, fresh.back(), "", 0, 0, 0, 0, {}};
+        StepRow r{kind, cached.pos(), cached.pos() + int(fresh.size()) - 1, fresh.back(), "", 0, 0, 0, 0, 0, 0, {}, ""};
         const int prev = int(tokens.size()) >= 2 ? tokens[tokens.size() - 2] : 1;
         r.text = token_text(lm, prev, fresh.back());
         auto t0 = std::chrono::steady_clock::now();

@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     bench_cmd->add_option("--threads", bench.threads, "threads for the kernels")->check(CLI::Range(1, 256));
     bench_cmd->add_option("--lengths", bench.lengths, "context lengths T to measure, e.g. 64,128,256");
+    bench_cmd->add_option("--device", bench.device,
+                          "cpu (default), or gpu / gpu-host: per-step microseconds of cached decode with and without "
+                          "graph replay, naive decode, prefill, and bytes read per step (default T = 64,256,1024)");
     bench_cmd->add_option("--block-size", bench.block_size, "positions per block of the paged variant (default 16)")
         ->check(CLI::Range(1, 1 << 24));
     bench_cmd
@@ -146,7 +149,10 @@ int main(int argc, char** argv) {
     try {
         if (*demo_cmd) return run_demo(demo);
         if (*gen_cmd) return run_generate(gen);
-        if (*bench_cmd) return run_bench(bench);
+        if (*bench_cmd) {
+            bench.lengths_given = bench_cmd->count("--lengths") > 0;
+            return run_bench(bench);
+        }
         if (*export_cmd) return run_export(exp);
         if (*verify_cmd) return run_verify(ver);
         if (*memory_cmd) return run_memory(mem);

@@ -247,3 +247,17 @@ TEST_CASE("kvlab --device: unknown devices, a missing GPU and a GPU-less build a
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     CHECK((r.err.find("no CUDA device") != std::string::npos || r.err.find("no GPU support") != std::string::npos));
 }
+
+TEST_CASE("kvlab bench --device gpu-host: the device table, with naive, graph and plain bitwise equal", "[cli][device]") {
+    const Run r = run_kvlab("bench --device gpu-host --shape stories260K --lengths 8,24 --reps 1");
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("cached us graph") != std::string::npos);
+    const auto lines = std::count(r.out.begin(), r.out.end(), '\n');
+    CHECK(lines == 4);  // title, header, one row per T
+    std::size_t equal = 0;
+    for (std::size_t at = 0; (at = r.out.find("naive, graph and plain bitwise equal", at)) != std::string::npos; at++)
+        equal++;
+    CHECK(equal == 2);
+    check_refused("bench --device gpu-host --lengths 1", "too short");
+}
