@@ -66,6 +66,7 @@ struct VerifyCommandOptions {
     std::string variant = "all";  // a variant, a mutant, or all / exact / approximate / mutants
     int cases = 100;
     std::uint64_t seed = 1;
+    std::string device = "cpu";  // where the decoders run; two devices: the second checked against the first
     bool json = false;
     bool list = false;
 };

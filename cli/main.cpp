@@ -111,6 +111,10 @@ int main(int argc, char** argv) {
                            "a variant or mutant (see --list), or all, exact, approximate, mutants");
     verify_cmd->add_option("--cases", ver.cases, "generated cases per property")->check(CLI::Range(1, 1000000));
     verify_cmd->add_option("--seed", ver.seed, "RapidCheck seed: the same seed draws the same cases");
+    verify_cmd->add_option("--device", ver.device,
+                           "cpu (default), gpu or gpu-host: the decoders and caches under test and naive decode run "
+                           "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "
+                           "second's naive and cached decode must equal it");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
     verify_cmd->add_flag("--list", ver.list, "list the variants and mutants");
 

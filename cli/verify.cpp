@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "device.h"
 
 namespace kvlab::cli {
 
@@ -18,7 +19,7 @@ int run_verify(const VerifyCommandOptions& o) {
         return 0;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<VerifyRow> rows = verify(o.variant, VerifyOptions{o.cases, o.seed});
+    const std::vector<VerifyRow> rows = verify(o.variant, VerifyOptions{o.cases, o.seed, o.device});
     const double seconds = seconds_since(t0);
     int n_ok = 0, n_mutants = 0, n_caught = 0;
     for (const VerifyRow& r : rows) {
@@ -29,6 +30,7 @@ int run_verify(const VerifyCommandOptions& o) {
         nlohmann::json j;
         j["seed"] = o.seed;
         j["cases"] = o.cases;
+        j["device"] = o.device;
         j["seconds"] = seconds;
         j["all_ok"] = n_ok == int(rows.size());
         if (n_mutants) j["kill_rate"] = double(n_caught) / n_mutants;
@@ -45,6 +47,12 @@ int run_verify(const VerifyCommandOptions& o) {
         return n_ok == int(rows.size()) ? 0 : 1;
     }
     fmt::print("kvlab verify: cache variants against naive decode, logits compared bit for bit at every step\n");
+    const std::vector<std::string> devices = parse_devices(o.device);
+    if (devices.size() == 1)
+        fmt::print("device {}: naive and cached decode both run there\n", devices[0]);
+    else
+        fmt::print("devices {0},{1}: naive decode on {0} is the reference; naive and cached on {1} must equal it\n",
+                   devices[0], devices[1]);
     fmt::print("{} case(s) per property, seed {}; counterexamples are RapidCheck's shrunk cases\n\n", o.cases, o.seed);
     std::size_t w_name = 7, w_params = 10, w_result = 6;
     for (const VerifyRow& r : rows) {

@@ -16,6 +16,7 @@
 #include "cache_factory.h"
 #include "compare.h"
 #include "decode.h"
+#include "device.h"
 #include "generators.h"
 #include "model.h"
 #include "window_cache.h"
@@ -56,13 +57,55 @@ std::vector<int> gen_tokens(const Config& c, int n) {
     throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Failure, std::move(message));
 }
 
-// Logits of a cached run against naive decode of the same sequence.
-void expect_naive(NaiveDecoder& naive, std::span<const int> sequence, std::span<const float> logits,
-                  const std::string& what) {
-    const std::vector<float>& ref = naive.forward(sequence);
-    if (auto diff = first_difference(ref, logits))
-        fail(fmt::format("{}: logits differ from naive at T = {}, {}", what, sequence.size(), *diff));
-}
+// The devices of a run (VerifyOptions::device): naive decode on `reference` is what every
+// result is checked against; the decoders under test and their caches run on `tested`.
+struct Devices {
+    std::string reference = "cpu", tested = "cpu";
+    std::function<std::unique_ptr<Backend>(std::string_view, const Model&)> make;
+};
+
+// One generated model on the devices of a run. With two devices, naive decode on the tested one
+// must equal the reference's too, so `verify --device both` checks the GPU's naive and cached
+// decode against the CPU's.
+class Bench {
+public:
+    Bench(const Model& m, const Devices& d, Mutant mutant)
+        : reference_(d.make(d.reference, m)),
+          tested_(d.tested == d.reference ? nullptr : d.make(d.tested, m)),
+          naive_(*reference_) {
+        naive_.mutant = mutant;
+        if (tested_) {
+            tested_naive_ = std::make_unique<NaiveDecoder>(*tested_);
+            tested_naive_->mutant = mutant;
+        }
+    }
+    Backend& backend() { return tested_ ? *tested_ : *reference_; }  // where the decoders under test run
+    Memory& memory() { return backend().memory(); }                   // where their caches live
+
+    // Naive decode's logits after `sequence` on the reference device (and, with two devices,
+    // the tested device's naive decode checked against them).
+    const std::vector<float>& naive(std::span<const int> sequence, const std::string& what) {
+        const std::vector<float>& ref = naive_.forward(sequence);
+        if (tested_naive_) {
+            if (auto diff = first_difference(ref, tested_naive_->forward(sequence)))
+                fail(fmt::format("{}: naive decode on {} differs from {} at T = {}, {}", what, tested_->name(),
+                                 reference_->name(), sequence.size(), *diff));
+        }
+        return ref;
+    }
+
+    // Logits of a run under test against naive decode of the same sequence.
+    void expect_naive(std::span<const int> sequence, std::span<const float> logits, const std::string& what) {
+        const std::vector<float>& ref = naive(sequence, what);
+        if (auto diff = first_difference(ref, logits))
+            fail(fmt::format("{}: logits differ from naive at T = {}, {}", what, sequence.size(), *diff));
+    }
+
+private:
+    std::unique_ptr<Backend> reference_, tested_;
+    NaiveDecoder naive_;
+    std::unique_ptr<NaiveDecoder> tested_naive_;
+};
 
 void expect_memory_consistent(const Cache& cache, const std::string& what) {
     const MemoryStats m = cache.memory();
@@ -74,7 +117,7 @@ void expect_memory_consistent(const Cache& cache, const std::string& what) {
 
 // A cache of one of the exact single-sequence variants, its parameters drawn, with the
 // planted bug switched on in it and in its pool.
-CacheAndPool cache_under_test(std::string_view variant, const Config& c, Mutant mutant) {
+CacheAndPool cache_under_test(std::string_view variant, const Config& c, Mutant mutant, Memory& memory) {
     CacheSpec spec;
     spec.variant = *parse_variant(variant);
     if (spec.variant == Variant::growing) spec.initial_capacity = draw(1, c.max_seq);
@@ -82,49 +125,50 @@ CacheAndPool cache_under_test(std::string_view variant, const Config& c, Mutant 
         spec.block_size = draw(1, c.max_seq);
         spec.n_blocks = (c.max_seq + spec.block_size - 1) / spec.block_size + draw(0, 2);
     }
-    CacheAndPool u = make_cache(c, spec);
+    CacheAndPool u = make_cache(c, spec, memory);
     if (u.pool) u.pool->mutant = mutant;
     u.cache->mutant = mutant;
     return u;
 }
 
-struct Decoders {
-    NaiveDecoder naive;
-    CachedDecoder cached;
-    Decoders(const Model& m, Cache& cache, Mutant mutant) : naive(m), cached(m, cache) {
-        naive.mutant = cached.mutant = mutant;
-    }
-};
+// A cached decoder under test on `bench`'s device, with the planted bug switched on.
+std::unique_ptr<CachedDecoder> cached_under_test(Bench& bench, Cache& cache, Mutant mutant) {
+    auto d = std::make_unique<CachedDecoder>(bench.backend(), cache);
+    d->mutant = mutant;
+    return d;
+}
 
 // ----------------------------------------------------------------------------------------------
 // Exact variants
 
 // Prefill a prompt, decode the rest one token at a time; naive decode agrees at every step.
-void decode_property(std::string_view variant, Mutant mutant) {
+void decode_property(std::string_view variant, const Devices& devices, Mutant mutant) {
     const Config c = gen_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
-    CacheAndPool u = cache_under_test(variant, c, mutant);
-    Decoders d(m, *u.cache, mutant);
+    Bench bench(m, devices, mutant);
+    CacheAndPool u = cache_under_test(variant, c, mutant, bench.memory());
+    const auto cached = cached_under_test(bench, *u.cache, mutant);
     const std::string what =
         fmt::format("{}, {}, prompt {} of {}", u.cache->name(), c.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
-    expect_naive(d.naive, all.first(prompt), d.cached.prefill(all.first(prompt)), what);
+    bench.expect_naive(all.first(prompt), cached->prefill(all.first(prompt)), what);
     for (int T = prompt + 1; T <= int(tokens.size()); T++)
-        expect_naive(d.naive, all.first(T), d.cached.decode(tokens[T - 1]), what);
+        bench.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
     expect_memory_consistent(*u.cache, what);
 }
 
 // Request A runs; request B shares a prefix with it (none, part, all of A, or a block multiple)
 // and maps A's cached blocks; a third request from another model never hits.
-void prefix_property(Mutant mutant) {
+void prefix_property(const Devices& devices, Mutant mutant) {
     const Config c = gen_config(2);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model ma = random_model(c, seed), mb = random_model(c, seed + 1);
     const std::uint64_t ida = ma.w.fingerprint(), idb = mb.w.fingerprint();
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
-    BlockPool pool(c, bs, 3 * per_seq, true);  // room for all three: nothing is evicted here
+    Bench bench_a(ma, devices, mutant), bench_b(mb, devices, mutant);
+    BlockPool pool(c, bs, 3 * per_seq, true, bench_a.memory());  // room for all three: nothing is evicted here
     pool.mutant = mutant;
     const std::vector<int> a = gen_tokens(c, draw(1, c.max_seq));
     const int la = int(a.size());
@@ -140,40 +184,41 @@ void prefix_property(Mutant mutant) {
 
     auto seq_a = std::make_unique<PagedCache>(pool, ida, 0);
     {
-        Decoders d(ma, *seq_a, mutant);
+        const auto da = cached_under_test(bench_a, *seq_a, mutant);
         for (int T = 1; T <= la; T++)
-            expect_naive(d.naive, std::span(a).first(T), d.cached.extend(std::span(a).first(T)), "A: " + what);
+            bench_a.expect_naive(std::span(a).first(T), da->extend(std::span(a).first(T)), "A: " + what);
     }
     if (free_a) seq_a.reset();  // its full blocks stay cached, unreferenced
 
     PagedCache seq_b(pool, ida, 1);
-    Decoders d(ma, seq_b, mutant);
+    const auto d = cached_under_test(bench_a, seq_b, mutant);
     const std::span<const int> bspan(b);
-    expect_naive(d.naive, bspan.first(prompt_b), d.cached.extend(bspan.first(prompt_b)), "B: " + what);
+    bench_a.expect_naive(bspan.first(prompt_b), d->extend(bspan.first(prompt_b)), "B: " + what);
     int common = 0;
     while (common < la && common < prompt_b && a[common] == b[common]) common++;
     const int expected = bs * std::min({common / bs, la / bs, (prompt_b - 1) / bs});
-    if (d.cached.prefix_hit() != expected)
-        fail(fmt::format("{}: B's prefix hit {} positions, expected {}", what, d.cached.prefix_hit(), expected));
+    if (d->prefix_hit() != expected)
+        fail(fmt::format("{}: B's prefix hit {} positions, expected {}", what, d->prefix_hit(), expected));
     for (int T = prompt_b + 1; T <= int(b.size()); T++)
-        expect_naive(d.naive, bspan.first(T), d.cached.decode(b[T - 1]), "B: " + what);
+        bench_a.expect_naive(bspan.first(T), d->decode(b[T - 1]), "B: " + what);
 
     // Another model's request with A's tokens: the same token ids, other rows.
     PagedCache seq_c(pool, idb, 2);
-    Decoders dc(mb, seq_c, mutant);
-    expect_naive(dc.naive, std::span(a), dc.cached.extend(std::span(a)), "another model, A's tokens: " + what);
-    if (dc.cached.prefix_hit() != 0)
-        fail(fmt::format("{}: another model's request hit {} cached positions", what, dc.cached.prefix_hit()));
+    const auto dc = cached_under_test(bench_b, seq_c, mutant);
+    bench_b.expect_naive(std::span(a), dc->extend(std::span(a)), "another model, A's tokens: " + what);
+    if (dc->prefix_hit() != 0)
+        fail(fmt::format("{}: another model's request hit {} cached positions", what, dc->prefix_hit()));
 }
 
 // A sequence forks into children at any position; all of them decode, interleaved, each its own
 // tokens; every one equals naive decode of its own sequence.
-void fork_property(Mutant mutant) {
+void fork_property(const Devices& devices, Mutant mutant) {
     const Config c = gen_config(2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_children = draw(1, 3);
-    BlockPool pool(c, bs, (n_children + 1) * per_seq);
+    Bench bench(m, devices, mutant);
+    BlockPool pool(c, bs, (n_children + 1) * per_seq, false, bench.memory());
     pool.mutant = mutant;
     const int f = draw(1, c.max_seq - 1);  // fork after f positions
     const std::string what =
@@ -182,10 +227,7 @@ void fork_property(Mutant mutant) {
     seqs.push_back(std::make_unique<PagedCache>(pool, 0, 0));
     seqs[0]->mutant = mutant;
     std::vector<std::vector<int>> tokens(1, gen_tokens(c, f));
-    {
-        Decoders d(m, *seqs[0], mutant);
-        expect_naive(d.naive, tokens[0], d.cached.prefill(tokens[0]), what);
-    }
+    bench.expect_naive(tokens[0], cached_under_test(bench, *seqs[0], mutant)->prefill(tokens[0]), what);
     for (int i = 1; i <= n_children; i++) {
         seqs.push_back(seqs[0]->fork(i));
         tokens.push_back(tokens[0]);
@@ -198,28 +240,26 @@ void fork_property(Mutant mutant) {
         total += int(rest.back().size());
     }
     std::vector<std::size_t> done(n_children + 1, 0);
-    NaiveDecoder naive(m);
-    naive.mutant = mutant;
     for (int step = 0; step < total; step++) {
         int s = draw(0, n_children);
         while (done[s] == rest[s].size()) s = (s + 1) % (n_children + 1);
-        CachedDecoder dec(m, *seqs[s]);
-        dec.mutant = mutant;
         tokens[s].push_back(rest[s][done[s]++]);
-        expect_naive(naive, tokens[s], dec.decode(tokens[s].back()), fmt::format("sequence {}: {}", s, what));
+        bench.expect_naive(tokens[s], cached_under_test(bench, *seqs[s], mutant)->decode(tokens[s].back()),
+                           fmt::format("sequence {}: {}", s, what));
     }
     if (pool.shared_writes() != 0) fail(fmt::format("{}: {} writes into shared blocks", what, pool.shared_writes()));
 }
 
 // Decode, roll back any number of positions, decode other tokens, repeat; every step equals
 // naive decode of the tokens that were kept.
-void rollback_property(Mutant mutant) {
+void rollback_property(const Devices& devices, Mutant mutant) {
     static const char* const kVariants[] = {"contiguous-head", "contiguous-seq", "growing", "paged"};
     const std::string_view variant = kVariants[draw(0, 3)];
     const Config c = gen_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    CacheAndPool u = cache_under_test(variant, c, mutant);
-    Decoders d(m, *u.cache, mutant);
+    Bench bench(m, devices, mutant);
+    CacheAndPool u = cache_under_test(variant, c, mutant, bench.memory());
+    const auto cached = cached_under_test(bench, *u.cache, mutant);
     std::vector<int> kept;
     const int rounds = draw(1, 3);
     std::string what = fmt::format("{}, {}", u.cache->name(), c.describe());
@@ -227,7 +267,7 @@ void rollback_property(Mutant mutant) {
         if (r > 0) {
             const int n = draw(0, int(kept.size()));
             what += fmt::format(", roll back to {}", n);
-            d.cached.cache().truncate(n);
+            cached->cache().truncate(n);
             kept.resize(n);
         }
         if (int(kept.size()) == c.max_seq) continue;
@@ -235,7 +275,7 @@ void rollback_property(Mutant mutant) {
         what += fmt::format(", +{}", more.size());
         for (int t : more) {
             kept.push_back(t);
-            expect_naive(d.naive, kept, d.cached.decode(t), what);
+            bench.expect_naive(kept, cached->decode(t), what);
         }
     }
     expect_memory_consistent(*u.cache, what);
@@ -244,12 +284,13 @@ void rollback_property(Mutant mutant) {
 // Sequences of different lengths, some joining later, step together over one pool: a
 // sequence's first step is its whole prompt, later ones one token. Each sequence's logits equal
 // its solo naive run at every step.
-void batch_property(Mutant mutant) {
+void batch_property(const Devices& devices, Mutant mutant) {
     const Config c = gen_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_seqs = draw(2, 4);
-    BlockPool pool(c, bs, n_seqs * per_seq);
+    Bench bench(m, devices, mutant);
+    BlockPool pool(c, bs, n_seqs * per_seq, false, bench.memory());
     pool.mutant = mutant;
     std::vector<std::unique_ptr<PagedCache>> seqs;
     std::vector<std::vector<int>> tokens;
@@ -263,10 +304,7 @@ void batch_property(Mutant mutant) {
         next.push_back(0);
     }
     const std::string what = fmt::format("batch of {} over paged(block_size={}), {}", n_seqs, bs, c.describe());
-    CachedDecoder dec(m, *seqs[0]);
-    dec.mutant = mutant;
-    NaiveDecoder naive(m);
-    naive.mutant = mutant;
+    const auto dec = cached_under_test(bench, *seqs[0], mutant);
     for (int step = 0;; step++) {
         std::vector<Cache*> caches;
         std::vector<std::vector<int>> rows;
@@ -283,10 +321,10 @@ void batch_property(Mutant mutant) {
             if (step > 2) break;
             continue;
         }
-        const std::vector<float>& logits = dec.step(caches, rows);
+        const std::vector<float>& logits = dec->step(caches, rows);
         for (std::size_t i = 0; i < who.size(); i++) {
             const int s = who[i];
-            expect_naive(naive, std::span(tokens[s]).first(next[s]),
+            bench.expect_naive(std::span(tokens[s]).first(next[s]),
                          std::span(logits).subspan(i * c.vocab_size, c.vocab_size),
                          fmt::format("sequence {} in a {}-sequence step: {}", s, who.size(), what));
         }
@@ -294,11 +332,13 @@ void batch_property(Mutant mutant) {
 }
 
 // A cache continued with an edited prompt refuses; rolled back to the edit, it continues exactly.
-void stale_property(Mutant mutant) {
+void stale_property(const Devices& devices, Mutant mutant) {
     const Config c = gen_config(2, 2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    CacheAndPool u = cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant);
-    Decoders d(m, *u.cache, mutant);
+    Bench bench(m, devices, mutant);
+    CacheAndPool u =
+        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, bench.memory());
+    const auto cached = cached_under_test(bench, *u.cache, mutant);
     const std::vector<int> prompt = gen_tokens(c, draw(1, c.max_seq - 1));
     const int i = draw(0, int(prompt.size()) - 1);
     std::vector<int> edited = prompt;
@@ -307,41 +347,42 @@ void stale_property(Mutant mutant) {
     edited.insert(edited.end(), more.begin(), more.end());
     const std::string what =
         fmt::format("{}, {}, prompt of {} edited at {}", u.cache->name(), c.describe(), prompt.size(), i);
-    d.cached.extend(prompt);
+    cached->extend(prompt);
     bool refused = false;
     try {
-        expect_naive(d.naive, edited, d.cached.extend(edited), "stale cache reused: " + what);
+        bench.expect_naive(edited, cached->extend(edited), "stale cache reused: " + what);
     } catch (const Error& e) {
         refused = std::string_view(e.what()).starts_with("stale cache");
         if (!refused) fail(fmt::format("{}: unexpected error: {}", what, e.what()));
     }
     if (!refused) return;
-    d.cached.cache().truncate(i);
-    expect_naive(d.naive, edited, d.cached.extend(edited), "after rolling back to the edit: " + what);
+    cached->cache().truncate(i);
+    bench.expect_naive(edited, cached->extend(edited), "after rolling back to the edit: " + what);
 }
 
 // ----------------------------------------------------------------------------------------------
 // Approximate variants
 
 // StreamingLLM: sinks S and window W. exact_regime_only compares only while T <= S + W.
-void window_property(bool exact_regime_only) {
+void window_property(const Devices& devices, bool exact_regime_only) {
     const Config c = gen_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int sinks = draw(0, 3), window = draw(1, 4), chunk = draw(0, 3);
-    WindowCache cache(c, sinks, window, chunk);
-    Decoders d(m, cache, Mutant::none);
+    Bench bench(m, devices, Mutant::none);
+    WindowCache cache(c, sinks, window, chunk, bench.memory());
+    CachedDecoder cached(bench.backend(), cache);
     const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     const std::span<const int> all(tokens);
+    const std::string what = fmt::format("window S = {}, W = {} (chunk {}), {}", sinks, window, chunk, c.describe());
     auto check = [&](int T, const std::vector<float>& logits) {
         if (exact_regime_only && T > sinks + window) return;
-        const std::vector<float>& ref = d.naive.forward(all.first(T));
+        const std::vector<float>& ref = bench.naive(all.first(T), what);
         if (auto diff = first_difference(ref, logits))
-            fail(fmt::format("window S = {}, W = {} (chunk {}), {}: first differs at T = {} = S + W + {}, {}", sinks,
-                             window, chunk, c.describe(), T, T - sinks - window, *diff));
+            fail(fmt::format("{}: first differs at T = {} = S + W + {}, {}", what, T, T - sinks - window, *diff));
     };
-    check(prompt, d.cached.prefill(all.first(prompt)));
-    for (int T = prompt + 1; T <= int(tokens.size()); T++) check(T, d.cached.decode(tokens[T - 1]));
+    check(prompt, cached.prefill(all.first(prompt)));
+    for (int T = prompt + 1; T <= int(tokens.size()); T++) check(T, cached.decode(tokens[T - 1]));
 }
 
 struct QuantVariant {
@@ -358,9 +399,13 @@ const QuantVariant kQuantVariants[] = {
     {"quant-int4-token", 4, QuantSpec::Axis::per_token, 2.5, 0.15},
 };
 
+// The quantized cache quantizes on the host (quantized_cache.h): its rows run on the tested
+// device when that one's memory is the host's, else on the CPU.
+std::string quant_device(const Devices& devices) { return devices.tested == "gpu" ? "cpu" : devices.tested; }
+
 // Quantized decode against exact cached decode (which equals naive): with bound, the error
 // stays within it; without, the logits are required bitwise equal (and are not).
-void quant_property(const QuantVariant& v, bool bound, ErrorSummary* summary) {
+void quant_property(const QuantVariant& v, const Devices& devices, bool bound, ErrorSummary* summary) {
     // Error bounds only mean something for one family of models: random models of stories260K's
     // shape (head_size 8), context up to 32. Tiny models of every shape are for exactness.
     Config c = stories260k_shape();
@@ -371,7 +416,8 @@ void quant_property(const QuantVariant& v, bool bound, ErrorSummary* summary) {
     spec.key_axis = v.key_axis;
     spec.group = *rc::gen::elementOf(std::vector<int>{2, 4, 8});
     QuantizedCache cache(c, spec);
-    CachedDecoder exact(m), quant(m, cache);
+    const std::unique_ptr<Backend> backend = devices.make(quant_device(devices), m);
+    CachedDecoder exact(*backend), quant(*backend, cache);
     const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     const std::span<const int> all(tokens);
@@ -440,7 +486,7 @@ Outcome run_property(const std::function<void()>& body, const VerifyOptions& o) 
 
 struct Check {
     std::string name, kind, parameters;
-    std::function<void(Mutant)> body;  // exact checks: the property, with a mutant or none
+    std::function<void(const Devices&, Mutant)> body;  // exact checks: the property, with a mutant or none
 };
 
 const std::vector<Check>& exact_checks() {
@@ -448,11 +494,12 @@ const std::vector<Check>& exact_checks() {
         std::vector<Check> v;
         const std::string decode = "prompt 1..T, then decode to T <= max_seq";
         for (const char* name : {"contiguous-head", "contiguous-seq"})
-            v.push_back({name, "exact", decode, [name](Mutant m) { decode_property(name, m); }});
-        v.push_back(
-            {"growing", "exact", "initial capacity 1..max_seq", [](Mutant m) { decode_property("growing", m); }});
+            v.push_back({name, "exact", decode,
+                         [name](const Devices& d, Mutant m) { decode_property(name, d, m); }});
+        v.push_back({"growing", "exact", "initial capacity 1..max_seq",
+                     [](const Devices& d, Mutant m) { decode_property("growing", d, m); }});
         v.push_back({"paged", "exact", "block_size 1..max_seq, 0-2 spare blocks",
-                     [](Mutant m) { decode_property("paged", m); }});
+                     [](const Devices& d, Mutant m) { decode_property("paged", d, m); }});
         v.push_back({"prefix", "exact", "shared prefix none/part/all/k*block_size, other model", prefix_property});
         v.push_back({"fork", "exact", "fork anywhere into 1-3 children, interleaved", fork_property});
         v.push_back({"rollback", "exact", "4 layouts, 1-3 rollbacks of any length", rollback_property});
@@ -476,17 +523,17 @@ std::string_view check_for(Mutant m) {
     }
 }
 
-VerifyRow run_exact(const Check& check, const VerifyOptions& o) {
-    const Outcome r = run_property([&] { check.body(Mutant::none); }, o);
+VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
+    const Outcome r = run_property([&] { check.body(d, Mutant::none); }, o);
     return {check.name,       check.kind, check.parameters, r.cases, r.passed ? "bitwise equal" : "FAILED", r.passed,
             r.counterexample, ""};
 }
 
-VerifyRow run_mutant(const MutantInfo& info, const VerifyOptions& o) {
+VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptions& o) {
     const std::string_view target = check_for(info.mutant);
     const auto& checks = exact_checks();
     const auto it = std::find_if(checks.begin(), checks.end(), [&](const Check& c) { return c.name == target; });
-    const Outcome r = run_property([&] { it->body(info.mutant); }, o);
+    const Outcome r = run_property([&] { it->body(d, info.mutant); }, o);
     return {std::string(info.name),
             "mutant",
             fmt::format("{} (check: {})", info.bug, target),
@@ -497,9 +544,9 @@ VerifyRow run_mutant(const MutantInfo& info, const VerifyOptions& o) {
             ""};
 }
 
-VerifyRow run_window(const VerifyOptions& o) {
-    const Outcome inside = run_property([] { window_property(true); }, o);
-    const Outcome everywhere = run_property([] { window_property(false); }, o);
+VerifyRow run_window(const Devices& d, const VerifyOptions& o) {
+    const Outcome inside = run_property([&] { window_property(d, true); }, o);
+    const Outcome everywhere = run_property([&] { window_property(d, false); }, o);
     VerifyRow row{"window", "approximate", "sinks S 0-3, window W 1-4, chunk 0-3", inside.cases, "", false, "", ""};
     row.ok = inside.passed && !everywhere.passed;
     row.result = !inside.passed      ? "FAILED inside T <= S + W"
@@ -509,13 +556,14 @@ VerifyRow run_window(const VerifyOptions& o) {
     return row;
 }
 
-VerifyRow run_quant(const QuantVariant& v, const VerifyOptions& o) {
+VerifyRow run_quant(const QuantVariant& v, const Devices& d, const VerifyOptions& o) {
     ErrorSummary summary;
-    const Outcome within = run_property([&] { quant_property(v, true, &summary); }, o);
-    const Outcome equal = run_property([&] { quant_property(v, false, nullptr); }, o);
+    const Outcome within = run_property([&] { quant_property(v, d, true, &summary); }, o);
+    const Outcome equal = run_property([&] { quant_property(v, d, false, nullptr); }, o);
+    const std::string where = quant_device(d) == d.tested ? "" : fmt::format(" (on {}: quantizing is host-side)", quant_device(d));
     VerifyRow row{v.name,
                   "approximate",
-                  fmt::format("stories260K shape; |dlogit| <= {}, KL <= {}", v.max_abs_bound, v.kl_bound),
+                  fmt::format("stories260K shape; |dlogit| <= {}, KL <= {}{}", v.max_abs_bound, v.kl_bound, where),
                   within.cases,
                   "",
                   false,
@@ -561,15 +609,19 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
         for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
         throw Error(fmt::format("verify: unknown variant '{}' (one of: {})", which, list));
     }
+    const std::vector<std::string> devices = parse_devices(o.device);
+    Devices d{devices.front(), devices.back(), o.make_backend};
+    if (!d.make) d.make = [](std::string_view device, const Model& m) { return make_backend(device, m); };
+    if (const std::string why = d.tested == "gpu" ? gpu_unavailable() : ""; !why.empty()) throw Error(why);
     const bool all = which == "all";
     std::vector<VerifyRow> rows;
     for (const Check& c : exact_checks())
-        if (all || which == "exact" || which == c.name) rows.push_back(run_exact(c, o));
-    if (all || which == "approximate" || which == "window") rows.push_back(run_window(o));
+        if (all || which == "exact" || which == c.name) rows.push_back(run_exact(c, d, o));
+    if (all || which == "approximate" || which == "window") rows.push_back(run_window(d, o));
     for (const QuantVariant& q : kQuantVariants)
-        if (all || which == "approximate" || which == q.name) rows.push_back(run_quant(q, o));
+        if (all || which == "approximate" || which == q.name) rows.push_back(run_quant(q, d, o));
     for (const MutantInfo& m : kMutants)
-        if (all || which == "mutants" || which == m.name) rows.push_back(run_mutant(m, o));
+        if (all || which == "mutants" || which == m.name) rows.push_back(run_mutant(m, d, o));
     return rows;
 }
 

@@ -16,17 +16,27 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "backend.h"
+#include "model.h"
 #include "mutants.h"
 
 namespace kvlab {
 
 struct VerifyOptions {
-    int cases = 100;         // generated cases per property
-    std::uint64_t seed = 1;  // RapidCheck's seed: the same seed draws the same cases
+    int cases = 100;            // generated cases per property
+    std::uint64_t seed = 1;     // RapidCheck's seed: the same seed draws the same cases
+    std::string device = "cpu";  // gpu/device.h's --device: where the decoders run. With two
+                                 // ("both" = cpu,gpu), naive decode on the first is the reference
+                                 // and the second's naive and cached decode must both equal it.
+    // Builds a device's backend; empty: make_backend (gpu/device.h). Tests put a planted kernel
+    // behind a device name with it, to show that a two-device run catches it.
+    std::function<std::unique_ptr<Backend>(std::string_view device, const Model& model)> make_backend = nullptr;
 };
 
 struct VerifyRow {

@@ -232,11 +232,29 @@ TEST_CASE("kvlab demo --device: two devices side by side, all four logit vectors
     CHECK(one.exit_code == 0);
 }
 
+TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and checked against the CPU", "[cli][device]") {
+    const Run one = run_kvlab("verify exact --device gpu-host --cases 20 --json");
+    INFO(one.out << one.err);
+    CHECK(one.exit_code == 0);
+    const nlohmann::json j = nlohmann::json::parse(one.out);
+    CHECK(j["device"] == "gpu-host");
+    CHECK(j["all_ok"] == true);
+    CHECK(j["rows"].size() == 9);
+    const Run two = run_kvlab("verify paged --device cpu,gpu-host --cases 20");
+    INFO(two.out << two.err);
+    CHECK(two.exit_code == 0);
+    CHECK(two.out.find("naive decode on cpu is the reference; naive and cached on gpu-host must equal it") !=
+          std::string::npos);
+    check_refused("verify --device cpu,tpu", "'tpu' is not a device");
+}
+
 TEST_CASE("kvlab --device: unknown devices, a missing GPU and a GPU-less build are one-line errors", "[cli][errors]") {
     check_refused("demo --device tpu", "'tpu' is not a device");
     check_refused("demo --device cpu,cpu", "named twice");
     check_refused("demo --device cpu,gpu-host,gpu", "at most two");
     check_refused("generate --device both", "one device");
+    const Run v = run_kvlab("verify paged --device gpu --cases 2");
+    if (v.exit_code != 0) CHECK(std::count(v.err.begin(), v.err.end(), '\n') == 1);
     // Without a device (or without CUDA in the build) the reason comes in one line.
     const Run r = run_kvlab("demo --device gpu --steps 2");
     if (r.exit_code == 0) {  // this machine has a GPU: then the run must be exact

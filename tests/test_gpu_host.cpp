@@ -199,15 +199,6 @@ void check_gpu_host_batch() {
     RC_ASSERT(host_dec.exec.flops == cpu_dec.exec.flops);
 }
 
-// The planted kernel bug: a product element summed as two halves of k, added at the end (a
-// split-K kernel). Every element it computes is a real-number-correct dot product.
-float matmul_element_split_k(const float* x, int ldx, const float* w, int ldw, int n_in, int r, int o) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int k = 0; k < n_in / 2; k++) lo = lo + x[std::int64_t(r) * ldx + k] * w[std::int64_t(k) * ldw + o];
-    for (int k = n_in / 2; k < n_in; k++) hi = hi + x[std::int64_t(r) * ldx + k] * w[std::int64_t(k) * ldw + o];
-    return lo + hi;
-}
-
 }  // namespace
 
 TEST_CASE("gpu-host: naive and cached decode equal the CPU's, bit for bit, at every step (contiguous head-major)",
@@ -238,7 +229,7 @@ TEST_CASE("gpu-host: batched steps equal the CPU's batch and each sequence's nai
 }
 
 TEST_CASE("gpu-host counter-test: a split-K product kernel is caught and shrunk", "[gpu-host][counter]") {
-    const auto failure = test::run_to_failure([] { check_gpu_host_decode(Layout::head_major, matmul_element_split_k); });
+    const auto failure = test::run_to_failure([] { check_gpu_host_decode(Layout::head_major, test::matmul_element_split_k); });
     REQUIRE(failure);
     const std::string example = test::counterexample_text(*failure);
     INFO("shrunk counterexample:\n" << example << failure->description);

@@ -3,6 +3,8 @@
 // within its stated error bound), and every planted bug caught with a shrunk counterexample.
 #include <catch2/catch.hpp>
 
+#include "device.h"
+#include "host_backend.h"
 #include "test_util.h"
 #include "verify.h"
 
@@ -10,7 +12,7 @@ using namespace kvlab;
 
 namespace {
 
-constexpr VerifyOptions kOptions{200, 20261121};
+const VerifyOptions kOptions{200, 20261121};
 
 void check_rows(std::string_view which, const VerifyOptions& o = kOptions) {
     const std::vector<VerifyRow> rows = verify(which, o);
@@ -22,6 +24,19 @@ void check_rows(std::string_view which, const VerifyOptions& o = kOptions) {
         // Whatever fails says where: the shrunk case and the step.
         if (r.kind != "exact") CHECK(r.counterexample.find(" at T = ") != std::string::npos);
     }
+}
+
+void check_mutants(const VerifyOptions& o) {
+    const std::vector<VerifyRow> rows = verify("mutants", o);
+    REQUIRE(rows.size() == kMutants.size());
+    int caught = 0;
+    for (const VerifyRow& r : rows) {
+        INFO(r.name << ": " << r.result << "; " << r.counterexample);
+        CHECK(r.result == "caught");
+        CHECK(!r.counterexample.empty());
+        caught += r.ok;
+    }
+    CHECK(caught == int(kMutants.size()));
 }
 
 }  // namespace
@@ -57,21 +72,43 @@ TEST_CASE("quantized caches stay within their stated bounds and are not bitwise 
 }
 
 TEST_CASE("every planted bug is caught, with a shrunk counterexample (kill rate 100%)", "[verify][mutants]") {
-    const std::vector<VerifyRow> rows = verify("mutants", kOptions);
-    REQUIRE(rows.size() == kMutants.size());
-    int caught = 0;
-    for (const VerifyRow& r : rows) {
-        INFO(r.name << ": " << r.result << "; " << r.counterexample);
-        CHECK(r.result == "caught");
-        CHECK(!r.counterexample.empty());
-        caught += r.ok;
-    }
-    CHECK(caught == int(kMutants.size()));
+    check_mutants(kOptions);
+}
+TEST_CASE("verify on the GPU's kernels (host-launched): every exact variant, every planted bug", "[verify][gpu-host]") {
+    check_rows("exact", {100, 20261122, "gpu-host"});
+    check_mutants({100, 20261122, "gpu-host"});
+    // Two devices: naive on the CPU is the reference for the gpu-host's naive and cached decode.
+    check_rows("exact", {100, 20261122, "cpu,gpu-host"});
+    check_rows("window", {100, 20261122, "cpu,gpu-host"});
 }
 
-TEST_CASE("verify refuses unknown names and zero cases", "[verify][errors]") {
+TEST_CASE("verify with two devices catches a kernel that differs on the second (planted split-K)", "[verify][gpu-host]") {
+    VerifyOptions o{100, 20261122, "cpu,gpu-host"};
+    o.make_backend = [](std::string_view device, const Model& m) -> std::unique_ptr<Backend> {
+        if (device != "gpu-host") return make_backend(device, m);
+        auto b = std::make_unique<GpuHostBackend>(m);
+        b->planted_matmul = test::matmul_element_split_k;
+        return b;
+    };
+    for (const char* name : {"contiguous-head", "paged", "batch"}) {
+        const std::vector<VerifyRow> rows = verify(name, o);
+        REQUIRE(rows.size() == 1);
+        INFO(rows[0].counterexample);
+        CHECK(!rows[0].ok);
+        // Naive on gpu-host is checked first: the split sum shows there.
+        CHECK(rows[0].counterexample.find("naive decode on gpu-host differs from cpu") != std::string::npos);
+    }
+    // The same planted backend on one device is self-consistent: naive and cached share the kernel.
+    o.device = "gpu-host";
+    CHECK(verify("contiguous-head", o)[0].ok);
+}
+
+TEST_CASE("verify refuses unknown names, zero cases and unknown devices", "[verify][errors]") {
     CHECK_THROWS_WITH(verify("paged2", kOptions), Catch::Contains("unknown variant 'paged2'"));
     CHECK_THROWS_WITH(verify("paged", {0, 1}), Catch::Contains("at least 1"));
+    CHECK_THROWS_WITH(verify("paged", {1, 1, "tpu"}), Catch::Contains("'tpu' is not a device"));
+    if (!gpu_unavailable().empty())
+        CHECK_THROWS_WITH(verify("paged", {1, 1, "gpu"}), Catch::Equals(gpu_unavailable()));
 }
 
 TEST_CASE("first_difference names the index, both values, and NaN as NaN", "[verify]") {
