@@ -37,6 +37,9 @@ ViewCommand::ViewCommand(CLI::App& app)
     cmd->add_option("--shape", o_->shape,
                     "run a random model of this shape instead, e.g. n_layers=2,n_heads=4,n_kv_heads=2");
     cmd->add_option("--variant", o_->variant, variant_names(viz::kVariants) + " (contiguous: contiguous-head)");
+    cmd->add_option("--device", s.device,
+                    "cpu (default), gpu or gpu-host: where the decoders run; off the CPU the Exactness panel also "
+                    "compares with the CPU");
     cmd->add_option("--prompt", s.prompt, "prompt text");
     cmd->add_option("--steps", s.steps, "decode steps after the prefill")->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--block-size", s.block_size, "paged variants: positions per block")->check(CLI::Range(1, 1 << 20));

@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 #include <set>
 
+#include "device.h"
+#include "host_backend.h"
 #include "session.h"
+#include "test_util.h"
 
 using namespace kvlab;
 using namespace kvlab::viz;
@@ -89,6 +92,65 @@ TEST_CASE("session: exact variants are bitwise equal to naive decode at every st
             CHECK((e.n_differ > 0) == !e.bitwise_equal);
         }
     CHECK_FALSE(all_equal);
+}
+
+TEST_CASE("session on gpu-host: naive and cached equal each other and the CPU's naive decode at every step") {
+    for (Variant v : {Variant::contiguous_head, Variant::paged, Variant::prefix_shared, Variant::window,
+                      Variant::quantized}) {
+        INFO(to_string(v));
+        Settings st = small(v);
+        st.device = "gpu-host";
+        const Session session(st);
+        CHECK(session.info().device == "gpu-host");
+        int checked = 0;
+        for (const auto& s : run_all(session))
+            for (const Exactness& e : s->exact) {
+                CHECK(e.cross_device);
+                CHECK(e.naive_equals_cpu);
+                if (is_exact(v)) CHECK(e.cached_equals_cpu);
+                if (is_exact(v)) CHECK(e.equal());
+                checked++;
+            }
+        CHECK(checked >= session.info().total_steps);
+    }
+    // On the CPU there is nothing to compare across.
+    const Session cpu(small(Variant::paged));
+    for (const auto& s : run_all(cpu))
+        for (const Exactness& e : s->exact) CHECK_FALSE(e.cross_device);
+}
+
+TEST_CASE("session, counter-test: a split-K kernel on gpu-host is equal naive-to-cached but not to the CPU") {
+    Settings st = small(Variant::paged);
+    st.device = "gpu-host";
+    st.make_backend = [](std::string_view, const Model& m) -> std::unique_ptr<Backend> {
+        auto b = std::make_unique<GpuHostBackend>(m);
+        b->planted_matmul = test::matmul_element_split_k;
+        return b;
+    };
+    const Session session(st);
+    bool any_off = false;
+    for (const auto& s : run_all(session))
+        for (const Exactness& e : s->exact) {
+            CHECK(e.bitwise_equal);  // one device's naive and cached share the planted kernel
+            if (!e.naive_equals_cpu) CHECK(e.max_ulp_cpu > 0);
+            any_off = any_off || !e.equal();
+        }
+    CHECK(any_off);
+}
+
+TEST_CASE("session: a device this machine lacks, or an unknown one, is a one-line error") {
+    Settings st = small(Variant::contiguous_head);
+    st.device = "tpu";
+    CHECK_THROWS_WITH(Session(st), Catch::Contains("'tpu'"));
+    st.device = "gpu";
+    if (!gpu_unavailable().empty()) {
+        CHECK_THROWS_WITH(Session(st), Catch::Equals(gpu_unavailable()));
+        CHECK(viewer_devices() == std::vector<std::string>{"cpu", "gpu-host"});
+    } else {
+        CHECK(viewer_devices().back() == "gpu");
+        st.variant = Variant::quantized;
+        CHECK_THROWS_WITH(Session(st), Catch::Contains("quantizes on the host"));
+    }
 }
 
 TEST_CASE("session: prefix sharing, fork and free show up in the pool snapshots as they happen") {

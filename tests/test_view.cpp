@@ -241,6 +241,10 @@ TEST_CASE("the viewer's decoders: every exact variant is bitwise equal to naive 
         CHECK(s.layout["state"]["all_equal"] == true);
         CHECK(s.layout["state"]["cursor"] == int(s.layout["state"]["total_steps"]) - 1);
     }
+    // On the GPU's kernels run by the host, every step also equals the CPU's naive decode.
+    const Shot g = headless(kModel + " --variant paged --device gpu-host --step end", "exact_gpu_host");
+    CHECK(g.layout["state"]["device"] == "gpu-host");
+    CHECK(g.layout["state"]["all_equal"] == true);
     // The counter-case: int4 codes change the logits, and the panel must not claim equality.
     const Shot q = headless(kModel + " --variant quantized --bits 4 --step end", "exact_int4");
     CHECK(q.layout["state"]["all_equal"] == false);
@@ -295,6 +299,7 @@ TEST_CASE("kvlab view refuses bad input with one line and a non-zero exit") {
     check_refused("view " + kModel, "--headless", "env -u DISPLAY");
     check_refused("view --frames 1 " + kModel, "Failed to open display", "env DISPLAY=:987");
     check_refused("view --headless --frames 1 --variant tiled", "unknown variant 'tiled'");
+    check_refused("view --headless --frames 1 --device tpu", "'tpu'");
     check_refused("view --headless --frames 1 --shape n_heads=3", "n_heads");
     check_refused("view --headless --frames 1 --steps 1000", "max_seq");
     check_refused("view --headless " + kModel, "--frames");

@@ -127,6 +127,23 @@ void App::draw_controls() {
     ImGui::TextWrapped("cache: %s", info.cache_name.c_str());
     ImGui::Text("%s", info.config.describe().c_str());
 
+    // Where the decoders run: gpu appears only where this build and machine have one.
+    static const std::vector<std::string> devices = viewer_devices();
+    int device = 0;
+    for (std::size_t i = 0; i < devices.size(); i++)
+        if (devices[i] == edited_.device) device = int(i);
+    std::vector<const char*> device_names;
+    for (const std::string& d : devices) device_names.push_back(d.c_str());
+    ImGui::SetNextItemWidth(-80);
+    ImGui::Combo("device", &device, device_names.data(), int(device_names.size()));
+    edited_.device = devices[std::size_t(device)];
+    ImGui::SameLine();
+    help_marker(
+        "Where the decoders run. gpu: the CUDA kernels on this machine's GPU. gpu-host: the very same "
+        "per-thread kernel source run on the CPU, thread by thread (how the GPU's arithmetic is checked "
+        "without one). Off the CPU, the Exactness panel also compares every step with the CPU's naive "
+        "decode.");
+
     // The combo lists kVariants by their names; `variant` is an index into it.
     const char* names[std::size(kVariants)];
     int variant = 0;

@@ -80,6 +80,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
     const Config& c = info.config;
     json& st = j["state"];
     st["variant"] = std::string(to_string(info.settings.variant));
+    st["device"] = info.device;
     st["n_layers"] = c.n_layers, st["n_heads"] = c.n_heads, st["n_kv_heads"] = c.n_kv_heads;
     st["max_seq"] = c.max_seq;
     st["prompt_len"] = int(info.prompt.size());
@@ -95,7 +96,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
         st["decode_steps"] = decoded;
         bool all_equal = true;
         for (int i = 0; i <= f.cursor; i++)
-            for (const Exactness& e : f.steps[std::size_t(i)]->exact) all_equal = all_equal && e.bitwise_equal;
+            for (const Exactness& e : f.steps[std::size_t(i)]->exact) all_equal = all_equal && e.equal();
         st["all_equal"] = all_equal;
         if (s.pool)
             st["pool"] = {{"n_blocks", s.pool->n_blocks},

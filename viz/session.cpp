@@ -11,12 +11,19 @@
 #include "cache_factory.h"
 #include "compare.h"
 #include "decode.h"
+#include "device.h"
 #include "model_loader.h"
 #include "paged.h"
 #include "sampler.h"
 #include "window_cache.h"
 
 namespace kvlab::viz {
+
+std::vector<std::string> viewer_devices() {
+    std::vector<std::string> d{"cpu", "gpu-host"};
+    if (gpu_unavailable().empty()) d.push_back("gpu");
+    return d;
+}
 
 std::string token_text(const SessionInfo& info, int id) {
     if (id >= 0 && id < int(info.pieces.size())) return Tokenizer::printable(info.pieces[std::size_t(id)]);
@@ -57,14 +64,17 @@ struct Seq {
 };
 
 // Members are destroyed in reverse order: the sequences give their blocks back to the pool, and
-// both record those events, so the trace is declared first and the pool before the sequences.
+// both record those events, so the trace is declared first and the pool before the sequences;
+// every cache's rows live in the backend's memory, so the backend comes before them all.
 struct Session::Impl {
     std::vector<CacheEvent> events;
     std::optional<LoadedModel> lm_;  // set once, first thing in the constructor
     LoadedModel& lm() { return *lm_; }
+    std::unique_ptr<Backend> backend;  // the chosen device's
     std::unique_ptr<BlockPool> pool;
     std::vector<Seq> seqs;  // A, then B and C for prefix_shared
     std::optional<NaiveDecoder> naive;
+    std::optional<NaiveDecoder> cpu_naive;  // the reference when the decoders run elsewhere
     std::optional<CachedDecoder> cached;  // runs A's prefill and every batched decode step
     CachedDecoder::AttentionProbe probe;
     std::vector<int> last_attended;  // A's latest row: what it attended and with which weights
@@ -135,7 +145,12 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
             break;
         default: break;
     }
-    CacheAndPool a = make_cache(c, spec);
+    m.backend = s.make_backend ? s.make_backend(s.device, m.lm().model) : make_backend(s.device, m.lm().model);
+    info_.device = std::string(m.backend->name());
+    if (s.variant == Variant::quantized && !m.backend->memory().host_visible())
+        throw Error(fmt::format("the quantized cache quantizes on the host: run it on cpu or gpu-host, not {}",
+                                info_.device));
+    CacheAndPool a = make_cache(c, spec, m.backend->memory());
     m.pool = std::move(a.pool);
     if (m.pool) m.pool->trace = &m.events;
     a.cache->trace = &m.events;
@@ -145,8 +160,9 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     info_.kv_bytes_per_token = kv_bytes(c, 1);
     m.seqs.reserve(3);  // A, B, C: run() holds references to them while B and C are added
     m.seqs.push_back(Seq{0, "A", std::move(a.cache), {}, std::nullopt, true});
-    m.naive.emplace(m.lm().model);
-    m.cached.emplace(m.lm().model, *m.seqs[0].cache);
+    m.naive.emplace(*m.backend);
+    if (info_.device != "cpu") m.cpu_naive.emplace(m.lm().model);
+    m.cached.emplace(*m.backend, *m.seqs[0].cache);
     m.cached->probe = &m.probe;
     worker_ = std::thread([this] { run(); });
 }
@@ -273,6 +289,15 @@ void Session::run() {
         e.next_token = q.next;
         e.top_cached = top5(info_, q.logits);
         e.top_naive = top5(info_, ln);
+        if (m.cpu_naive) {
+            const std::vector<float>& ref = m.cpu_naive->forward(q.cache->tokens());
+            const BitComparison n = compare_bits(ref, ln), k = compare_bits(ref, q.logits);
+            e.cross_device = true;
+            e.naive_equals_cpu = n.equal;
+            e.cached_equals_cpu = k.equal;
+            e.max_ulp_cpu = std::int64_t(
+                std::min<std::uint64_t>(std::max(n.max_ulp, k.max_ulp), std::numeric_limits<std::int64_t>::max()));
+        }
         st.exact.push_back(std::move(e));
     };
     try {
@@ -303,7 +328,7 @@ void Session::run() {
                   Sampler(c.vocab_size, 0.8f, 0.9f, 11),
                   true};
             b.cache->trace = &m.events;
-            CachedDecoder dec(m.lm().model, *b.cache);
+            CachedDecoder dec(*m.backend, *b.cache);
             const auto t0 = Clock::now();
             b.logits = dec.extend(info_.prompt);
             st->cached_seconds = seconds(t0);

@@ -8,13 +8,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "cache.h"
 #include "cache_factory.h"
 #include "config.h"
+#include "model.h"
 
 namespace kvlab::viz {
 
@@ -31,6 +35,7 @@ inline constexpr Variant kVariants[] = {Variant::contiguous_head, Variant::paged
 // What a session runs; the controls edit a copy and restart the session with it.
 struct Settings {
     Variant variant = Variant::contiguous_head;
+    std::string device = "cpu";  // where the decoders run: cpu, gpu or gpu-host (gpu/device.h)
     std::string model_path;      // llama2.c checkpoint; "" = the shared stories260K if present
     std::string tokenizer_path;  // "" = tok512.bin beside the shared model
     bool random_model = false;   // a random model of `shape` even when a checkpoint exists
@@ -45,6 +50,9 @@ struct Settings {
     int window = 16;       // window
     int fork_at = 8;       // prefix_shared: decode step after which A forks into C
     int free_fork_at = 0;  // prefix_shared: decode step after which C is freed (0 = never)
+    // Builds the device's backend; empty: make_backend (gpu/device.h). Tests plant a wrong
+    // kernel behind a device name with it, to show the CPU comparison catches it.
+    std::function<std::unique_ptr<Backend>(std::string_view device, const Model& model)> make_backend = nullptr;
 };
 
 // One sequence after a step.
@@ -83,6 +91,12 @@ struct Exactness {
     double max_abs = 0;                           // largest |naive - cached|
     int next_token = 0;                           // what the sequence appends next (greedy for A)
     std::vector<TopToken> top_cached, top_naive;  // the five largest logits of each
+    // Decoders on a device other than the CPU: the CPU's naive decode of the same sequence is
+    // the reference that this device's naive and cached logits must equal, bit for bit.
+    bool cross_device = false;
+    bool naive_equals_cpu = false, cached_equals_cpu = false;
+    std::int64_t max_ulp_cpu = 0;  // the larger ULP distance of the two from the CPU's (0 when equal)
+    bool equal() const { return bitwise_equal && (!cross_device || (naive_equals_cpu && cached_equals_cpu)); }
 };
 
 struct Step {
@@ -116,6 +130,7 @@ struct SessionInfo {
     Settings settings;
     Config config;                        // the model's shape
     std::string model_source;             // "stories260K.bin" or "random (seed 7)"
+    std::string device;                   // the backend the decoders run on ("cpu", "gpu", "gpu-host")
     std::string cache_name;               // Cache::name() of A's cache
     bool exact = true;                    // the variant promises bitwise equality
     std::vector<int> prompt;              // [prompt_len] token ids
@@ -124,6 +139,10 @@ struct SessionInfo {
     std::string error;                    // non-empty when the settings could not start a session
     std::vector<std::string> pieces;      // [vocab_size] the tokenizer's pieces, or empty
 };
+
+// The devices the viewer offers here: cpu, gpu-host (the GPU's kernels launched on the host), and
+// gpu where this build and machine have one.
+std::vector<std::string> viewer_devices();
 
 // A token as text for the panels: its piece made printable, or "<id>" without a tokenizer.
 std::string token_text(const SessionInfo& info, int id);

@@ -1,5 +1,6 @@
 // kvlab viewer: the exactness panel. Naive and cached logits compared at every step: bitwise
-// equal for the exact variants, or how far apart (ULPs, absolute) for the approximate ones.
+// equal for the exact variants, or how far apart (ULPs, absolute) for the approximate ones. On a
+// device other than the CPU, both are also compared with the CPU's naive decode.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -17,7 +18,7 @@ namespace {
 
 bool step_equal(const Step& s) {
     for (const Exactness& e : s.exact)
-        if (!e.bitwise_equal) return false;
+        if (!e.equal()) return false;
     return true;
 }
 
@@ -50,7 +51,29 @@ constexpr const char* kHelp =
     "numbers, which a fixed |difference| does not. Across zero it explodes (a small positive and a "
     "small negative float are about 2^31 ULPs apart), so |naive - cached| is shown beside it.\n\n"
     "Approximate variants (quantized codes, a sliding window) change what attention reads, so "
-    "their logits differ and the table shows by how much.";
+    "their logits differ and the table shows by how much.\n\n"
+    "On the GPU (or gpu-host: the GPU's kernel source run on the CPU), each thread computes one "
+    "output element and adds its terms in the CPU kernel's order, with no fused multiply-add and "
+    "the same exp. So the GPU's naive and cached logits also equal the CPU's naive decode, bit for "
+    "bit; the panel checks that at every step.";
+
+// Decoders on another device: how their logits compare with the CPU's naive decode so far.
+void cross_device_line(const Frame& f, int n) {
+    const char* device = f.info->device.c_str();
+    int first_diff = -1;
+    std::int64_t max_ulp = 0;
+    for (int i = 0; i < n; ++i)
+        for (const Exactness& e : f.steps[size_t(i)]->exact) {
+            if (first_diff < 0 && !(e.naive_equals_cpu && e.cached_equals_cpu)) first_diff = i;
+            max_ulp = std::max(max_ulp, e.max_ulp_cpu);
+        }
+    if (first_diff < 0)
+        ImGui::TextColored(colour4(palette::equal), "%s vs cpu: naive and cached on %s equal the CPU's naive, bitwise",
+                           device, device);
+    else
+        ImGui::TextColored(colour4(palette::differ), "%s vs cpu: first difference at step %d, up to %s ULP", device,
+                           first_diff, ulps(max_ulp).c_str());
+}
 
 void headline(const Frame& f) {
     const SessionInfo& info = *f.info;
@@ -90,6 +113,7 @@ void headline(const Frame& f) {
                 ImGui::Text("%d of %d steps bitwise equal; first difference at step %d", n_equal, n, first_diff);
         }
     }
+    if (info.device != "cpu") cross_device_line(f, n);
     ImGui::PopTextWrapPos();
 }
 
@@ -135,8 +159,13 @@ void steps_table(const Frame& f, float height) {
                     if (x.seq == id) e = &x;
                 if (!e)
                     ImGui::TextDisabled("-");
-                else if (e->bitwise_equal)
+                else if (e->equal()) {
                     ImGui::TextColored(colour4(palette::equal), "equal");
+                    if (e->cross_device && ImGui::IsItemHovered())
+                        ImGui::SetTooltip("naive == cached on %s, and both == naive on cpu", f.info->device.c_str());
+                } else if (e->bitwise_equal) {  // naive == cached on the device, but not the CPU's bits
+                    ImGui::TextColored(colour4(palette::differ), "!= cpu, %s ULP", ulps(e->max_ulp_cpu).c_str());
+                }
                 else
                     ImGui::TextColored(colour4(palette::differ), "%d differ, |d| %.2g, %s ULP", e->n_differ, e->max_abs,
                                        ulps(e->max_ulp).c_str());
