@@ -236,6 +236,20 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
             throw;
         }
     }
+    // A step that fails on the way (a device out of memory, a CUDA error) leaves every cache as
+    // it was before the step: host bookkeeping never runs ahead of the rows.
+    try {
+        return run_step(caches, tokens, start);
+    } catch (...) {
+        for (int s = 0; s < n_seqs; s++) caches[s]->truncate(start[s]);
+        throw;
+    }
+}
+
+const std::vector<float>& CachedDecoder::run_step(std::span<Cache* const> caches,
+                                                  std::span<const std::vector<int>> tokens, std::span<const int> start) {
+    const Config& c = backend_->config();
+    const int n_seqs = int(caches.size());
     // Rows of every sequence, stacked: row i belongs to seq_of_row[i] at logical positions[i].
     // Then the host-side bookkeeping for the whole step: where each row's K and V go, and the
     // slots each row attends (the same for every layer and head).

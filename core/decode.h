@@ -117,6 +117,9 @@ public:
 
 private:
     void check_cache(const Cache& cache) const;
+    // step() after the appends: sequence s's rows are at positions start[s]...
+    const std::vector<float>& run_step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens,
+                                       std::span<const int> start);
     std::unique_ptr<Backend> own_backend_;
     Backend* backend_;
     std::unique_ptr<Cache> own_cache_;  // the default cache, when none was given

@@ -10,6 +10,7 @@
 #include "baseline.h"
 #include "cpu_backend.h"
 #include "decode.h"
+#include "paged.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -238,6 +239,98 @@ TEST_CASE("bad tokens and overlong sequences are one-line errors, never truncati
     cached.prefill(std::vector<int>{1, 2, 3, 4});
     CHECK_THROWS_WITH(cached.decode(5), "sequence of 5 tokens does not fit max_seq = 4");
     CHECK(cached.pos() == 4);
+}
+
+namespace {
+
+// A CPU backend whose kernel call number `fail_at` (counted over every call) throws, as a device
+// does when it runs out of memory or a launch fails partway through a step.
+class FailingBackend final : public Backend {
+public:
+    FailingBackend(const Model& m, int fail_at) : fail_at_(fail_at), cpu_(m) {}
+    std::string_view name() const override { return "failing"; }
+    Memory& memory() override { return cpu_.memory(); }
+    const Config& config() const override { return cpu_.config(); }
+    void embed(Exec& ex, float* x, const int* t, int rows) override { tick(), cpu_.embed(ex, x, t, rows); }
+    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
+        tick(), cpu_.matmul(ex, y, ldy, x, ldx, m, l, rows);
+    }
+    void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override {
+        tick(), cpu_.rmsnorm(ex, out, x, n, l, rows);
+    }
+    void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) override {
+        tick(), cpu_.rope(ex, vec, rows, n_heads, positions);
+    }
+    void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override { tick(), cpu_.silu_mul(ex, h1, h3, n); }
+    void add(Exec& ex, float* x, const float* y, std::int64_t n) override { tick(), cpu_.add(ex, x, y, n); }
+    void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
+                          const int* kv_head, int future) override {
+        tick(), cpu_.causal_attention(ex, att, q, k, v, T, kv_head, future);
+    }
+    void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
+        tick(), cpu_.store_kv(ex, rows, n_rows, l, k, v);
+    }
+    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
+        tick(), cpu_.attention(ex, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
+    }
+    int fail_at_ = -1;  // -1: never
+
+private:
+    void tick() {
+        if (fail_at_ >= 0 && calls_++ == fail_at_) throw Error("device error (planted)");
+    }
+    CpuBackend cpu_;
+    int calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a step that fails at any kernel call leaves every cache as it was, and decoding goes on exactly",
+          "[errors]") {
+    rc::prop("failed step", [] {
+        const Config c = *gen_tiny_config(8, 16);
+        const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+        const int bs = *rc::gen::inRange(1, c.max_seq + 1), per_seq = (c.max_seq + bs - 1) / bs;
+        BlockPool pool(c, bs, 2 * per_seq);
+        PagedCache a(pool, 0, 0), b(pool, 0, 1);
+        FailingBackend backend(m, -1);
+        CachedDecoder dec(backend, a);
+        NaiveDecoder naive(m);
+        std::vector<int> ta = gen_tokens(c), tb = gen_tokens(c);
+        RC_PRE(ta.size() >= 2 && tb.size() >= 2);
+        const std::size_t pa = *rc::gen::inRange<std::size_t>(1, ta.size()), pb = *rc::gen::inRange<std::size_t>(1, tb.size());
+        Cache* const both[] = {&a, &b};
+        const std::vector<std::vector<int>> first{{ta.begin(), ta.begin() + std::ptrdiff_t(pa)},
+                                                  {tb.begin(), tb.begin() + std::ptrdiff_t(pb)}};
+        dec.step(both, first);
+        // The next step fails at a generated call; nothing it touched may show.
+        const std::vector<std::vector<int>> next{{ta[pa]}, {tb[pb]}};
+        backend.fail_at_ = *rc::gen::inRange(0, 64);
+        const int free_before = pool.n_free(), used_before = pool.n_used();
+        bool failed = false;
+        try {
+            dec.step(both, next);
+        } catch (const Error&) {
+            failed = true;
+        }
+        RC_PRE(failed);  // a call number past the step's last call fails nothing
+        backend.fail_at_ = -1;
+        for (const auto& [cache, held] : {std::pair{&a, &first[0]}, std::pair{&b, &first[1]}}) {
+            const std::vector<int> tokens(cache->tokens().begin(), cache->tokens().end());
+            RC_ASSERT(tokens == *held);
+        }
+        RC_ASSERT(pool.n_free() == free_before);
+        RC_ASSERT(pool.n_used() == used_before);
+        // Retried, the step is exact.
+        const std::vector<float> logits = dec.step(both, next);
+        for (int s = 0; s < 2; s++) {
+            const std::vector<int>& t = s == 0 ? ta : tb;
+            const std::size_t p = s == 0 ? pa : pb;
+            const std::vector<float>& ref = naive.forward(std::span(t).first(p + 1));
+            RC_ASSERT(!first_difference(ref, std::span(logits).subspan(std::size_t(s) * c.vocab_size, c.vocab_size)));
+        }
+    });
 }
 
 TEST_CASE("config validation names the field at fault", "[errors]") {
