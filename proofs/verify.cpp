@@ -1,10 +1,7 @@
 #include "verify.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <rapidcheck.h>
-#include <rapidcheck/detail/Configuration.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +15,7 @@
 #include "decode.h"
 #include "device.h"
 #include "generators.h"
+#include "property.h"
 #include "model.h"
 #include "window_cache.h"
 
@@ -27,11 +25,6 @@ namespace {
 
 // ----------------------------------------------------------------------------------------------
 // Generators (generators.h: every draw covers its whole range)
-
-template <class T>
-T draw(T lo, T hi_inclusive) {
-    return *proofs::full_range(lo, T(hi_inclusive + 1));
-}
 
 // Tiny models: 1-3 layers, 1-4 heads with n_kv_heads any divisor, head_size 1-8, max_seq
 // min_seq-20. Small enough that naive decode of every prefix takes microseconds.
@@ -51,10 +44,6 @@ std::vector<int> gen_tokens(const Config& c, int n) {
     std::vector<int> t(n);
     for (int& x : t) x = draw(0, c.vocab_size - 1);
     return t;
-}
-
-[[noreturn]] void fail(std::string message) {
-    throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Failure, std::move(message));
 }
 
 // The devices of a run (VerifyOptions::device): naive decode on `reference` is what every
@@ -441,49 +430,6 @@ void quant_property(const QuantVariant& v, const Devices& devices, bool bound, E
 // ----------------------------------------------------------------------------------------------
 // Running a property
 
-struct Outcome {
-    bool passed = false;
-    int cases = 0;
-    std::string counterexample;
-};
-
-// RapidCheck's default listener reads its global configuration (and announces it on stderr);
-// our parameters are explicit, and the report is the row.
-struct QuietListener : rc::detail::TestListener {
-    void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-    void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-    void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
-
-Outcome run_property(const std::function<void()>& body, const VerifyOptions& o) {
-    rc::detail::TestParams params;
-    params.seed = o.seed;
-    params.maxSuccess = o.cases;
-    params.maxSize = 100;
-    QuietListener listener;
-    const rc::detail::TestResult result = rc::detail::checkTestable(body, rc::detail::TestMetadata{}, params, listener);
-    Outcome out;
-    rc::detail::SuccessResult success;
-    rc::detail::FailureResult failure;
-    rc::detail::GaveUpResult gave_up;
-    rc::detail::Error error;
-    if (result.match(success)) {
-        out.passed = true;
-        out.cases = success.numSuccess;
-    } else if (result.match(failure)) {
-        out.cases = failure.numSuccess + 1;
-        out.counterexample = failure.description;
-    } else if (result.match(gave_up)) {
-        out.cases = gave_up.numSuccess;
-        out.counterexample = "gave up: " + gave_up.description;
-    } else if (result.match(error)) {
-        out.counterexample = "error: " + error.description;
-    }
-    for (char& ch : out.counterexample)
-        if (ch == '\n') ch = ' ';
-    return out;
-}
-
 struct Check {
     std::string name, kind, parameters;
     std::function<void(const Devices&, Mutant)> body;  // exact checks: the property, with a mutant or none
@@ -524,7 +470,7 @@ std::string_view check_for(Mutant m) {
 }
 
 VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
-    const Outcome r = run_property([&] { check.body(d, Mutant::none); }, o);
+    const PropertyOutcome r = check_property([&] { check.body(d, Mutant::none); }, o.cases, o.seed);
     return {check.name,       check.kind, check.parameters, r.cases, r.passed ? "bitwise equal" : "FAILED", r.passed,
             r.counterexample, ""};
 }
@@ -533,7 +479,7 @@ VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptio
     const std::string_view target = check_for(info.mutant);
     const auto& checks = exact_checks();
     const auto it = std::find_if(checks.begin(), checks.end(), [&](const Check& c) { return c.name == target; });
-    const Outcome r = run_property([&] { it->body(d, info.mutant); }, o);
+    const PropertyOutcome r = check_property([&] { it->body(d, info.mutant); }, o.cases, o.seed);
     return {std::string(info.name),
             "mutant",
             fmt::format("{} (check: {})", info.bug, target),
@@ -545,8 +491,8 @@ VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptio
 }
 
 VerifyRow run_window(const Devices& d, const VerifyOptions& o) {
-    const Outcome inside = run_property([&] { window_property(d, true); }, o);
-    const Outcome everywhere = run_property([&] { window_property(d, false); }, o);
+    const PropertyOutcome inside = check_property([&] { window_property(d, true); }, o.cases, o.seed);
+    const PropertyOutcome everywhere = check_property([&] { window_property(d, false); }, o.cases, o.seed);
     VerifyRow row{"window", "approximate", "sinks S 0-3, window W 1-4, chunk 0-3", inside.cases, "", false, "", ""};
     row.ok = inside.passed && !everywhere.passed;
     row.result = !inside.passed      ? "FAILED inside T <= S + W"
@@ -558,8 +504,8 @@ VerifyRow run_window(const Devices& d, const VerifyOptions& o) {
 
 VerifyRow run_quant(const QuantVariant& v, const Devices& d, const VerifyOptions& o) {
     ErrorSummary summary;
-    const Outcome within = run_property([&] { quant_property(v, d, true, &summary); }, o);
-    const Outcome equal = run_property([&] { quant_property(v, d, false, nullptr); }, o);
+    const PropertyOutcome within = check_property([&] { quant_property(v, d, true, &summary); }, o.cases, o.seed);
+    const PropertyOutcome equal = check_property([&] { quant_property(v, d, false, nullptr); }, o.cases, o.seed);
     const std::string where = quant_device(d) == d.tested ? "" : fmt::format(" (on {}: quantizing is host-side)", quant_device(d));
     VerifyRow row{v.name,
                   "approximate",
@@ -589,19 +535,6 @@ std::vector<std::string> verify_names() {
 }
 
 std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
-    // RapidCheck loads its global configuration on first use and announces a seed on stderr;
-    // we pass every parameter explicitly, so load it once with stderr silenced.
-    static const bool configured = [] {
-        std::fflush(stderr);
-        const int saved = ::dup(2), null = ::open("/dev/null", O_WRONLY);
-        if (saved >= 0 && null >= 0) ::dup2(null, 2);
-        (void)rc::detail::configuration();
-        std::fflush(stderr);
-        if (saved >= 0) ::dup2(saved, 2), ::close(saved);
-        if (null >= 0) ::close(null);
-        return true;
-    }();
-    (void)configured;
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
     const std::vector<std::string> names = verify_names();
     if (std::find(names.begin(), names.end(), which) == names.end()) {

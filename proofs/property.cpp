@@ -1,0 +1,74 @@
+#include "property.h"
+
+#include <fcntl.h>
+#include <rapidcheck.h>
+#include <rapidcheck/detail/Configuration.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace kvlab {
+
+namespace {
+
+// RapidCheck's default listener reads its global configuration (and announces it on stderr);
+// our parameters are explicit, and the report is the outcome.
+struct QuietListener : rc::detail::TestListener {
+    void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+    void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+    void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
+// RapidCheck loads its global configuration on first use and announces a seed on stderr; every
+// parameter is passed explicitly here, so load it once with stderr silenced.
+void configure_quietly() {
+    static const bool configured = [] {
+        std::fflush(stderr);
+        const int saved = ::dup(2), null = ::open("/dev/null", O_WRONLY);
+        if (saved >= 0 && null >= 0) ::dup2(null, 2);
+        (void)rc::detail::configuration();
+        std::fflush(stderr);
+        if (saved >= 0) ::dup2(saved, 2), ::close(saved);
+        if (null >= 0) ::close(null);
+        return true;
+    }();
+    (void)configured;
+}
+
+}  // namespace
+
+PropertyOutcome check_property(const std::function<void()>& body, int cases, std::uint64_t seed) {
+    configure_quietly();
+    rc::detail::TestParams params;
+    params.seed = seed;
+    params.maxSuccess = cases;
+    params.maxSize = proofs::kFullSize;
+    QuietListener listener;
+    const rc::detail::TestResult result = rc::detail::checkTestable(body, rc::detail::TestMetadata{}, params, listener);
+    PropertyOutcome out;
+    rc::detail::SuccessResult success;
+    rc::detail::FailureResult failure;
+    rc::detail::GaveUpResult gave_up;
+    rc::detail::Error error;
+    if (result.match(success)) {
+        out.passed = true;
+        out.cases = success.numSuccess;
+    } else if (result.match(failure)) {
+        out.cases = failure.numSuccess + 1;
+        out.counterexample = failure.description;
+    } else if (result.match(gave_up)) {
+        out.cases = gave_up.numSuccess;
+        out.counterexample = "gave up: " + gave_up.description;
+    } else if (result.match(error)) {
+        out.counterexample = "error: " + error.description;
+    }
+    for (char& ch : out.counterexample)
+        if (ch == '\n') ch = ' ';
+    return out;
+}
+
+void fail(std::string message) {
+    throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Failure, std::move(message));
+}
+
+}  // namespace kvlab

@@ -1,0 +1,32 @@
+// kvlab proofs: running one RapidCheck property quietly, for the verification suite and the
+// course's graders (lessons/). A property is a function that draws its inputs and fails with a
+// one-line message; a failure is shrunk, and the report is the smallest case RapidCheck found.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "generators.h"
+
+namespace kvlab {
+
+struct PropertyOutcome {
+    bool passed = false;
+    int cases = 0;               // cases run (a failing property stops at its first failure)
+    std::string counterexample;  // the shrunk failure, in one line ("" when it passed)
+};
+
+// Runs `body` on `cases` generated cases from `seed`, printing nothing.
+PropertyOutcome check_property(const std::function<void()>& body, int cases, std::uint64_t seed);
+
+// Inside a property: fails the current case with `message`.
+[[noreturn]] void fail(std::string message);
+
+// Inside a property: an integer in [lo, hi_inclusive], drawn at full size (generators.h).
+template <class T>
+T draw(T lo, T hi_inclusive) {
+    return *proofs::full_range(lo, T(hi_inclusive + 1));
+}
+
+}  // namespace kvlab
