@@ -5,6 +5,7 @@
 #include <rapidcheck/detail/Configuration.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace kvlab {
@@ -65,6 +66,24 @@ PropertyOutcome check_property(const std::function<void()>& body, int cases, std
     for (char& ch : out.counterexample)
         if (ch == '\n') ch = ' ';
     return out;
+}
+
+Config draw_config(int min_seq, int min_vocab) {
+    Config c;
+    c.n_layers = draw(1, 3);
+    c.n_heads = draw(1, 4);
+    c.n_kv_heads = *proofs::gen_n_kv_heads(c.n_heads);
+    c.dim = c.n_heads * draw(1, 8);
+    c.hidden_dim = draw(1, 16);
+    c.vocab_size = draw(min_vocab, 32);
+    c.max_seq = draw(min_seq, 20);
+    return c;
+}
+
+std::vector<int> draw_tokens(const Config& c, int n) {
+    std::vector<int> t(std::size_t(std::max(n, 0)));
+    for (int& x : t) x = draw(0, c.vocab_size - 1);
+    return t;
 }
 
 void fail(std::string message) {

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "config.h"
 #include "generators.h"
 
 namespace kvlab {
@@ -28,5 +30,12 @@ template <class T>
 T draw(T lo, T hi_inclusive) {
     return *proofs::full_range(lo, T(hi_inclusive + 1));
 }
+
+// Inside a property: a tiny model shape, 1-3 layers, 1-4 query heads over any divisor of KV
+// heads, head_size 1-8, hidden_dim 1-16, vocab_size min_vocab-32, max_seq min_seq-20. Small
+// enough that naive decode of every prefix takes microseconds.
+Config draw_config(int min_seq = 1, int min_vocab = 1);
+// Inside a property: n token ids of c's vocabulary.
+std::vector<int> draw_tokens(const Config& c, int n);
 
 }  // namespace kvlab

@@ -1,0 +1,89 @@
+#include "grader.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "compare.h"
+
+namespace kvlab::lessons {
+
+namespace {
+
+// --cases N / --seed S; anything else is a one-line error.
+bool parse_args(int argc, char** argv, int& cases, std::uint64_t& seed) {
+    for (int i = 1; i < argc; i++) {
+        const std::string_view a = argv[i];
+        if ((a == "--cases" || a == "--seed") && i + 1 < argc) {
+            const std::string_view v = argv[++i];
+            std::uint64_t x = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+            if (ec != std::errc() || end != v.data() + v.size() || (a == "--cases" && (x < 1 || x > 1000000))) {
+                std::fprintf(stderr, "grade: error: %s wants a positive number, not '%s'\n", argv[i - 1], argv[i]);
+                return false;
+            }
+            (a == "--cases" ? void(cases = int(x)) : void(seed = x));
+        } else {
+            std::fprintf(stderr, "grade: error: unknown argument '%s' (--cases N, --seed S)\n", argv[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+std::string describe_difference(std::span<const float> expected, std::span<const float> got) {
+    if (expected.size() != got.size())
+        return fmt::format("{} logits where {} were expected", got.size(), expected.size());
+    const BitComparison cmp = compare_bits(expected, got);
+    if (cmp.equal) return "";
+    const std::size_t i = std::size_t(cmp.first);
+    std::uint32_t e = 0, g = 0;
+    std::memcpy(&e, &expected[i], sizeof e);
+    std::memcpy(&g, &got[i], sizeof g);
+    return fmt::format("logit {} differs: expected {:.9g} (bits 0x{:08x}), yours {:.9g} (bits 0x{:08x}); {} of {} logits "
+                       "differ",
+                       i, expected[i], e, got[i], g, cmp.n_differ, expected.size());
+}
+
+int grade(const Lab& lab, int argc, char** argv) {
+    int cases = 0;  // 0: each check's own
+    std::uint64_t seed = 1;
+    if (!parse_args(argc, argv, cases, seed)) return 2;
+    fmt::print("kvlab lab {}: {}\ngrading {} (seed {})\n\n", lab.number, lab.title, lab.source, seed);
+    std::size_t w = 5;
+    for (const LabCheck& c : lab.checks) w = std::max(w, c.name.size());
+    fmt::print("{:<{}}  {:>6}  {:>5}  {}\n", "check", w, "points", "cases", "result");
+    int score = 0, total = 0;
+    std::vector<std::string> failures;  // each failing check's smallest counterexample
+    for (const LabCheck& c : lab.checks) {
+        total += c.points;
+        PropertyOutcome r;
+        try {
+            r = check_property(c.property, cases ? cases : c.cases, seed);
+        } catch (const std::exception& e) {  // a property that fails outside RapidCheck's case
+            r.counterexample = e.what();
+        }
+        // A stub says so on every case; say it plainly instead of as a shrunk case.
+        const std::size_t stub = r.counterexample.find("not implemented: ");
+        const std::string result = r.passed ? "pass" : stub != std::string::npos ? "not implemented" : "FAIL";
+        if (r.passed) score += c.points;
+        fmt::print("{:<{}}  {:>6}  {:>5}  {}\n", c.name, w, r.passed ? fmt::format("{}/{}", c.points, c.points)
+                                                                  : fmt::format("0/{}", c.points),
+                   r.cases, result);
+        if (!r.passed)
+            failures.push_back(stub != std::string::npos ? r.counterexample.substr(stub)
+                                                         : fmt::format("{}: {}", c.name, r.counterexample));
+    }
+    fmt::print("\nscore {}/{}\n", score, total);
+    // A stub fails every check the same way: say it once.
+    if (!failures.empty() && failures[0].starts_with("not implemented: ")) failures.resize(1);
+    if (!failures.empty()) fmt::print("\nthe smallest failing case RapidCheck found, per failing check:\n");
+    for (const std::string& f : failures) fmt::print("- {}\n", f);
+    return score == total ? 0 : 1;
+}
+
+}  // namespace kvlab::lessons

@@ -1,0 +1,55 @@
+// kvlab lessons: the autograder every lab shares.
+//
+// A lab's grader is a list of checks, each a RapidCheck property over generated inputs (shapes,
+// tokens, block sizes) worth some points. grade() runs them in order and prints a score table;
+// a failing check prints RapidCheck's shrunk counterexample in the words its property chose
+// ("step 3, logit 17 differs: ..."). The exit status is 0 only when every check passes.
+//
+//   build/lessons/lab03                  grades your code (lessons/03-cache/starter/)
+//   build/lessons/lab03 --cases 1000     more generated cases per check
+//   lessons/grade 3                      builds, then grades (the command the labs name)
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+#include "property.h"
+
+namespace kvlab::lessons {
+
+// What a starter's stubs throw: never a silently wrong result.
+struct NotImplemented : Error {
+    explicit NotImplemented(std::string_view what)
+        : Error(fmt::format("not implemented: {} (the TODO in your lab file)", what)) {}
+};
+
+struct LabCheck {
+    std::string name;                // what it checks, in a student's words
+    int points = 1;
+    std::function<void()> property;  // draws its inputs (kvlab::draw), fails with kvlab::fail
+    int cases = 100;                 // generated cases (scaled by --cases)
+};
+
+struct Lab {
+    int number = 0;
+    std::string title;
+    std::string source;  // the implementation this grader was built with, e.g. "starter/cache_lab.cpp"
+    std::vector<LabCheck> checks;
+};
+
+// Runs the lab's checks; argv takes --cases N (per check, instead of each check's own) and
+// --seed S. Returns the exit status.
+int grade(const Lab& lab, int argc, char** argv);
+
+// For properties: the first index where two logit vectors differ, in a student's words
+// ("logit 17 differs: 0.5 (0x3f000000) vs 0.25 (0x3e800000)"), or "" when bitwise equal.
+std::string describe_difference(std::span<const float> expected, std::span<const float> got);
+
+}  // namespace kvlab::lessons
