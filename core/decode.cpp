@@ -190,6 +190,30 @@ const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
     return logits_;
 }
 
+const std::vector<float>& CachedDecoder::prefill_rows(std::span<const int> tokens) {
+    const Config& c = backend_->config();
+    check_tokens(c, tokens, pos());
+    const std::size_t chunk = std::size_t(std::max(1, cache_->max_append()));
+    Cache* const caches[] = {cache_};
+    row_logits_.clear();
+    all_rows_ = true;
+    try {
+        for (std::size_t i = 0; i < tokens.size(); i += chunk) {
+            const std::span<const int> part = tokens.subspan(i, std::min(chunk, tokens.size() - i));
+            const std::vector<int> rows(part.begin(), part.end());
+            step(caches, std::span<const std::vector<int>>(&rows, 1));
+            assert(logits_.size() == part.size() * std::size_t(c.vocab_size));  // [part, vocab_size]
+            row_logits_.insert(row_logits_.end(), logits_.begin(), logits_.end());
+        }
+    } catch (...) {
+        all_rows_ = false;
+        throw;
+    }
+    all_rows_ = false;
+    assert(row_logits_.size() == tokens.size() * std::size_t(c.vocab_size));  // [tokens, vocab_size]
+    return row_logits_;
+}
+
 const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
     const Config& c = backend_->config();
     check_tokens(c, sequence, 0);
@@ -306,10 +330,13 @@ const std::vector<float>& CachedDecoder::run_step(std::span<Cache* const> caches
         probe->weights.assign(std::size_t(c.n_layers) * c.n_heads * c.max_seq, 0.0f);  // [n_layers, n_heads, max_seq]
         probe->n = read_kv[std::size_t(probe_row)].n;
     }
+    // Rows classified: each sequence's last, or with all_rows_ (prefill_rows: one sequence) all n.
+    assert(!all_rows_ || n_seqs == 1);
+    const int n_out = all_rows_ ? n : n_seqs;
     act_.resize(memory, c, n);
     ensure(last_, memory, std::int64_t(n_seqs) * c.dim);
-    ensure(normed_, memory, std::int64_t(n_seqs) * c.dim);
-    ensure(logits_dev_, memory, std::int64_t(n_seqs) * c.vocab_size);
+    ensure(normed_, memory, std::int64_t(n_out) * c.dim);
+    ensure(logits_dev_, memory, std::int64_t(n_out) * c.vocab_size);
 
     // Layer l's rows of each sequence are in storage: the caches' hooks (host bookkeeping).
     auto stored = [&](int l) {
@@ -338,6 +365,11 @@ const std::vector<float>& CachedDecoder::run_step(std::span<Cache* const> caches
                                     probe_dev_.data() + std::int64_t(h) * max_n, std::int64_t(sizeof(float)) * probe->n);
             attention_output_and_ffn(b, exec, l, act_);
         }
+        if (all_rows_) {
+            // logits[i] = rmsnorm(x[i]) · wcls for every row i, as one product.
+            classify(b, exec, act_.x.data(), normed_.data(), logits_dev_.data(), n);
+            return;
+        }
         // logits[s] = rmsnorm(x[last row of s]) · wcls, all sequences as one product.
         for (int s = 0; s < n_seqs; s++)
             memory.copy(last_.data() + std::int64_t(s) * c.dim, act_.x.data() + std::int64_t(last_row[s]) * c.dim,
@@ -353,6 +385,7 @@ const std::vector<float>& CachedDecoder::run_step(std::span<Cache* const> caches
         for (int s = 0; s < n_seqs; s++) mix(std::uint64_t(last_row[s]));
         mix(std::uint64_t(n));
         mix(std::uint64_t(mutant));
+        mix(std::uint64_t(all_rows_));
         for (const void* p : {(const void*)act_.x.data(), (const void*)tokens_.data(), (const void*)positions_.data(),
                               (const void*)write_kv_.data(), (const void*)read_kv_.data(), (const void*)slots_.data(),
                               (const void*)kv_head_.data(), (const void*)last_.data(), (const void*)logits_dev_.data()})
@@ -360,8 +393,8 @@ const std::vector<float>& CachedDecoder::run_step(std::span<Cache* const> caches
         b.run(key, forward);
         for (int l = 0; l < c.n_layers; l++) stored((l + write_layer_shift) % c.n_layers);
     }
-    logits_.resize(std::size_t(n_seqs) * c.vocab_size);
-    memory.download(logits_.data(), logits_dev_.data(), std::int64_t(sizeof(float)) * n_seqs * c.vocab_size);
+    logits_.resize(std::size_t(n_out) * c.vocab_size);
+    memory.download(logits_.data(), logits_dev_.data(), std::int64_t(sizeof(float)) * n_out * c.vocab_size);
     return logits_;
 }
 

@@ -85,6 +85,10 @@ public:
     // returns the logits of the last one. decode(t) is prefill of one token.
     const std::vector<float>& prefill(std::span<const int> tokens);
     const std::vector<float>& decode(int token) { return prefill(std::span<const int>(&token, 1)); }
+    // prefill, returning the logits of every row: [tokens.size(), vocab_size], row i those of
+    // position pos()+i. Each row equals decode's at that position bit for bit (the classifier is
+    // row-wise, its order independent of the row count), so one step can verify k drafts.
+    const std::vector<float>& prefill_rows(std::span<const int> tokens);
     // Continues the cache with `sequence`, of which it must hold a prefix: an edited prompt is a
     // stale-cache error, never silent garbage. An empty cache first maps what the prefix cache
     // has of it (prefix_hit() positions); then the rest runs as a prefill.
@@ -133,10 +137,12 @@ private:
     Buffer<std::int64_t> slots_;       // [rows, max_n] the slots each row attends
     Buffer<int> kv_head_;              // [n_heads]
     Buffer<float> last_;               // [n_seqs, dim] each sequence's last residual row
-    Buffer<float> normed_;             // [n_seqs, dim]
-    Buffer<float> logits_dev_;         // [n_seqs, vocab_size]
+    Buffer<float> normed_;             // [n_seqs, dim], or [rows, dim] with all_rows_
+    Buffer<float> logits_dev_;         // [n_seqs, vocab_size], or [rows, vocab_size] with all_rows_
     Buffer<float> probe_dev_;          // [n_heads, max_n]
-    std::vector<float> logits_;        // [n_seqs, vocab_size]
+    std::vector<float> logits_;        // [n_seqs, vocab_size], or [rows, vocab_size] with all_rows_
+    std::vector<float> row_logits_;    // [tokens, vocab_size] prefill_rows' result, over its chunks
+    bool all_rows_ = false;            // set by prefill_rows: classify every row of the step
     int prefix_hit_ = 0;
 };
 
