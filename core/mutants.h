@@ -24,6 +24,7 @@ enum class Mutant {
     cow_no_copy,            // fork: a write into a shared partial block goes into the shared block
     batch_mixes_blocks,     // batch: sequence i attends through sequence i + 1's cache
     rollback_keeps_length,  // rollback: the rows are dropped but the length is not restored
+    spec_rollback_short,    // speculative: after a rejection both caches keep one rejected draft row
 };
 
 struct MutantInfo {
@@ -32,7 +33,7 @@ struct MutantInfo {
     std::string_view bug;
 };
 
-inline constexpr std::array<MutantInfo, 11> kMutants{{
+inline constexpr std::array<MutantInfo, 12> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written"},
     {Mutant::rope_decode_off, "rope-decode-off", "RoPE position off by one in decode"},
@@ -44,6 +45,7 @@ inline constexpr std::array<MutantInfo, 11> kMutants{{
     {Mutant::cow_no_copy, "cow-no-copy", "copy-on-write does not copy a shared partial block"},
     {Mutant::batch_mixes_blocks, "batch-mixes-blocks", "a batch reads another sequence's blocks"},
     {Mutant::rollback_keeps_length, "rollback-keeps-length", "rollback forgets to restore the length"},
+    {Mutant::spec_rollback_short, "spec-rollback-short", "speculative rollback one position short"},
 }};
 
 }  // namespace kvlab

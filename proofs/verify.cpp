@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "approx_metrics.h"
 #include "cache_factory.h"
@@ -17,6 +18,7 @@
 #include "generators.h"
 #include "property.h"
 #include "model.h"
+#include "speculative.h"
 #include "window_cache.h"
 
 namespace kvlab {
@@ -349,6 +351,72 @@ void stale_property(const Devices& devices, Mutant mutant) {
     bench.expect_naive(edited, cached->extend(edited), "after rolling back to the edit: " + what);
 }
 
+// Greedy speculative decoding (speculative.h): a draft (another random model, one of another
+// shape and max_seq, or the target itself) proposes k tokens and the target verifies them in one
+// step; the tokens, and the logits each was chosen from, equal plain greedy cached decode's bit for
+// bit, which in turn equal naive decode's.
+void speculate_property(const Devices& devices, Mutant mutant) {
+    const Config c = gen_config();
+    const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
+    const Model target = random_model(c, seed);
+    const int draft_kind = draw(0, 2);  // another model of the target's shape, another shape, the target
+    Config dc = draft_kind == 1 ? gen_config() : c;
+    dc.vocab_size = c.vocab_size;
+    if (draft_kind == 1) dc.max_seq = draw(1, c.max_seq);
+    std::optional<Model> draft_model;
+    if (draft_kind != 2) draft_model.emplace(random_model(dc, seed + 1));
+    const int k = draw(1, 4);
+    const std::vector<int> prompt = gen_tokens(c, draw(1, c.max_seq));
+    const int P = int(prompt.size());
+    const int steps = draw(1, c.max_seq - P + 1);  // the last token needs no position
+    Bench bench(target, devices, mutant);
+    CacheAndPool u =
+        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, bench.memory());
+    const auto cached = cached_under_test(bench, *u.cache, mutant);
+    // The draft runs on the tested device too: on the target's backend when it is the target.
+    const std::unique_ptr<Backend> draft_backend = draft_model ? devices.make(devices.tested, *draft_model) : nullptr;
+    CachedDecoder draft(draft_backend ? *draft_backend : bench.backend());
+    SpeculativeDecoder spec(*cached, draft, k);
+    spec.mutant = mutant;
+    const std::string what =
+        fmt::format("speculate k = {}, draft {}, target {}, {}, prompt {} + {} steps", k,
+                    draft_kind == 0 ? "another random model" : draft_kind == 1 ? "(" + dc.describe() + ")" : "= target",
+                    u.cache->name(), c.describe(), P, steps);
+
+    // The reference: plain greedy cached decode with the target, itself checked against naive.
+    CachedDecoder plain(bench.backend());
+    const DecodeRun want = greedy_decode(plain, prompt, steps);
+    std::vector<int> sequence = prompt;
+    const std::size_t V = std::size_t(c.vocab_size);
+    for (int i = 0; i < steps; i++) {
+        bench.expect_naive(sequence, std::span(want.logits).subspan(i * V, V), "plain greedy: " + what);
+        sequence.push_back(want.tokens[std::size_t(i)]);
+    }
+    DecodeRun got;
+    try {
+        got = spec.generate(prompt, steps);
+    } catch (const Error& e) {
+        fail(fmt::format("{}: refused: {}", what, e.what()));
+    }
+    // Token i is chosen from the logits at position P - 1 + i and written at P + i.
+    for (int i = 0; i < steps; i++) {
+        const std::size_t at = std::size_t(i);
+        const int step = got.step_of[at];
+        if (auto diff = first_difference(std::span(want.logits).subspan(at * V, V),
+                                         std::span(got.logits).subspan(at * V, V)))
+            fail(fmt::format("{}: target step {}, logits at position {} (token {}) differ from plain greedy, {}", what,
+                             step, P - 1 + i, i, *diff));
+        if (got.tokens[at] != want.tokens[at])
+            fail(fmt::format("{}: target step {}, token {} at position {} is {}, plain greedy's {}", what, step, i,
+                             P + i, got.tokens[at], want.tokens[at]));
+    }
+    const SpeculativeStats& st = got.stats;
+    if (st.accepted > st.proposed || st.accepted + st.target_steps != steps)
+        fail(fmt::format("{}: {} accepted of {} proposed in {} target steps for {} tokens", what, st.accepted,
+                         st.proposed, st.target_steps, steps));
+    expect_memory_consistent(*u.cache, what);
+}
+
 // ----------------------------------------------------------------------------------------------
 // Approximate variants
 
@@ -451,6 +519,8 @@ const std::vector<Check>& exact_checks() {
         v.push_back({"rollback", "exact", "4 layouts, 1-3 rollbacks of any length", rollback_property});
         v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins", batch_property});
         v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back", stale_property});
+        v.push_back({"speculate", "exact", "draft another model/shape/the target, k 1..4, contiguous-head or paged",
+                     speculate_property});
         return v;
     }();
     return checks;
@@ -465,6 +535,7 @@ std::string_view check_for(Mutant m) {
         case Mutant::cow_no_copy: return "fork";
         case Mutant::batch_mixes_blocks: return "batch";
         case Mutant::rollback_keeps_length: return "rollback";
+        case Mutant::spec_rollback_short: return "speculate";
         default: return "contiguous-head";
     }
 }

@@ -184,7 +184,7 @@ TEST_CASE("kvlab verify: exact variants pass, the window differs past S + W, eve
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
-    CHECK(r.out.find("mutants caught 11 of 11 (kill rate 100%)") != std::string::npos);
+    CHECK(r.out.find("mutants caught 12 of 12 (kill rate 100%)") != std::string::npos);
     CHECK(r.out.find("bitwise equal while T <= S + W; differs beyond") != std::string::npos);
     const Run j = run_kvlab("verify prefix --cases 20 --json");
     REQUIRE(j.exit_code == 0);
@@ -239,7 +239,7 @@ TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and chec
     const nlohmann::json j = nlohmann::json::parse(one.out);
     CHECK(j["device"] == "gpu-host");
     CHECK(j["all_ok"] == true);
-    CHECK(j["rows"].size() == 9);
+    CHECK(j["rows"].size() == 10);
     const Run two = run_kvlab("verify paged --device cpu,gpu-host --cases 20");
     INFO(two.out << two.err);
     CHECK(two.exit_code == 0);

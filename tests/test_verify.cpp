@@ -53,6 +53,10 @@ TEST_CASE("an edited prompt is refused as a stale cache, and rolled back it cont
     check_rows("stale");
 }
 
+TEST_CASE("greedy speculative decoding emits plain greedy decode's tokens and logits, bit for bit", "[verify][exact]") {
+    check_rows("speculate");
+}
+
 TEST_CASE("sliding window: exact while T <= S + W, and differs beyond", "[verify][approx]") {
     const std::vector<VerifyRow> rows = verify("window", kOptions);
     REQUIRE(rows.size() == 1);
