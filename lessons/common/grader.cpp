@@ -59,6 +59,7 @@ int grade(const Lab& lab, int argc, char** argv) {
     fmt::print("{:<{}}  {:>6}  {:>5}  {}\n", "check", w, "points", "cases", "result");
     int score = 0, total = 0;
     std::vector<std::string> failures;  // each failing check's smallest counterexample
+    std::vector<std::string> expected;  // the counterexamples "exists" checks found, as they should
     for (const LabCheck& c : lab.checks) {
         total += c.points;
         PropertyOutcome r;
@@ -69,16 +70,28 @@ int grade(const Lab& lab, int argc, char** argv) {
         }
         // A stub says so on every case; say it plainly instead of as a shrunk case.
         const std::size_t stub = r.counterexample.find("not implemented: ");
-        const std::string result = r.passed ? "pass" : stub != std::string::npos ? "not implemented" : "FAIL";
-        if (r.passed) score += c.points;
-        fmt::print("{:<{}}  {:>6}  {:>5}  {}\n", c.name, w, r.passed ? fmt::format("{}/{}", c.points, c.points)
-                                                                  : fmt::format("0/{}", c.points),
+        const bool exists = !c.expect_counterexample.empty();
+        const bool found = exists && !r.passed && stub == std::string::npos &&
+                           r.counterexample.find(c.expect_counterexample) != std::string::npos;
+        const bool passed = exists ? found : r.passed;
+        const std::string result = passed ? "pass" : stub != std::string::npos ? "not implemented" : "FAIL";
+        if (passed) score += c.points;
+        fmt::print("{:<{}}  {:>6}  {:>5}  {}\n", c.name, w, passed ? fmt::format("{}/{}", c.points, c.points)
+                                                                : fmt::format("0/{}", c.points),
                    r.cases, result);
-        if (!r.passed)
-            failures.push_back(stub != std::string::npos ? r.counterexample.substr(stub)
-                                                         : fmt::format("{}: {}", c.name, r.counterexample));
+        if (found) expected.push_back(fmt::format("{}: {}", c.name, r.counterexample));
+        if (passed) continue;
+        if (stub != std::string::npos)
+            failures.push_back(r.counterexample.substr(stub));
+        else if (exists && r.passed)
+            failures.push_back(fmt::format("{}: no counterexample in {} cases, but there must be one ({})", c.name,
+                                           r.cases, c.expect_counterexample));
+        else
+            failures.push_back(fmt::format("{}: {}", c.name, r.counterexample));
     }
     fmt::print("\nscore {}/{}\n", score, total);
+    if (!expected.empty()) fmt::print("\nthe smallest counterexample RapidCheck found, as these checks expect:\n");
+    for (const std::string& e : expected) fmt::print("- {}\n", e);
     // A stub fails every check the same way: say it once.
     if (!failures.empty() && failures[0].starts_with("not implemented: ")) failures.resize(1);
     if (!failures.empty()) fmt::print("\nthe smallest failing case RapidCheck found, per failing check:\n");

@@ -35,6 +35,10 @@ struct LabCheck {
     int points = 1;
     std::function<void()> property;  // draws its inputs (kvlab::draw), fails with kvlab::fail
     int cases = 100;                 // generated cases (scaled by --cases)
+    // Non-empty: an "exists" check. It passes when RapidCheck finds a counterexample whose message
+    // says this phrase (an approximate cache that must differ somewhere, say); the grader prints
+    // that shrunk counterexample. Finding none, or another failure, fails the check.
+    std::string expect_counterexample;
 };
 
 struct Lab {

@@ -1,0 +1,1 @@
+kvlab_lab(06 06-memory WRONG forgets_v gqa_modulo mla_without_rope)

@@ -1,0 +1,41 @@
+// Lab 9: approximate caches. You write the int8/int4 quantizer of a KIVI cache (keys per channel,
+// values per token, a scale and a minimum per group) and the positions a StreamingLLM window
+// with attention sinks reads; the grader plugs both into kvlab's caches (core/quantized_cache.h,
+// core/window_cache.h) and holds the results to stated bounds.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "quantized_cache.h"
+
+namespace kvlab::lab09 {
+
+using Axis = QuantSpec::Axis;
+
+// A block of rows x cols floats (row-major: element (r, c) at r * cols + c), quantized.
+//   per_token    a group is `group` consecutive columns of one row (cols % group == 0); group
+//                (r, g) is number r * (cols / group) + g: values, and per-token keys
+//   per_channel  a group is `group` consecutive rows of one column (rows % group == 0); group
+//                (g, c) is number g * cols + c: KIVI's keys, a channel over `group` positions
+// Each group has its own scale and minimum; for levels = 2^bits - 1:
+//   scale = (max - min) / levels,  code = round((x - min) / scale) in [0, levels],
+//   x_hat = code * scale + min     (computed in float; max == min: scale 0, code 0, x_hat = min)
+struct QuantBlock {
+    std::vector<std::uint8_t> codes;  // ceil(rows * cols * bits / 8) bytes: element i = r * cols + c
+                                      // as QuantizedCache::put_code packs it (int4: two per byte)
+    std::vector<float> scales, mins;  // [number of groups], in the group order above
+};
+
+// bits is 8 or 4; x.size() == rows * cols.
+QuantBlock quantize(std::span<const float> x, int rows, int cols, Axis axis, int group, int bits);
+// x_hat[rows * cols] from the codes, scales and mins alone.
+void dequantize(const QuantBlock& q, int rows, int cols, Axis axis, int group, int bits, std::span<float> x_hat);
+
+// StreamingLLM: the positions a query at pos reads with `sinks` attention sinks and a window of
+// the last `window` positions, in increasing order, written to positions[0..n); returns n
+// (at most pos + 1). sinks >= 0, window >= 1.
+int window_positions(int pos, int sinks, int window, int* positions);
+
+}  // namespace kvlab::lab09

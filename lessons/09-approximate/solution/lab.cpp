@@ -1,0 +1,74 @@
+// Lab 9, reference solution: kvlab's own group arithmetic (core/quantized_cache.h: quant_fit,
+// quant_encode, quant_decode, put_code, get_code) over the groups lab.h names, and kvlab's own
+// window (core/window_cache.cpp: WindowCache::attended).
+#include <cassert>
+
+#include "lab.h"
+#include "window_cache.h"
+
+namespace kvlab::lab09 {
+
+namespace {
+
+// Where group gi's elements lie in a [rows, cols] block (lab.h's layout): `group` elements from
+// first(gi), stride() apart.
+struct Groups {
+    bool per_token;
+    int cols, group;
+    int n;  // groups in the block
+    int first(int gi) const {
+        const int per_row = cols / group;
+        return per_token ? (gi / per_row) * cols + (gi % per_row) * group : (gi / cols) * group * cols + gi % cols;
+    }
+    std::int64_t stride() const { return per_token ? 1 : cols; }
+};
+
+Groups groups(int rows, int cols, Axis axis, int group) {
+    const bool per_token = axis == Axis::per_token;
+    return {per_token, cols, group, per_token ? rows * (cols / group) : (rows / group) * cols};
+}
+
+}  // namespace
+
+QuantBlock quantize(std::span<const float> x, int rows, int cols, Axis axis, int group, int bits) {
+    assert(x.size() == std::size_t(rows) * cols);
+    const Groups w = groups(rows, cols, axis, group);
+    QuantBlock q;
+    q.codes.assign((std::size_t(rows) * cols * bits + 7) / 8, 0);
+    q.scales.resize(std::size_t(w.n));
+    q.mins.resize(std::size_t(w.n));
+    for (int gi = 0; gi < w.n; gi++) {
+        const QuantRange r = quant_fit(x.data() + w.first(gi), group, w.stride(), bits);
+        q.scales[std::size_t(gi)] = r.scale;
+        q.mins[std::size_t(gi)] = r.min;
+        for (int j = 0; j < group; j++) {
+            const int i = int(w.first(gi) + j * w.stride());
+            QuantizedCache::put_code(q.codes.data(), i, quant_encode(x[std::size_t(i)], r, bits), bits);
+        }
+    }
+    return q;
+}
+
+void dequantize(const QuantBlock& q, int rows, int cols, Axis axis, int group, int bits, std::span<float> x_hat) {
+    assert(x_hat.size() == std::size_t(rows) * cols);
+    const Groups w = groups(rows, cols, axis, group);
+    for (int gi = 0; gi < w.n; gi++)
+        for (int j = 0; j < group; j++) {
+            const int i = int(w.first(gi) + j * w.stride());
+            x_hat[std::size_t(i)] = quant_decode(QuantizedCache::get_code(q.codes.data(), i, bits),
+                                                 {q.scales[std::size_t(gi)], q.mins[std::size_t(gi)]});
+        }
+}
+
+int window_positions(int pos, int sinks, int window, int* positions) {
+    // A one-float model just long enough for pos: WindowCache::attended lists the positions by
+    // rule, resident or not (an empty cache's slots are all -1, which is fine here).
+    Config c;
+    c.dim = c.hidden_dim = c.n_layers = c.n_heads = c.n_kv_heads = c.vocab_size = 1;
+    c.max_seq = pos + 1;
+    const WindowCache cache(c, sinks, window);
+    std::vector<std::int64_t> slots(std::size_t(pos) + 1);  // [pos + 1]
+    return cache.attended(pos, slots.data(), positions);
+}
+
+}  // namespace kvlab::lab09
