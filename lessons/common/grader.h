@@ -38,7 +38,7 @@ struct LabCheck {
     // Non-empty: an "exists" check. It passes when RapidCheck finds a counterexample whose message
     // says this phrase (an approximate cache that must differ somewhere, say); the grader prints
     // that shrunk counterexample. Finding none, or another failure, fails the check.
-    std::string expect_counterexample;
+    std::string expect_counterexample = "";
 };
 
 struct Lab {
