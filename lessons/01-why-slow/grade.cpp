@@ -17,7 +17,7 @@ using Count = std::function<u64(const Config&, int)>;  // FLOPs of one step at l
 
 // Tokens 0, 1, 2, ...: the counts depend on the shape and T only, never on tokens or weights.
 std::vector<int> some_tokens(const Config& c, int T) {
-    std::vector<int> t(std::size_t(T));
+    std::vector<int> t(static_cast<std::size_t>(T));
     std::iota(t.begin(), t.end(), 0);
     for (int& x : t) x %= c.vocab_size;
     return t;
@@ -90,7 +90,7 @@ void check_prefill() {
 // The shape `kvlab demo` runs (stories260K: dim 64, 5 layers, 8 heads, 4 KV heads, vocab 512)
 // at the lengths of its default run (a 5-token prompt and 64 steps: T up to 69).
 void check_demo_shape() {
-    static const Model m(Weights(stories260k_shape()));
+    static const Model m{Weights(stories260k_shape())};
     const Config& c = m.config();
     const int T = draw(1, 69);
     auto same_model = [&](u64 (*counted)(const Model&, int)) -> Count {

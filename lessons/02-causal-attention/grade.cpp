@@ -119,7 +119,7 @@ void check_rows_are_cached_steps() {
     const int hs = c.head_size(), kv_dim = c.kv_dim(), h = draw(0, c.n_heads - 1);
     const int kvh = kv_head_map(c)[std::size_t(h)];
     const std::vector<float> got = yours(a, h, 0);
-    std::vector<float> want(std::size_t(hs)), scores(std::size_t(a.T));
+    std::vector<float> want(static_cast<std::size_t>(hs)), scores(static_cast<std::size_t>(a.T));
     for (int i = 0; i < a.T; i++) {
         attention_row(
             want.data(), a.q.data() + std::size_t(i) * c.dim + h * hs, hs, i + 1,
