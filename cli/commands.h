@@ -39,6 +39,20 @@ struct GenerateOptions {
 };
 int run_generate(const GenerateOptions& o);
 
+struct SpeculateOptions {
+    ModelOptions m;
+    std::string draft = "random";  // a checkpoint, "self" (the target), or "random" (the target's shape, 1 layer)
+    std::uint64_t draft_seed = 1;  // for the random draft
+    int k = 4;                     // draft tokens per target step
+    std::string prompt, tokens;
+    int steps = 100;
+    int reps = 3;                  // timed runs of each decode; the fastest counts
+    int threads = 1;
+    std::string device = "cpu";
+    bool json = false;
+};
+int run_speculate(const SpeculateOptions& o);
+
 struct BenchOptions {
     std::string shape = "stories15M";
     std::uint64_t seed = 7;

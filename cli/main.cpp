@@ -78,6 +78,25 @@ int main(int argc, char** argv) {
     gen_cmd->add_flag("!--no-graph", gen.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     gen_cmd->add_flag("--json", gen.json, "machine-readable output");
 
+    SpeculateOptions spec;
+    auto* spec_cmd = app.add_subcommand(
+        "speculate", "greedy speculative decoding against plain greedy decode: acceptance, speedup, bitwise equality");
+    add_model_options(spec_cmd, spec.m.model, spec.m.tokenizer, spec.m.seed);
+    spec_cmd->add_option("--draft", spec.draft,
+                         "the draft model: a llama2.c checkpoint of the target's vocab_size, self (the target "
+                         "itself: every draft accepted), or random (default: a random model of the target's shape "
+                         "with 1 layer, seed --draft-seed; its drafts are rarely accepted)");
+    spec_cmd->add_option("--draft-seed", spec.draft_seed, "seed of the random draft");
+    spec_cmd->add_option("--k", spec.k, "draft tokens proposed per target step (at least 1)");
+    spec_cmd->add_option("--prompt", spec.prompt, "prompt text (needs a tokenizer)");
+    spec_cmd->add_option("--tokens", spec.tokens, "prompt as token ids, e.g. 1,403,407");
+    spec_cmd->add_option("--steps", spec.steps, "tokens to generate after the prompt")->check(CLI::Range(1, 1 << 20));
+    spec_cmd->add_option("--reps", spec.reps, "timed runs of each decode, alternating (the fastest counts)")
+        ->check(CLI::Range(1, 1000));
+    spec_cmd->add_option("--threads", spec.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    spec_cmd->add_option("--device", spec.device, "cpu, gpu or gpu-host (target and draft both run there)");
+    spec_cmd->add_flag("--json", spec.json, "machine-readable output");
+
     BenchOptions bench;
     auto* bench_cmd = app.add_subcommand("bench", "benchmark cached, naive and llama2.c-style decode");
     bench_cmd->add_option("--shape", bench.shape, "stories15M (default), stories260K, or dim=..,n_layers=..,...");
@@ -132,11 +151,12 @@ int main(int argc, char** argv) {
 
     // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
     const std::string first = argc > 1 ? argv[1] : "";
-    if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "bench" &&
-        first != "export" && first != "verify" && first != "memory" && first != "pool" && first != "view") {
+    if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "speculate" &&
+        first != "bench" && first != "export" && first != "verify" && first != "memory" && first != "pool" &&
+        first != "view") {
         fmt::print(stderr,
-                   "kvlab: error: unknown command '{}' (commands: demo, generate, bench, verify, memory, pool, view, "
-                   "export)\n",
+                   "kvlab: error: unknown command '{}' (commands: demo, generate, speculate, bench, verify, memory, "
+                   "pool, view, export)\n",
                    argv[1]);
         return 2;
     }
@@ -153,6 +173,7 @@ int main(int argc, char** argv) {
     try {
         if (*demo_cmd) return run_demo(demo);
         if (*gen_cmd) return run_generate(gen);
+        if (*spec_cmd) return run_speculate(spec);
         if (*bench_cmd) {
             bench.lengths_given = bench_cmd->count("--lengths") > 0;
             return run_bench(bench);

@@ -39,8 +39,8 @@ void write_ints(const fs::path& p, std::initializer_list<std::int32_t> header, s
 }  // namespace
 
 TEST_CASE("kvlab --help and each command's --help succeed", "[cli]") {
-    for (const char* args : {"--help", "demo --help", "generate --help", "bench --help", "export --help",
-                             "verify --help", "memory --help", "pool --help"}) {
+    for (const char* args : {"--help", "demo --help", "generate --help", "speculate --help", "bench --help",
+                             "export --help", "verify --help", "memory --help", "pool --help"}) {
         const Run r = run_kvlab(args);
         INFO(args);
         CHECK(r.exit_code == 0);
@@ -178,6 +178,75 @@ TEST_CASE("kvlab generate on stories260K prints llama2.c's recorded greedy outpu
     INFO(r.err);
     REQUIRE(r.exit_code == 0);
     CHECK(r.out == std::string(kvlab::test::kLlama2cExpected) + "\n");
+}
+
+TEST_CASE("kvlab speculate: tokens and logits bitwise equal to plain greedy decode, for any draft", "[cli][speculate]") {
+    const fs::path model = exported_model("spec.bin", kTiny);
+    const std::string base = "speculate --model " + model.string() + " --tokens 1,5,7 --steps 20 --k 3 --reps 1";
+    // The default draft: a random model of the target's shape, one layer deep.
+    const Run r = run_kvlab(base + " --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["bitwise_equal"] == true);
+    CHECK(j["tokens_equal"] == true);
+    CHECK(j["logits_bitwise_equal"] == true);
+    CHECK(j["generated_tokens"].size() == 20);
+    CHECK(j["plain_steps"] == 20);
+    CHECK(j["k"] == 3);
+    CHECK(j["draft"].get<std::string>().find("random") == 0);
+    CHECK(j["accepted"].get<int>() + j["target_steps"].get<int>() == 20);
+    CHECK(j["accepted"].get<int>() <= j["proposed"].get<int>());
+    CHECK(j["acceptance_rate"].get<double>() >= 0.0);
+    CHECK(j["acceptance_rate"].get<double>() <= 1.0);
+    CHECK(j["speedup"].get<double>() > 0.0);
+    for (const char* key : {"mean_accepted_per_target_step", "tokens_per_target_step", "draft_steps", "plain_seconds",
+                            "speculative_seconds", "text", "prompt_tokens", "model"})
+        CHECK(j.contains(key));
+    // The target as its own draft: every draft accepted, k + 1 tokens a target step.
+    const Run self = run_kvlab(base + " --draft self --json");
+    REQUIRE(self.exit_code == 0);
+    const auto js = nlohmann::json::parse(self.out);
+    CHECK(js["acceptance_rate"] == 1.0);
+    CHECK(js["target_steps"] == 5);
+    CHECK(js["generated_tokens"] == j["generated_tokens"]);
+    // A checkpoint of another shape as draft, and the text report.
+    const fs::path other = exported_model("spec_draft.bin", "dim=8,hidden_dim=12,n_layers=1,n_heads=2,n_kv_heads=1,"
+                                                            "vocab_size=40,max_seq=16");
+    const Run text = run_kvlab(base + " --draft " + other.string());
+    INFO(text.out << text.err);
+    CHECK(text.exit_code == 0);
+    CHECK(text.out.find("tokens and logits bitwise equal to plain greedy cached decode") != std::string::npos);
+    CHECK(text.out.find("acceptance") != std::string::npos);
+    CHECK(text.out.find("speedup") != std::string::npos);
+}
+
+TEST_CASE("kvlab speculate: bad k, another vocabulary, too many steps, an unreadable draft are one-line errors",
+          "[cli][speculate][errors]") {
+    const fs::path model = exported_model("spec_bad.bin", kTiny);
+    const std::string base = "speculate --model " + model.string() + " --tokens 1,2";
+    check_refused(base + " --steps 8 --k 0", "--k must be at least 1");
+    check_refused(base + " --steps 8 --k -2", "--k must be at least 1");
+    const fs::path vocab50 = exported_model("spec_vocab50.bin", "dim=16,n_layers=1,n_heads=4,n_kv_heads=2,vocab_size=50");
+    check_refused(base + " --steps 8 --draft " + vocab50.string(), "vocab_size 50 differs from the target's 40");
+    check_refused(base + " --steps 32", "max_seq");
+    check_refused(base + " --steps 8 --draft /nonexistent/draft.bin", "/nonexistent/draft.bin");
+    check_refused(base + " --steps 8 --device both", "one device");
+}
+
+TEST_CASE("kvlab speculate on stories260K: the target as draft accepts every draft, llama2.c's text", "[cli][stories260k]") {
+    KVLAB_MODEL_FILE_OR_SKIP(model, "stories260K.bin");
+    KVLAB_MODEL_FILE_OR_SKIP(tok, "tok512.bin");
+    const Run r = run_kvlab("speculate --model " + model + " --tokenizer " + tok + " --draft self --k 4 --steps 100 --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["bitwise_equal"] == true);
+    CHECK(j["acceptance_rate"] == 1.0);
+    CHECK(j["target_steps"] == 20);
+    const std::string text = j["text"];
+    CHECK(text.size() > 100);
+    CHECK(std::string(kvlab::test::kLlama2cExpected).rfind(text, 0) == 0);
 }
 
 TEST_CASE("kvlab verify: exact variants pass, the window differs past S + W, every mutant is caught", "[cli][verify]") {
