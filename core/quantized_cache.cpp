@@ -42,6 +42,15 @@ float decode(unsigned code, Range r) { return float(code) * r.scale + r.min; }
 
 }  // namespace
 
+QuantRange quant_fit(const float* x, int n, std::int64_t stride, int bits) {
+    const Range r = fit(x, n, stride, (1 << bits) - 1);
+    return {r.scale, r.min};
+}
+
+unsigned quant_encode(float x, QuantRange r, int bits) { return encode(x, {r.scale, r.min}, (1 << bits) - 1); }
+
+float quant_decode(unsigned code, QuantRange r) { return decode(code, {r.scale, r.min}); }
+
 void QuantizedCache::put_code(std::uint8_t* codes, int i, unsigned code, int bits) {
     if (bits == 8) {
         codes[i] = std::uint8_t(code);

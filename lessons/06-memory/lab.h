@@ -20,12 +20,12 @@ std::string attention_kind(const PublishedShape& s);
 // (fp16: 16, int4: 4). MHA, GQA and MQA cache a K row and a V row of head_size elements per KV
 // head per layer; MLA caches one latent of mla_latent elements plus one RoPE key of mla_rope
 // elements per layer, shared by all heads (n_kv_heads and head_size then say nothing).
-std::int64_t kv_bits_per_token(const PublishedShape& s, int bits);
+std::int64_t bits_per_token(const PublishedShape& s, int bits);
 
 // Bytes of cache for `batch` sequences of `context` tokens each, rounded up to a whole byte.
 // context, batch >= 1; the result fits int64 for every published model up to 2^24 tokens x 2^20
 // sequences at fp32.
-std::int64_t kv_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch);
+std::int64_t cache_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch);
 
 // GQA: the KV head each of n_heads query heads reads, [n_heads]. n_kv_heads divides n_heads;
 // each KV head serves a group of n_heads / n_kv_heads consecutive query heads.

@@ -185,6 +185,20 @@ private:
     std::int64_t code_bytes_ = 0, meta_bytes_ = 0;  // the student's blocks so far
 };
 
+// Runs `body`, a decode through a cache with the student's code plugged in; what that code makes
+// the cache throw (a block of the wrong size, a position the ring no longer holds) fails the case
+// in its own words.
+template <class Body>
+void plugged(const std::string& what, Body body) {
+    try {
+        body();
+    } catch (const lessons::NotImplemented&) {
+        throw;
+    } catch (const Error& e) {
+        fail(fmt::format("{}: {}", what, e.what()));
+    }
+}
+
 struct Bound {
     double max_abs, kl;
 };
@@ -216,14 +230,16 @@ void check_cache_bounds() {
     const int prompt = draw(1, int(tokens.size()));
     const std::span<const int> all(tokens);
     const Bound b = bound_for(spec.bits);
+    const std::string what = fmt::format("{} with your quantizer, stories260K shape, {} tokens, prompt {}",
+                                         cache.name(), tokens.size(), prompt);
     for (int T = prompt; T <= int(tokens.size()); T++) {
-        const std::vector<float>& want = T == prompt ? exact.prefill(all.first(T)) : exact.decode(tokens[T - 1]);
-        const std::vector<float>& got = T == prompt ? quant.prefill(all.first(T)) : quant.decode(tokens[T - 1]);
+        const std::vector<float> want = T == prompt ? exact.prefill(all.first(T)) : exact.decode(tokens[T - 1]);
+        std::vector<float> got;
+        plugged(what, [&] { got = T == prompt ? quant.prefill(all.first(T)) : quant.decode(tokens[T - 1]); });
         const LogitError e = compare_logits(want, got);
         if (!(e.max_abs <= b.max_abs && e.kl <= b.kl))
-            fail(fmt::format("{} with your quantizer, stories260K shape, {} tokens, prompt {}: at T = {} max |logit "
-                             "error| {:.3g} (bound {}), KL {:.3g} (bound {})",
-                             cache.name(), tokens.size(), prompt, T, e.max_abs, b.max_abs, e.kl, b.kl));
+            fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
+                             e.max_abs, b.max_abs, e.kl, b.kl));
     }
 }
 
@@ -234,7 +250,7 @@ void check_cache_memory() {
     LabQuantizedCache cache(c, spec);
     CachedDecoder quant(m, cache);
     const int T = spec.group * draw(1, c.max_seq / spec.group);  // whole key groups: no fp32 residual
-    quant.prefill(draw_tokens(c, T));
+    plugged(cache.name(), [&] { quant.prefill(draw_tokens(c, T)); });
     const MemoryStats got = cache.memory();
     const double promised = QuantizedCache(c, spec).bytes_per_token() * T;
     if (double(got.payload_bytes + got.metadata_bytes) != promised)
@@ -242,9 +258,6 @@ void check_cache_memory() {
                          "cache promises {} ({} per token: codes of {} bits, one scale and one min per group)",
                          cache.name(), T, got.payload_bytes, got.metadata_bytes,
                          got.payload_bytes + got.metadata_bytes, promised, promised / T, spec.bits));
-    if (!(got.payload_bytes + got.metadata_bytes < got.used_bytes))
-        fail(fmt::format("{}, T = {}: your blocks take {} bytes, no fewer than fp32's {}", cache.name(), T,
-                         got.payload_bytes + got.metadata_bytes, got.used_bytes));
 }
 
 // The rule of lab.h, stated by the grader.
@@ -257,7 +270,10 @@ std::vector<int> window_rule(int pos, int sinks, int window) {
 
 std::string listed(std::span<const int> v) {
     std::string s;
-    for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+    for (int x : v) {
+        if (!s.empty()) s += ", ";
+        s += std::to_string(x);
+    }
     return "[" + s + "]";
 }
 
@@ -293,9 +309,9 @@ public:
         for (std::size_t i = 0; i < mine.size(); i++) {
             const int t = mine[i];
             if (t < 0 || t > pos || !resident(t))
-                throw Error(fmt::format("window S = {}, W = {}: a query at pos {} reads position {}, which the ring "
-                                        "does not hold (evicted, or not yet written)",
-                                        sinks(), window(), pos, t));
+                throw Error(fmt::format("a query at pos {} reads position {}, which the ring does not hold "
+                                        "(evicted, or not yet written)",
+                                        pos, t));
             slots[i] = slot(t);
             if (positions) positions[i] = t;
         }
@@ -318,7 +334,8 @@ void window_run(Compare compare) {
     const std::string what =
         fmt::format("window S = {}, W = {} (chunk {}), {}, prompt {}", sinks, window, chunk, c.describe(), prompt);
     for (int T = prompt; T <= int(tokens.size()); T++) {
-        const std::vector<float>& got = T == prompt ? cached.prefill(all.first(T)) : cached.decode(tokens[T - 1]);
+        std::vector<float> got;
+        plugged(what, [&] { got = T == prompt ? cached.prefill(all.first(T)) : cached.decode(tokens[T - 1]); });
         compare(what, T, T - sinks - window, naive, all.first(T), got);
     }
 }
@@ -391,7 +408,7 @@ int main(int argc, char** argv) {
         {"quantize: every value within half a step of its group", 2, check_round_trip},
         {"storage: packed codes, a scale and a min per group", 1, check_storage},
         {"KIVI cache: logits within the stated bounds", 2, check_cache_bounds, 30},
-        {"KIVI cache: the bytes it promises, fewer than fp32", 1, check_cache_memory, 30},
+        {"KIVI cache: holds the bytes it promises", 1, check_cache_memory, 30},
         {"window: sinks 0..S-1 and the last W positions", 1, check_window_positions},
         {"window: bitwise equal to naive while T <= S + W", 2, check_window_exact},
         {"window: differs from naive for some T > S + W", 1, check_window_differs, 100, "beyond S + W"},

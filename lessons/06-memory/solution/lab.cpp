@@ -11,9 +11,9 @@ std::string attention_kind(const PublishedShape& s) {
     return s.n_kv_heads == 1 ? "MQA" : "GQA";
 }
 
-std::int64_t kv_bits_per_token(const PublishedShape& s, int bits) { return kvlab::kv_bits_per_token(s, bits); }
+std::int64_t bits_per_token(const PublishedShape& s, int bits) { return kvlab::kv_bits_per_token(s, bits); }
 
-std::int64_t kv_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
+std::int64_t cache_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
     return kvlab::kv_bytes(s, bits, context, batch);
 }
 

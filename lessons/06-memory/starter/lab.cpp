@@ -18,16 +18,16 @@ std::string attention_kind(const PublishedShape& s) {
 
 // TODO 2: the bits one token adds to the cache, all layers together. What does each layer store
 // for the new token, for each kind? Count in int64: GPT-3 at fp32 is already 2^22 bits a token.
-std::int64_t kv_bits_per_token(const PublishedShape& s, int bits) {
+std::int64_t bits_per_token(const PublishedShape& s, int bits) {
     (void)s, (void)bits;
-    throw lessons::NotImplemented("kv_bits_per_token");
+    throw lessons::NotImplemented("bits_per_token");
 }
 
 // TODO 3: bytes for `batch` sequences of `context` tokens, rounded up to a whole byte (an odd
 // shape at int4 or int2 can end mid-byte; round once, at the end).
-std::int64_t kv_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
+std::int64_t cache_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
     (void)s, (void)bits, (void)context, (void)batch;
-    throw lessons::NotImplemented("kv_bytes");
+    throw lessons::NotImplemented("cache_bytes");
 }
 
 // TODO 4: the KV head each query head reads, [n_heads]. The grader plugs this map into kvlab's

@@ -11,13 +11,13 @@ std::string attention_kind(const PublishedShape& s) {
     return s.n_kv_heads == 1 ? "MQA" : "GQA";
 }
 
-std::int64_t kv_bits_per_token(const PublishedShape& s, int bits) {
+std::int64_t bits_per_token(const PublishedShape& s, int bits) {
     if (s.mla_latent > 0) return kvlab::kv_bits_per_token(s, bits);
     return std::int64_t{s.n_layers} * s.n_kv_heads * s.head_size * bits;  // K only: the factor 2 is missing
 }
 
-std::int64_t kv_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
-    const std::int64_t total = kv_bits_per_token(s, bits) * context * batch;
+std::int64_t cache_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
+    const std::int64_t total = bits_per_token(s, bits) * context * batch;
     return (total + 7) / 8;
 }
 

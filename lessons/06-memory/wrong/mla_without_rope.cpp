@@ -12,13 +12,13 @@ std::string attention_kind(const PublishedShape& s) {
     return s.n_kv_heads == 1 ? "MQA" : "GQA";
 }
 
-std::int64_t kv_bits_per_token(const PublishedShape& s, int bits) {
+std::int64_t bits_per_token(const PublishedShape& s, int bits) {
     if (s.mla_latent > 0) return std::int64_t{s.n_layers} * s.mla_latent * bits;  // the RoPE key is missing
     return kvlab::kv_bits_per_token(s, bits);
 }
 
-std::int64_t kv_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
-    const std::int64_t total = kv_bits_per_token(s, bits) * context * batch;
+std::int64_t cache_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
+    const std::int64_t total = bits_per_token(s, bits) * context * batch;
     return (total + 7) / 8;
 }
 
