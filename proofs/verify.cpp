@@ -26,27 +26,7 @@ namespace kvlab {
 namespace {
 
 // ----------------------------------------------------------------------------------------------
-// Generators (generators.h: every draw covers its whole range)
-
-// Tiny models: 1-3 layers, 1-4 heads with n_kv_heads any divisor, head_size 1-8, max_seq
-// min_seq-20. Small enough that naive decode of every prefix takes microseconds.
-Config gen_config(int min_seq = 1, int min_vocab = 1) {
-    Config c;
-    c.n_layers = draw(1, 3);
-    c.n_heads = draw(1, 4);
-    c.n_kv_heads = *proofs::gen_n_kv_heads(c.n_heads);
-    c.dim = c.n_heads * draw(1, 8);
-    c.hidden_dim = draw(1, 16);
-    c.vocab_size = draw(min_vocab, 32);
-    c.max_seq = draw(min_seq, 20);
-    return c;
-}
-
-std::vector<int> gen_tokens(const Config& c, int n) {
-    std::vector<int> t(n);
-    for (int& x : t) x = draw(0, c.vocab_size - 1);
-    return t;
-}
+// Where a property runs (its inputs come from property.h: draw, draw_config, draw_tokens)
 
 // The devices of a run (VerifyOptions::device): naive decode on `reference` is what every
 // result is checked against; the decoders under test and their caches run on `tested`.
@@ -134,9 +114,9 @@ std::unique_ptr<CachedDecoder> cached_under_test(Bench& bench, Cache& cache, Mut
 
 // Prefill a prompt, decode the rest one token at a time; naive decode agrees at every step.
 void decode_property(std::string_view variant, const Devices& devices, Mutant mutant) {
-    const Config c = gen_config();
+    const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     Bench bench(m, devices, mutant);
     CacheAndPool u = cache_under_test(variant, c, mutant, bench.memory());
@@ -153,7 +133,7 @@ void decode_property(std::string_view variant, const Devices& devices, Mutant mu
 // Request A runs; request B shares a prefix with it (none, part, all of A, or a block multiple)
 // and maps A's cached blocks; a third request from another model never hits.
 void prefix_property(const Devices& devices, Mutant mutant) {
-    const Config c = gen_config(2);
+    const Config c = draw_config(2);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model ma = random_model(c, seed), mb = random_model(c, seed + 1);
     const std::uint64_t ida = ma.w.fingerprint(), idb = mb.w.fingerprint();
@@ -161,12 +141,12 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     Bench bench_a(ma, devices, mutant), bench_b(mb, devices, mutant);
     BlockPool pool(c, bs, 3 * per_seq, true, bench_a.memory());  // room for all three: nothing is evicted here
     pool.mutant = mutant;
-    const std::vector<int> a = gen_tokens(c, draw(1, c.max_seq));
+    const std::vector<int> a = draw_tokens(c, draw(1, c.max_seq));
     const int la = int(a.size());
     const int share_kind = draw(0, 3);  // none, part, all of A, a multiple of block_size
     const int k = share_kind == 0 ? 0 : share_kind == 1 ? draw(0, la) : share_kind == 2 ? la : bs * draw(0, la / bs);
     std::vector<int> b(a.begin(), a.begin() + k);
-    const std::vector<int> suffix = gen_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
+    const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
     b.insert(b.end(), suffix.begin(), suffix.end());
     const int prompt_b = draw(1, int(b.size()));
     const bool free_a = *rc::gen::arbitrary<bool>();
@@ -204,7 +184,7 @@ void prefix_property(const Devices& devices, Mutant mutant) {
 // A sequence forks into children at any position; all of them decode, interleaved, each its own
 // tokens; every one equals naive decode of its own sequence.
 void fork_property(const Devices& devices, Mutant mutant) {
-    const Config c = gen_config(2);
+    const Config c = draw_config(2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_children = draw(1, 3);
@@ -217,7 +197,7 @@ void fork_property(const Devices& devices, Mutant mutant) {
     std::vector<std::unique_ptr<PagedCache>> seqs;
     seqs.push_back(std::make_unique<PagedCache>(pool, 0, 0));
     seqs[0]->mutant = mutant;
-    std::vector<std::vector<int>> tokens(1, gen_tokens(c, f));
+    std::vector<std::vector<int>> tokens(1, draw_tokens(c, f));
     bench.expect_naive(tokens[0], cached_under_test(bench, *seqs[0], mutant)->prefill(tokens[0]), what);
     for (int i = 1; i <= n_children; i++) {
         seqs.push_back(seqs[0]->fork(i));
@@ -227,7 +207,7 @@ void fork_property(const Devices& devices, Mutant mutant) {
     std::vector<std::vector<int>> rest;
     int total = 0;
     for (int i = 0; i <= n_children; i++) {
-        rest.push_back(gen_tokens(c, draw(1, c.max_seq - f)));
+        rest.push_back(draw_tokens(c, draw(1, c.max_seq - f)));
         total += int(rest.back().size());
     }
     std::vector<std::size_t> done(n_children + 1, 0);
@@ -246,7 +226,7 @@ void fork_property(const Devices& devices, Mutant mutant) {
 void rollback_property(const Devices& devices, Mutant mutant) {
     static const char* const kVariants[] = {"contiguous-head", "contiguous-seq", "growing", "paged"};
     const std::string_view variant = kVariants[draw(0, 3)];
-    const Config c = gen_config();
+    const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     Bench bench(m, devices, mutant);
     CacheAndPool u = cache_under_test(variant, c, mutant, bench.memory());
@@ -262,7 +242,7 @@ void rollback_property(const Devices& devices, Mutant mutant) {
             kept.resize(n);
         }
         if (int(kept.size()) == c.max_seq) continue;
-        const std::vector<int> more = gen_tokens(c, draw(1, c.max_seq - int(kept.size())));
+        const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(kept.size())));
         what += fmt::format(", +{}", more.size());
         for (int t : more) {
             kept.push_back(t);
@@ -276,7 +256,7 @@ void rollback_property(const Devices& devices, Mutant mutant) {
 // sequence's first step is its whole prompt, later ones one token. Each sequence's logits equal
 // its solo naive run at every step.
 void batch_property(const Devices& devices, Mutant mutant) {
-    const Config c = gen_config();
+    const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_seqs = draw(2, 4);
@@ -289,7 +269,7 @@ void batch_property(const Devices& devices, Mutant mutant) {
     for (int s = 0; s < n_seqs; s++) {
         seqs.push_back(std::make_unique<PagedCache>(pool, 0, s));
         seqs.back()->mutant = mutant;
-        tokens.push_back(gen_tokens(c, draw(1, c.max_seq)));
+        tokens.push_back(draw_tokens(c, draw(1, c.max_seq)));
         prompt.push_back(draw(1, int(tokens.back().size())));
         joins.push_back(draw(0, 2));
         next.push_back(0);
@@ -324,17 +304,17 @@ void batch_property(const Devices& devices, Mutant mutant) {
 
 // A cache continued with an edited prompt refuses; rolled back to the edit, it continues exactly.
 void stale_property(const Devices& devices, Mutant mutant) {
-    const Config c = gen_config(2, 2);
+    const Config c = draw_config(2, 2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     Bench bench(m, devices, mutant);
     CacheAndPool u =
         cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, bench.memory());
     const auto cached = cached_under_test(bench, *u.cache, mutant);
-    const std::vector<int> prompt = gen_tokens(c, draw(1, c.max_seq - 1));
+    const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
     const int i = draw(0, int(prompt.size()) - 1);
     std::vector<int> edited = prompt;
     edited[i] = (prompt[i] + draw(1, c.vocab_size - 1)) % c.vocab_size;
-    const std::vector<int> more = gen_tokens(c, draw(1, c.max_seq - int(prompt.size())));
+    const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(prompt.size())));
     edited.insert(edited.end(), more.begin(), more.end());
     const std::string what =
         fmt::format("{}, {}, prompt of {} edited at {}", u.cache->name(), c.describe(), prompt.size(), i);
@@ -356,17 +336,17 @@ void stale_property(const Devices& devices, Mutant mutant) {
 // step; the tokens, and the logits each was chosen from, equal plain greedy cached decode's bit for
 // bit, which in turn equal naive decode's.
 void speculate_property(const Devices& devices, Mutant mutant) {
-    const Config c = gen_config();
+    const Config c = draw_config();
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model target = random_model(c, seed);
     const int draft_kind = draw(0, 2);  // another model of the target's shape, another shape, the target
-    Config dc = draft_kind == 1 ? gen_config() : c;
+    Config dc = draft_kind == 1 ? draw_config() : c;
     dc.vocab_size = c.vocab_size;
     if (draft_kind == 1) dc.max_seq = draw(1, c.max_seq);
     std::optional<Model> draft_model;
     if (draft_kind != 2) draft_model.emplace(random_model(dc, seed + 1));
     const int k = draw(1, 4);
-    const std::vector<int> prompt = gen_tokens(c, draw(1, c.max_seq));
+    const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq));
     const int P = int(prompt.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token needs no position
     Bench bench(target, devices, mutant);
@@ -422,13 +402,13 @@ void speculate_property(const Devices& devices, Mutant mutant) {
 
 // StreamingLLM: sinks S and window W. exact_regime_only compares only while T <= S + W.
 void window_property(const Devices& devices, bool exact_regime_only) {
-    const Config c = gen_config();
+    const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int sinks = draw(0, 3), window = draw(1, 4), chunk = draw(0, 3);
     Bench bench(m, devices, Mutant::none);
     WindowCache cache(c, sinks, window, chunk, bench.memory());
     CachedDecoder cached(bench.backend(), cache);
-    const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     const std::span<const int> all(tokens);
     const std::string what = fmt::format("window S = {}, W = {} (chunk {}), {}", sinks, window, chunk, c.describe());
@@ -475,7 +455,7 @@ void quant_property(const QuantVariant& v, const Devices& devices, bool bound, E
     QuantizedCache cache(c, spec);
     const std::unique_ptr<Backend> backend = devices.make(quant_device(devices), m);
     CachedDecoder exact(*backend), quant(*backend, cache);
-    const std::vector<int> tokens = gen_tokens(c, draw(1, c.max_seq));
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     const std::span<const int> all(tokens);
     auto check = [&](int T, const std::vector<float>& ref, const std::vector<float>& got) {
