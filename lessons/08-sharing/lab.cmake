@@ -1,0 +1,1 @@
+kvlab_lab(08 08-sharing WRONG hash_ignores_model hash_ignores_parent fork_forgets_refcount cow_no_copy)
