@@ -8,6 +8,7 @@
 
 #include "cpu_backend.h"
 #include "decode.h"
+#include "forwarding_backend.h"
 #include "grader.h"
 #include "lab.h"
 
@@ -134,31 +135,10 @@ void check_rows_are_cached_steps() {
 }
 
 // The CPU backend with your function as naive decode's attention; everything else unchanged.
-class WithYourAttention final : public Backend {
+class WithYourAttention final : public lessons::ForwardingBackend {
 public:
-    explicit WithYourAttention(CpuBackend& cpu) : cpu_(cpu) {}
+    explicit WithYourAttention(CpuBackend& cpu) : ForwardingBackend(cpu) {}
     std::string_view name() const override { return "cpu, your attention"; }
-    Memory& memory() override { return cpu_.memory(); }
-    const Config& config() const override { return cpu_.config(); }
-    void embed(Exec& ex, float* x, const int* tokens, int rows) override { cpu_.embed(ex, x, tokens, rows); }
-    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
-        cpu_.matmul(ex, y, ldy, x, ldx, m, l, rows);
-    }
-    void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override {
-        cpu_.rmsnorm(ex, out, x, n, l, rows);
-    }
-    void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) override {
-        cpu_.rope(ex, vec, rows, n_heads, positions);
-    }
-    void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override { cpu_.silu_mul(ex, h1, h3, n); }
-    void add(Exec& ex, float* x, const float* y, std::int64_t n) override { cpu_.add(ex, x, y, n); }
-    void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
-        cpu_.store_kv(ex, rows, n_rows, l, k, v);
-    }
-    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
-                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
-        cpu_.attention(ex, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
-    }
     // q, att: [T, dim]; k, v: [T, kv_dim]: head h is a column block of each.
     void causal_attention(Exec&, float* att, const float* q, const float* k, const float* v, int T, const int* kv_head,
                           int future) override {
@@ -170,9 +150,6 @@ public:
             lab02::causal_attention_head(att + h * hs, c.dim, q + h * hs, c.dim, k + kv_head[h] * hs, c.kv_dim(),
                                          v + kv_head[h] * hs, c.kv_dim(), T, hs);
     }
-
-private:
-    CpuBackend& cpu_;
 };
 
 // P1 with your attention in naive decode: prefill a prompt, decode the rest, equal at every step.

@@ -5,6 +5,7 @@
 
 #include "cpu_backend.h"
 #include "decode.h"
+#include "forwarding_backend.h"
 #include "grader.h"
 #include "lab.h"
 
@@ -145,39 +146,17 @@ void check_head_map() {
 
 // The CPU backend, but cached attention reads through the student's head map instead of the one
 // the decoder passes (core's kv_head_map). Everything else is forwarded as it is.
-class HeadMapBackend final : public Backend {
+class HeadMapBackend final : public lessons::ForwardingBackend {
 public:
-    HeadMapBackend(const Model& m, std::vector<int> map) : cpu_(m), map_(std::move(map)) {}
+    HeadMapBackend(CpuBackend& cpu, std::vector<int> map) : ForwardingBackend(cpu), map_(std::move(map)) {}
     std::string_view name() const override { return "cpu with your head map"; }
-    Memory& memory() override { return cpu_.memory(); }
-    const Config& config() const override { return cpu_.config(); }
-    void embed(Exec& ex, float* x, const int* tokens, int rows) override { cpu_.embed(ex, x, tokens, rows); }
-    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
-        cpu_.matmul(ex, y, ldy, x, ldx, m, l, rows);
-    }
-    void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override {
-        cpu_.rmsnorm(ex, out, x, n, l, rows);
-    }
-    void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) override {
-        cpu_.rope(ex, vec, rows, n_heads, positions);
-    }
-    void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override { cpu_.silu_mul(ex, h1, h3, n); }
-    void add(Exec& ex, float* x, const float* y, std::int64_t n) override { cpu_.add(ex, x, y, n); }
-    void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                          const int* kv_head, int future) override {
-        cpu_.causal_attention(ex, att, q, k, v, T, kv_head, future);
-    }
-    void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
-        cpu_.store_kv(ex, rows, n_rows, l, k, v);
-    }
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
         (void)kv_head;  // the decoder's map; the student's is read instead
-        cpu_.attention(ex, att, q, rows, n_rows, l, slots, max_n, map_.data(), probe_row, probe);
+        inner().attention(ex, att, q, rows, n_rows, l, slots, max_n, map_.data(), probe_row, probe);
     }
 
 private:
-    CpuBackend cpu_;
     std::vector<int> map_;  // [n_heads] host memory, as the CPU backend reads it
 };
 
@@ -213,7 +192,8 @@ void check_p1_gqa() {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
-    HeadMapBackend backend(m, map);
+    CpuBackend cpu(m);
+    HeadMapBackend backend(cpu, map);
     ContiguousCache cache(c);
     NaiveDecoder naive(m);  // kvlab's own head map
     CachedDecoder cached(backend, cache);

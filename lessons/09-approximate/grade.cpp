@@ -76,13 +76,23 @@ std::string storage_problem(const lab09::QuantBlock& q, int rows, int cols, int 
     return "";
 }
 
+// Your quantize of b, its sizes checked, and your dequantize of it.
+struct RoundTrip {
+    lab09::QuantBlock q;
+    std::vector<float> x_hat;  // [rows, cols]
+};
+RoundTrip round_trip(const Block& b) {
+    RoundTrip r{lab09::quantize(b.x, b.rows, b.cols, b.axis, b.group, b.bits), {}};
+    if (const std::string p = storage_problem(r.q, b.rows, b.cols, b.n_groups(), b.bits); !p.empty())
+        fail(fmt::format("{}: {}", b.describe(), p));
+    r.x_hat.assign(b.x.size(), std::numeric_limits<float>::quiet_NaN());  // NaN: what dequantize leaves unwritten
+    lab09::dequantize(r.q, b.rows, b.cols, b.axis, b.group, b.bits, r.x_hat);
+    return r;
+}
+
 void check_round_trip() {
     const Block b = draw_block();
-    const lab09::QuantBlock q = lab09::quantize(b.x, b.rows, b.cols, b.axis, b.group, b.bits);
-    if (const std::string p = storage_problem(q, b.rows, b.cols, b.n_groups(), b.bits); !p.empty())
-        fail(fmt::format("{}: {}", b.describe(), p));
-    std::vector<float> x_hat(b.x.size(), std::numeric_limits<float>::quiet_NaN());  // [rows, cols]
-    lab09::dequantize(q, b.rows, b.cols, b.axis, b.group, b.bits, x_hat);
+    const std::vector<float> x_hat = round_trip(b).x_hat;
     const int levels = (1 << b.bits) - 1;
     for (int gi = 0; gi < b.n_groups(); gi++) {
         const std::vector<int> m = b.members(gi);
@@ -104,11 +114,7 @@ void check_round_trip() {
 
 void check_storage() {
     const Block b = draw_block();
-    const lab09::QuantBlock q = lab09::quantize(b.x, b.rows, b.cols, b.axis, b.group, b.bits);
-    if (const std::string p = storage_problem(q, b.rows, b.cols, b.n_groups(), b.bits); !p.empty())
-        fail(fmt::format("{}: {}", b.describe(), p));
-    std::vector<float> x_hat(b.x.size(), std::numeric_limits<float>::quiet_NaN());  // [rows, cols]
-    lab09::dequantize(q, b.rows, b.cols, b.axis, b.group, b.bits, x_hat);
+    const auto [q, x_hat] = round_trip(b);
     for (int gi = 0; gi < b.n_groups(); gi++)
         for (int i : b.members(gi)) {
             const unsigned code = QuantizedCache::get_code(q.codes.data(), i, b.bits);

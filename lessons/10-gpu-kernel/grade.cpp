@@ -26,6 +26,7 @@
 
 #include "decode.h"
 #include "device.h"
+#include "forwarding_backend.h"
 #include "grader.h"
 #include "host_backend.h"
 #include "lab.h"
@@ -40,32 +41,10 @@ namespace {
 // ----------------------------------------------------------------------------------------------
 // The backend: the GPU's kernels launched on the host (GpuHostBackend), with yours for attention.
 
-class StudentAttention final : public Backend {
+class StudentAttention final : public lessons::ForwardingBackend {
 public:
-    explicit StudentAttention(const Model& model) : inner_(model) {}
+    explicit StudentAttention(GpuHostBackend& host) : ForwardingBackend(host) {}
     std::string_view name() const override { return "gpu-host with your attention"; }
-    Memory& memory() override { return inner_.memory(); }
-    const Config& config() const override { return inner_.config(); }
-
-    void embed(Exec& ex, float* x, const int* tokens, int rows) override { inner_.embed(ex, x, tokens, rows); }
-    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
-        inner_.matmul(ex, y, ldy, x, ldx, m, l, rows);
-    }
-    void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override {
-        inner_.rmsnorm(ex, out, x, n, l, rows);
-    }
-    void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) override {
-        inner_.rope(ex, vec, rows, n_heads, positions);
-    }
-    void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override { inner_.silu_mul(ex, h1, h3, n); }
-    void add(Exec& ex, float* x, const float* y, std::int64_t n) override { inner_.add(ex, x, y, n); }
-    void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                          const int* kv_head, int future) override {
-        inner_.causal_attention(ex, att, q, k, v, T, kv_head, future);
-    }
-    void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
-        inner_.store_kv(ex, rows, n_rows, l, k, v);
-    }
 
     // GpuHostBackend::attention's launch: one call per (row, head), the grid in row-major order.
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
@@ -90,7 +69,6 @@ public:
     }
 
 private:
-    GpuHostBackend inner_;
     std::vector<std::int64_t> padded_;  // [n_rows * max_n + 1]
 };
 
@@ -358,7 +336,8 @@ void check_p1() {
         setup += fmt::format("; sequence {}: {} cache, {} tokens, prompt {}", s, kinds[std::size_t(s)],
                              tokens[std::size_t(s)].size(), done[std::size_t(s)]);
 
-    StudentAttention backend(m);
+    GpuHostBackend host(m);
+    StudentAttention backend(host);
     CachedDecoder cached(backend, *caches[0]);
     NaiveDecoder naive(m);
     std::vector<int> run(std::size_t(n_seqs), 0);  // positions in each cache
@@ -431,7 +410,7 @@ std::string run_on_gpu(const std::string& nvcc, std::uint64_t seed) {
         "'{}' -std=c++20 -O2 -arch=native -fmad=false -prec-div=true -prec-sqrt=true -ftz=false "
         "-Xcompiler=-ffp-contract=off -Xcompiler=-fno-fast-math -I'{}' -I'{}' -DLAB10_FILE='\"{}\"' "
         "-DKVLAB_GPU_KERNELS='\"{}\"' '{}' -o '{}' >'{}' 2>&1",
-        nvcc, (root / "core").string(), lab.string(), (root / LAB_SOURCE).string(),
+        nvcc, (root / "core").string(), lab.string(), std::string(LAB_FILE),
         (root / "gpu" / "kernels.h").string(), (lab / "device_check.cu").string(), exe.string(), log.string());
     if (std::system(compile.c_str()) != 0) {
         const std::string out = read_log(log);

@@ -2,7 +2,7 @@
 // function the CUDA backend launches and gpu/host_backend.cpp runs over the grid on the host.
 #include "lab.h"
 
-#include "../../../gpu/kernels.h"  // by path: core/ has a kernels.h too
+#include "../gpu/kernels.h"  // by path (from core/ or gpu/): core/ has a kernels.h too
 
 namespace kvlab::lab10 {
 
