@@ -24,6 +24,13 @@
 
 namespace kvlab::lessons {
 
+// The implementation this grader binary was linked with (lessons/CMakeLists.txt generates both
+// per binary): the file named to the student, and the file compiled (a wrong/*.sed's output).
+const char* lab_source();
+const char* lab_file();
+#define LAB_SOURCE ::kvlab::lessons::lab_source()
+#define LAB_FILE ::kvlab::lessons::lab_file()
+
 // What a starter's stubs throw: never a silently wrong result.
 struct NotImplemented : Error {
     explicit NotImplemented(std::string_view what)
