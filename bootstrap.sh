@@ -11,6 +11,8 @@ case "$mode" in demo|test) ;; *) echo "usage: $0 demo|test" >&2; exit 2 ;; esac
 packages=(cmake ninja-build g++ pkg-config coreutils
           libxtensor-dev xtl-dev libxsimd-dev catch2 librapidcheck-dev
           libcli11-dev nlohmann-json3-dev libfmt-dev
+          # the machine-checked proofs (proofs/coq): Coq 8.16 and Flocq
+          coq libcoq-flocq
           # the viewer: Dear ImGui 1.86 (with its GLFW and OpenGL3 backends), GLFW, OpenGL, stb,
           # and Xvfb with Mesa's software OpenGL for headless pictures and the viewer's tests
           libimgui-dev libglfw3-dev libgl-dev libstb-dev xvfb xauth libgl1-mesa-dri libglx-mesa0)
