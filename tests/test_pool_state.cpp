@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "paged.h"
+#include "synthetic_rows.h"
 #include "test_util.h"
 
 namespace {
@@ -44,9 +45,10 @@ using kvlab::PagedCache;
 
 constexpr int kMaxSeq = 12, kLayers = 2, kMaxLive = 6;
 constexpr int kVocab = 3;  // a small alphabet, so that unrelated prompts share prefixes too
-// The two model identities (Weights::fingerprint() in real use), named A and B in output.
-constexpr std::array<std::uint64_t, 2> kIdentity = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull};
-constexpr char kIdentityName[2] = {'A', 'B'};
+using kvlab::proofs::append_rows;
+using kvlab::proofs::kIdentity;
+using kvlab::proofs::kIdentityName;
+using kvlab::proofs::synthetic_row;
 
 // What a run tallies, to show (and check) that the generator reaches every path it claims to test.
 struct Coverage {
@@ -82,25 +84,7 @@ std::vector<int> random_tokens(int n) {
     return tokens;
 }
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
-    std::uint64_t z = h ^ (x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
-// The K (kv = 0) or V (kv = 1) row [kv_dim] that model `ident` computes at position
-// prefix.size() - 1 of layer l: a function of every token up to that position, as in a real
-// model. V is offset so that it can never equal K (a K/V swap is a failure too).
-std::vector<float> synthetic_row(const Config& c, int ident, std::span<const int> prefix, int l, int kv) {
-    std::uint64_t h = mix(kIdentity[std::size_t(ident)], prefix.size());
-    for (int t : prefix) h = mix(h, std::uint64_t(t) + 1);
-    h = mix(mix(h, std::uint64_t(l)), std::uint64_t(kv));
-    std::vector<float> row(std::size_t(c.kv_dim()));
-    for (int i = 0; i < c.kv_dim(); i++)
-        row[std::size_t(i)] = float(mix(h, std::uint64_t(i)) >> 40) / float(1 << 24) * 2 - 1 + (kv ? 8.0f : 0.0f);
-    return row;
-}
 
 std::string show_row(const float* row, int n) {
     return fmt::format("[{}]", fmt::join(std::span(row, std::size_t(n)), " "));
@@ -189,19 +173,6 @@ struct Sut {
     Coverage coverage;               // this case's tallies
 };
 
-// append(tokens), then every layer's rows of the new positions, as a decoder's prefill does.
-void append_rows(Cache& cache, int ident, std::span<const int> tokens) {
-    const Config& c = cache.config();
-    const int from = cache.length();
-    cache.append(tokens);
-    for (int l = 0; l < c.n_layers; l++)
-        for (int pos = from; pos < cache.length(); pos++) {
-            const auto prefix = cache.tokens().first(std::size_t(pos) + 1);
-            const std::vector<float> k = synthetic_row(c, ident, prefix, l, 0),
-                                     v = synthetic_row(c, ident, prefix, l, 1);
-            cache.write(l, pos, k.data(), v.data());
-        }
-}
 
 // The rows of positions 0..tokens.size()-1 read through the cache equal the model's, bit for bit.
 void check_rows(const Cache& cache, int ident, std::span<const int> tokens, const std::string& what) {

@@ -17,6 +17,7 @@
 #include "decode.h"
 #include "grader.h"
 #include "lab.h"
+#include "synthetic_rows.h"
 
 using namespace kvlab;
 using lab08::Pool;
@@ -294,36 +295,12 @@ void check_hash() {
 
 constexpr int kMaxSeq = 12, kMaxLive = 5;
 constexpr int kVocab = 3;  // a small alphabet, so that unrelated prompts share prefixes too
-constexpr std::uint64_t kIdentity[2] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull};
-constexpr char kIdentityName[2] = {'A', 'B'};
+using proofs::append_rows;
+using proofs::kIdentity;
+using proofs::kIdentityName;
+using proofs::synthetic_row;
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t x) { return splitmix64_finalize(h ^ (x + 0x9e3779b97f4a7c15ull)); }
 
-// The K (kv 0) or V (kv 1) row [kv_dim] model `ident` computes at position prefix.size() - 1 of
-// layer l: a function of every token up to there, as in a real model.
-std::vector<float> synthetic_row(const Config& c, int ident, std::span<const int> prefix, int l, int kv) {
-    std::uint64_t h = mix(kIdentity[ident], prefix.size());
-    for (int t : prefix) h = mix(h, std::uint64_t(t) + 1);
-    h = mix(mix(h, std::uint64_t(l)), std::uint64_t(kv));
-    std::vector<float> row(std::size_t(c.kv_dim()));
-    for (int i = 0; i < c.kv_dim(); i++)
-        row[std::size_t(i)] = float(mix(h, std::uint64_t(i)) >> 40) / float(1 << 24) * 2 - 1 + (kv ? 8.0f : 0.0f);
-    return row;
-}
-
-// append(tokens), then every layer's rows of the new positions, as a decoder's prefill does.
-void append_rows(Cache& cache, int ident, std::span<const int> tokens) {
-    const Config& c = cache.config();
-    const int from = cache.length();
-    cache.append(tokens);
-    for (int l = 0; l < c.n_layers; l++)
-        for (int pos = from; pos < cache.length(); pos++) {
-            const auto prefix = cache.tokens().first(std::size_t(pos) + 1);
-            const std::vector<float> k = synthetic_row(c, ident, prefix, l, 0),
-                                     v = synthetic_row(c, ident, prefix, l, 1);
-            cache.write(l, pos, k.data(), v.data());
-        }
-}
 
 // One operation's draws. Every operation draws all of them, whatever its kind, so that when
 // shrinking turns one operation into nothing (kind 0) the ones after it keep their draws: the
@@ -475,7 +452,7 @@ public:
         prompt.resize(std::size_t(std::min(int(prompt.size()), pool.available() * pool.block_size())));
         if (prompt.empty()) return;
         const int id = next_id++;
-        auto cache = std::make_unique<SharedCache>(pool, kIdentity[ident], id);
+        auto cache = std::make_unique<SharedCache>(pool, kIdentity[std::size_t(ident)], id);
         ops.push_back(
             fmt::format("new seq {} (model {}, [{}], {})", id, kIdentityName[ident], fmt::join(prompt, " "), origin));
         const int hit = cache->attach_prefix(prompt);
