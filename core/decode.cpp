@@ -176,32 +176,22 @@ void CachedDecoder::check_cache(const Cache& cache) const {
                                 backend_->memory().name()));
 }
 
-const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
-    check_tokens(backend_->config(), tokens, pos());
-    // A variant that reads rows before a long append would overwrite them (a window's ring)
-    // takes the prefill in chunks; rows are independent, so the logits do not change.
-    const std::size_t chunk = std::size_t(std::max(1, cache_->max_append()));
-    Cache* const caches[] = {cache_};
-    for (std::size_t i = 0; i < tokens.size(); i += chunk) {
-        const std::span<const int> part = tokens.subspan(i, std::min(chunk, tokens.size() - i));
-        const std::vector<int> rows(part.begin(), part.end());
-        step(caches, std::span<const std::vector<int>>(&rows, 1));
-    }
-    return logits_;
-}
-
-const std::vector<float>& CachedDecoder::prefill_rows(std::span<const int> tokens) {
+// A variant that reads rows before a long append would overwrite them (a window's ring) takes
+// the rows in chunks of max_append(); rows are independent, so the logits do not change.
+// all_rows keeps every row's logits in row_logits_ ([tokens, vocab_size]).
+void CachedDecoder::run_chunks(std::span<const int> tokens, bool all_rows) {
     const Config& c = backend_->config();
     check_tokens(c, tokens, pos());
     const std::size_t chunk = std::size_t(std::max(1, cache_->max_append()));
     Cache* const caches[] = {cache_};
     row_logits_.clear();
-    all_rows_ = true;
+    all_rows_ = all_rows;
     try {
         for (std::size_t i = 0; i < tokens.size(); i += chunk) {
             const std::span<const int> part = tokens.subspan(i, std::min(chunk, tokens.size() - i));
             const std::vector<int> rows(part.begin(), part.end());
             step(caches, std::span<const std::vector<int>>(&rows, 1));
+            if (!all_rows) continue;
             assert(logits_.size() == part.size() * std::size_t(c.vocab_size));  // [part, vocab_size]
             row_logits_.insert(row_logits_.end(), logits_.begin(), logits_.end());
         }
@@ -210,7 +200,16 @@ const std::vector<float>& CachedDecoder::prefill_rows(std::span<const int> token
         throw;
     }
     all_rows_ = false;
-    assert(row_logits_.size() == tokens.size() * std::size_t(c.vocab_size));  // [tokens, vocab_size]
+    assert(!all_rows || row_logits_.size() == tokens.size() * std::size_t(c.vocab_size));
+}
+
+const std::vector<float>& CachedDecoder::prefill(std::span<const int> tokens) {
+    run_chunks(tokens, false);
+    return logits_;
+}
+
+const std::vector<float>& CachedDecoder::prefill_rows(std::span<const int> tokens) {
+    run_chunks(tokens, true);
     return row_logits_;
 }
 

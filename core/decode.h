@@ -121,6 +121,8 @@ public:
 
 private:
     void check_cache(const Cache& cache) const;
+    // prefill and prefill_rows: tokens as steps of at most the cache's max_append() rows.
+    void run_chunks(std::span<const int> tokens, bool all_rows);
     // step() after the appends: sequence s's rows are at positions start[s]...
     const std::vector<float>& run_step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens,
                                        std::span<const int> start);
