@@ -3,8 +3,12 @@
 #include <rapidcheck/catch.h>
 
 #include <catch2/catch.hpp>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "kernels.h"
 #include "test_util.h"
@@ -91,6 +95,63 @@ TEST_CASE("exp_f32 handles the edges: -inf is an exact zero, overflow is inf, Na
               1.5 * std::numeric_limits<float>::denorm_min() + 2e-7 * std::exp(double(x)));
         prev = y;
     }
+}
+
+namespace {
+
+// The three properties of exp the binary32 proofs assume (proofs/coq/Masking.v): exp(-inf) = +0,
+// exp(+0) = 1, and every non-NaN x <= 0 other than +inf (so -inf, -0, +0 and every negative
+// float) gives a finite result with its sign bit clear. The first violation, or nothing.
+std::optional<std::string> exp_contract_violation(float (*exp)(float)) {
+    const float inf = std::numeric_limits<float>::infinity();
+    if (float_bits(exp(-inf)) != float_bits(0.0f)) return "exp(-inf) is not +0";
+    if (float_bits(exp(0.0f)) != float_bits(1.0f)) return "exp(+0) is not 1";
+    auto check = [&](std::uint32_t bits) -> std::optional<std::string> {
+        const float x = std::bit_cast<float>(bits);
+        const float y = exp(x);
+        if (!std::isfinite(y) || std::signbit(y))
+            return "exp(" + std::to_string(x) + ") (bits " + std::to_string(bits) + ") = " + std::to_string(y);
+        return std::nullopt;
+    };
+    // +0, then the negative floats from -0 to -inf: every 97th bit pattern (about 22 million, every
+    // binade), and the first and last 4096 of each binade, where subnormals and rounding change.
+    if (auto bad = check(0u)) return bad;
+    for (std::uint64_t bits = 0x80000000u; bits <= 0xff800000u; bits += 97)
+        if (auto bad = check(std::uint32_t(bits))) return bad;
+    for (std::uint32_t e = 0; e < 0xffu; e++)  // exponent 0xff is -inf (checked above) and NaNs
+        for (std::uint32_t m = 0; m < 4096; m++) {
+            const std::uint32_t base = 0x80000000u | (e << 23);
+            if (auto bad = check(base | m)) return bad;
+            if (auto bad = check(base | (0x7fffffu - m))) return bad;
+        }
+    return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("exp_f32 has the properties the binary32 proofs assume (-inf to +0, +0 to 1, x <= 0 to finite >= +0)",
+          "[kernels][exp][proofs]") {
+    const auto bad = exp_contract_violation([](float x) { return exp_f32(x); });
+    INFO(bad.value_or(""));
+    CHECK(!bad);
+    rc::prop("any non-positive float maps to a finite float with its sign bit clear", [] {
+        const float x = -std::fabs(std::bit_cast<float>(*rc::gen::arbitrary<std::uint32_t>()));
+        RC_PRE(!std::isnan(x));
+        const float y = exp_f32(x);
+        RC_ASSERT(std::isfinite(y));
+        RC_ASSERT(!std::signbit(y));
+    });
+}
+
+TEST_CASE("counter-test: the exp contract check catches an exp that breaks each property", "[kernels][exp][counter]") {
+    // -0 for underflow instead of +0: the masked sum's -0 rule would no longer hold.
+    CHECK(exp_contract_violation([](float x) { return x < -103.0f ? -0.0f : exp_f32(x); }));
+    // -inf not mapped to +0 (a NaN from inf - inf, as a naive polynomial would give).
+    CHECK(exp_contract_violation([](float x) { return std::isinf(x) ? std::numeric_limits<float>::quiet_NaN() : exp_f32(x); }));
+    // exp(0) one ulp off: the sum would no longer be at least 1 for sure.
+    CHECK(exp_contract_violation([](float x) { return x == 0.0f ? std::nextafter(1.0f, 0.0f) : exp_f32(x); }));
+    // A sign error inside the subnormal range only.
+    CHECK(exp_contract_violation([](float x) { return x < -90.0f && x > -95.0f ? -exp_f32(x) : exp_f32(x); }));
 }
 
 TEST_CASE("masked scores add exact zeros: a causal row equals the unmasked prefix", "[kernels][mask]") {

@@ -1,6 +1,9 @@
 // The KV-cache memory calculator against figures worked out by hand (in the comments), the formulas'
 // proportions (so that a broken factor fails), the paged-versus-contiguous waste of a small example,
 // the deterministic spread of lengths, and every error path.
+#include <rapidcheck.h>
+#include <rapidcheck/catch.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -8,6 +11,9 @@
 #include <vector>
 
 #include "memory_model.h"
+#include "paged.h"
+#include "property.h"
+#include "test_util.h"
 
 using kvlab::Error;
 using kvlab::find_shape;
@@ -269,4 +275,99 @@ TEST_CASE("every bad input is a one-line kvlab::Error", "[memory][errors]") {
         CHECK(m != "no error");
         CHECK(m.find('\n') == std::string::npos);
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// The tie between proofs/coq/Memory.v and the C++: its definitions, transcribed here literally,
+// against every C++ function that computes a cache size, and its theorems checked on the C++
+// figures. A C++ formula that drifts from the proven one fails here.
+
+namespace {
+
+// Memory.v: contiguous b n_layers n_kv_heads head_size T = 2 * b * n_layers * T * n_kv_heads * head_size
+std::int64_t coq_contiguous(std::int64_t b, std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_size,
+                            std::int64_t T) {
+    return 2 * b * n_layers * T * n_kv_heads * head_size;
+}
+// Memory.v: blocks bs T = (T + bs - 1) / bs;  paged = contiguous (blocks bs T * bs)
+std::int64_t coq_blocks(std::int64_t bs, std::int64_t T) { return (T + bs - 1) / bs; }
+
+struct Sizes {
+    std::int64_t contiguous, paged_reserved, block;
+};
+
+// What the C++ reports for one sequence of T positions, by every path that computes it.
+using SizeCheck = std::optional<std::string> (*)(const kvlab::Config&, int block_size, int T, Sizes&);
+
+std::optional<std::string> cpp_sizes(const kvlab::Config& c, int block_size, int T, Sizes& out) {
+    const int n_blocks = int(coq_blocks(block_size, std::max(T, 1)));
+    kvlab::BlockPool pool(c, block_size, n_blocks);
+    kvlab::PagedCache cache(pool);
+    std::vector<int> tokens(std::size_t(T), 1);
+    if (T > 0) cache.append(tokens);
+    const kvlab::MemoryStats m = cache.memory();
+    out = {kvlab::kv_bytes(c, T), m.reserved_bytes, pool.block_bytes()};
+    if (m.used_bytes != out.contiguous)
+        return fmt::format("PagedCache used_bytes {} != kv_bytes {}", m.used_bytes, out.contiguous);
+    if (T > 0) {
+        const auto w = kvlab::reservation_waste({T}, c.max_seq, block_size);
+        if (w.paged_reserved * kvlab::kv_bytes(c, 1) != m.reserved_bytes)
+            return fmt::format("reservation_waste reserves {} positions, the paged cache {} bytes", w.paged_reserved,
+                               m.reserved_bytes);
+        const PublishedShape shape{"p", c.n_layers, c.n_heads, c.n_kv_heads, c.head_size(), 0, 0, "test"};
+        for (int bits : {8, 16, 32})
+            if (kv_bytes(shape, bits, T, 1) != coq_contiguous(bits / 8, c.n_layers, c.n_kv_heads, c.head_size(), T))
+                return fmt::format("kvlab memory at {} bits: {} bytes", bits, kv_bytes(shape, bits, T, 1));
+    }
+    return std::nullopt;
+}
+
+void memory_tie_property(SizeCheck sizes) {
+    const int n_kv_heads = *kvlab::test::full_range(1, 4), group = *kvlab::test::full_range(1, 3);
+    const int head_size = 2 * *kvlab::test::full_range(1, 8), block_size = *kvlab::test::full_range(1, 9);
+    kvlab::Config c;
+    c.n_layers = *kvlab::test::full_range(1, 4);
+    c.n_heads = group * n_kv_heads;
+    c.n_kv_heads = n_kv_heads;
+    c.dim = c.n_heads * head_size;
+    c.hidden_dim = 8;
+    c.vocab_size = 8;
+    c.max_seq = 40;
+    const int T = *kvlab::test::full_range(0, c.max_seq);
+    Sizes s;
+    if (auto bad = sizes(c, block_size, T, s)) RC_FAIL(*bad);
+    const std::int64_t L = c.n_layers, hs = head_size;
+    RC_ASSERT(s.contiguous == coq_contiguous(4, L, n_kv_heads, hs, T));
+    RC_ASSERT(s.block == coq_contiguous(4, L, n_kv_heads, hs, block_size));
+    if (T > 0) RC_ASSERT(s.paged_reserved == coq_contiguous(4, L, n_kv_heads, hs, coq_blocks(block_size, T) * block_size));
+    // paged_bounds, on the C++ figures: at least the contiguous bytes, less than one block more.
+    RC_ASSERT(s.contiguous <= s.paged_reserved);
+    RC_ASSERT(s.paged_reserved < s.contiguous + s.block);
+    // gqa_saving: the same model with a KV head per query head caches `group` times as much.
+    kvlab::Config mha = c;
+    mha.n_kv_heads = c.n_heads;
+    RC_ASSERT(kvlab::kv_bytes(mha, T) == group * kvlab::kv_bytes(c, T));
+}
+
+}  // namespace
+
+TEST_CASE("every C++ cache size is the formula proven in proofs/coq/Memory.v, and obeys its theorems",
+          "[memory][proofs]") {
+    rc::prop("kv_bytes, PagedCache::memory, reservation_waste and kvlab memory agree with Memory.v",
+             [] { memory_tie_property(cpp_sizes); });
+}
+
+TEST_CASE("counter-test: a paged size off by one block is caught by the Memory.v tie", "[memory][proofs][counter]") {
+    const auto outcome = kvlab::check_property(
+        [] {
+            memory_tie_property([](const kvlab::Config& c, int block_size, int T, Sizes& out) {
+                auto bad = cpp_sizes(c, block_size, T, out);
+                out.paged_reserved += out.block;  // one block too many: what a rounding bug in blocks() reports
+                return bad;
+            });
+        },
+        100, 1);
+    INFO(outcome.counterexample);
+    CHECK_FALSE(outcome.passed);
+    CHECK(outcome.cases <= 2);
 }

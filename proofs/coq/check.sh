@@ -2,10 +2,11 @@
 # The proofs' CI check.
 #   check.sh OUT ALLOWED FILE.v...
 # Compiles the files in order into OUT (logical root Kvlab), then:
-#  - rejects any `Admitted`, `admit`, `Axiom`, `Parameter`, `Conjecture` or `Hypothesis` outside
-#    a Section (a proof that is not one, or an assumption smuggled in);
+#  - rejects any `Admitted`, `admit`, `Axiom`, `Parameter` or `Conjecture` (a proof that is not
+#    one, or an assumption smuggled in);
 #  - runs `Print Assumptions` on every theorem listed in a file's `(* main: name name *)` line and
-#    rejects any axiom not listed in ALLOWED (one name per line).
+#    rejects any axiom not listed in ALLOWED (one name per line). A `Variable` or `Hypothesis`
+#    outside a Section is an axiom too, so this catches it.
 # Exit 0 when every file passes; otherwise one line per problem and exit 1.
 set -uo pipefail
 out=$1
@@ -42,8 +43,15 @@ for v in "$@"; do
       echo "$name.$thm: closed under the global context (no axioms)"
       continue
     fi
-    # Axiom lines look like "name : type", possibly wrapped; the names start a line.
-    axioms=$(grep -E '^[A-Za-z_][A-Za-z0-9_.]* :' "$out/assume_$thm.log" | sed 's/ :.*//' | sort -u)
+    # An axiom is "name : type" on one line, or, with a long type, its name alone on a line and
+    # the type indented below; either way the name starts a line ("Axioms:" itself does not match).
+    axioms=$(grep -E '^[A-Za-z_][A-Za-z0-9_.]*( :|$)' "$out/assume_$thm.log" | sed 's/ :.*//' | sort -u)
+    if [ -z "$axioms" ]; then
+      echo "check.sh: $v: could not read the axioms $thm rests on:" >&2
+      cat "$out/assume_$thm.log" >&2
+      status=1
+      continue
+    fi
     for a in $axioms; do
       if ! grep -qxF "$a" "$allowed"; then
         echo "check.sh: $v: $thm rests on $a, which is not in $(basename "$allowed")" >&2
