@@ -78,6 +78,12 @@ void for_each_tile(Exec& ex, int rows, int n_in, int n_out, Tile tile) {
 void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
             int n_out) {
     assert(rows >= 0 && n_in >= 0 && n_out >= 0 && ldy >= n_out && ldx >= n_in && ldw >= n_out);
+    // An empty sum is +0; x and w may then be null (empty buffers), and x + r0 * ldx or w + c0
+    // would be undefined, so y is filled without forming either.
+    if (n_in == 0) {
+        for (int r = 0; r < rows && n_out > 0; r++) std::fill_n(y + std::int64_t(r) * ldy, n_out, 0.0f);
+        return;
+    }
     for_each_tile(ex, rows, n_in, n_out, [&](int r0, int mr, int c0, int nc) {
         float* yt = y + std::int64_t(r0) * ldy + c0;
         const float* xt = x + std::int64_t(r0) * ldx;

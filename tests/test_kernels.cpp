@@ -50,6 +50,19 @@ TEST_CASE("matmul equals the textbook triple loop bit for bit, for any shape, st
     });
 }
 
+TEST_CASE("matmul with n_in = 0 writes zeros and forms no pointer from x or w (null when empty)",
+          "[kernels][matmul]") {
+    // An empty vector's data() is null: x + offset or w + offset is undefined behaviour there
+    // (UBSan: "applying non-zero offset to null pointer"), even if nothing is read through it.
+    for (int n_out : {1, 7, 40}) {
+        std::vector<float> y(std::size_t(5) * n_out, -1.0f);
+        Exec ex;
+        matmul(ex, y.data(), n_out, nullptr, 0, nullptr, n_out, 5, 0, n_out);
+        for (float v : y) CHECK(float_bits(v) == 0u);  // +0.0f, as an empty sum starting at 0.0f gives
+        CHECK(ex.flops == 0);
+    }
+}
+
 TEST_CASE("counter-test: summing the same products in another order changes bits", "[kernels][counter]") {
     // Why the contract fixes the order: the reverse-order sum of one dot product differs from the
     // forward one for ordinary inputs. If it never did, the matmul property would prove nothing.
