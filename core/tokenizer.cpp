@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "config.h"
@@ -43,6 +44,11 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
     if (vocab_size <= 0)
         throw Error(fmt::format("tokenizer: vocab_size must be positive to load {}, got {}", where, vocab_size));
 
+    // Look before opening, as load_checkpoint does: opening a FIFO blocks until a writer comes.
+    std::error_code ec;
+    if (const auto type = std::filesystem::status(path, ec).type();
+        !ec && type != std::filesystem::file_type::regular && type != std::filesystem::file_type::not_found)
+        throw Error(fmt::format("tokenizer: {} is not a regular file", where));
     std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
     if (!file) throw Error(fmt::format("tokenizer: cannot open {}: {}", where, std::strerror(errno)));
     std::FILE* f = file.get();

@@ -1,8 +1,12 @@
 // Tests for core/tokenizer (llama2.c tokenizer.bin + run.c's BPE) and core/sampler (run.c's sampler).
+#include <fcntl.h>
 #include <rapidcheck/catch.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +19,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -177,6 +182,20 @@ TEST_CASE("tokenizer load errors are kvlab::Error with one-line messages", "[tok
     SECTION("a directory is unreadable") {
         const auto msg = error_of([&] { Tokenizer::load(fs::temp_directory_path().string(), n); });
         CHECK(contains(msg, "tokenizer"));
+    }
+    SECTION("a FIFO is refused without being opened (opening it would wait for a writer)") {
+        TempFile fifo;
+        REQUIRE(::mkfifo(fifo.path().c_str(), 0600) == 0);
+        // Should load() open it after all, this writer lets it go after a second, so the test
+        // fails on the message instead of hanging.
+        std::thread writer([&] {
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+            const int fd = ::open(fifo.path().c_str(), O_WRONLY | O_NONBLOCK);  // ENXIO when no one reads
+            if (fd >= 0) ::close(fd);
+        });
+        const auto msg = error_of([&] { Tokenizer::load(fifo.path(), n); });
+        writer.join();
+        CHECK(contains(msg, "not a regular file"));
     }
     SECTION("empty file") {
         TempFile f("");
