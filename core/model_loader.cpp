@@ -48,10 +48,31 @@ std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, 
     return ids;
 }
 
+std::vector<int> encode_prompt(const Tokenizer& tokenizer, const std::string& text, int max_seq, int reserve,
+                               const std::string& reserve_what) {
+    const std::size_t at_least = tokenizer.min_tokens(text, true, false);
+    if (std::int64_t(at_least) + reserve > max_seq)
+        throw Error(fmt::format(
+            "prompt of {} bytes (at least {} tokens: no piece is longer than {} bytes) plus {} needs at least {} "
+            "positions, more than max_seq = {}",
+            text.size(), at_least, tokenizer.max_token_length(), reserve_what, std::int64_t(at_least) + reserve,
+            max_seq));
+    std::vector<int> ids = tokenizer.encode(text, true, false);
+    if (std::int64_t(ids.size()) + reserve > max_seq)
+        throw Error(fmt::format("prompt ({} tokens) plus {} needs {} positions, more than max_seq = {}", ids.size(),
+                                reserve_what, std::int64_t(ids.size()) + reserve, max_seq));
+    return ids;
+}
+
 std::vector<int> checked_prompt(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
                                 const std::string& default_text, int steps, int extra) {
     const Config& c = m.model.config();
-    std::vector<int> ids = prompt_tokens(m, prompt, tokens, default_text);
+    // Text is checked as it is encoded (prompt_tokens' choice of text): one too long for max_seq
+    // is refused before any merging.
+    std::vector<int> ids = tokens.empty() && m.tokenizer
+                               ? encode_prompt(*m.tokenizer, prompt.empty() ? default_text : prompt, c.max_seq,
+                                               steps + extra, fmt::format("--steps {}", steps))
+                               : prompt_tokens(m, prompt, tokens, default_text);
     check_tokens(c, ids, 0);
     const std::int64_t needed = std::int64_t(ids.size()) + steps + extra;
     if (needed > c.max_seq)

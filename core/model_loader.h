@@ -30,6 +30,13 @@ LoadedModel load_model(const std::string& model_path, const std::string& tokeniz
 std::vector<int> prompt_tokens(const LoadedModel& m, const std::string& prompt, const std::string& tokens,
                                const std::string& default_text);
 
+// Text through the tokenizer with BOS, refused (an Error) when the prompt and `reserve` more
+// positions (`reserve_what`, e.g. "--steps 5") need more than max_seq. A prompt whose bytes alone
+// prove that (Tokenizer::min_tokens) is refused before it is encoded; any other is encoded, in
+// O(n log n), and then checked. The CLI and the viewer both read their prompts through this.
+std::vector<int> encode_prompt(const Tokenizer& tokenizer, const std::string& text, int max_seq, int reserve,
+                               const std::string& reserve_what);
+
 // prompt_tokens, checked: every id inside the vocabulary, and the prompt plus `steps` needing
 // P + steps + extra positions at most max_seq (an error, never a silent truncation).
 std::vector<int> checked_prompt(const LoadedModel& m, const std::string& prompt, const std::string& tokens,

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <queue>
 
 #include "config.h"
 
@@ -130,7 +131,7 @@ float Tokenizer::score(int id) const {
     return scores_[static_cast<std::size_t>(id)];
 }
 
-std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) const {
+std::vector<int> Tokenizer::initial_tokens(const std::string& text, bool bos) const {
     // run.c writes these ids unchecked; a vocabulary too small for them is an error here.
     const auto need = [&](int id, const char* what) {
         if (id >= vocab_size())
@@ -170,31 +171,87 @@ std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) 
             push_bytes(tokens, codepoint);
         i = end;
     }
-
-    // Merge the best pair until none merges. The sentinel and strict '>' are run.c's: the first
-    // pair wins ties, and a piece scored <= -1e10 never merges.
-    std::string pair;  // [<= 2 * max_token_length] bytes
-    for (;;) {
-        float best_score = -1e10f;
-        int best_id = -1;
-        std::size_t best_idx = 0;
-        for (std::size_t i = 0; i + 1 < tokens.size(); i++) {
-            pair.assign(pieces_[static_cast<std::size_t>(tokens[i])]);
-            pair.append(pieces_[static_cast<std::size_t>(tokens[i + 1])]);
-            const int id = lookup(pair);
-            if (id >= 0 && scores_[static_cast<std::size_t>(id)] > best_score) {
-                best_score = scores_[static_cast<std::size_t>(id)];
-                best_id = id;
-                best_idx = i;
-            }
-        }
-        if (best_id < 0) break;
-        tokens[best_idx] = best_id;
-        tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
-    }
-
-    if (eos) tokens.push_back(need(kEos, "EOS"));
     return tokens;
+}
+
+std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) const {
+    std::vector<int> tokens = initial_tokens(text, bos);
+    merge(tokens);
+    if (eos) {
+        if (kEos >= vocab_size())
+            throw Error(fmt::format("tokenizer: EOS (id {}) is outside the vocabulary [0, {})", kEos, vocab_size()));
+        tokens.push_back(kEos);
+    }
+    return tokens;
+}
+
+// run.c's merge loop rescans every adjacent pair for each merge: O(n^2) lookups, minutes for a
+// 100 kB prompt. Here every candidate pair waits in a heap ordered as run.c chooses, and a merge
+// only adds the (at most two) pairs it creates, so the same merges happen in the same order in
+// O(n log n). A merged-away or changed token makes its old pairs stale; they are skipped when
+// they come up. The tests keep run.c's loop as the oracle this must equal.
+void Tokenizer::merge(std::vector<int>& tokens) const {
+    const std::size_t n = tokens.size();
+    if (n < 2) return;
+    constexpr std::size_t kNone = std::size_t(-1);
+    // A linked list over the initial positions: a merge keeps its left node and unlinks the right,
+    // so list order is text order and the lower node index is the leftmost pair.
+    std::vector<std::size_t> prev(n), next(n);  // [n] neighbours, kNone at the ends
+    std::vector<std::uint32_t> version(n, 0);    // [n] bumped when a node's token changes or it leaves
+    for (std::size_t i = 0; i < n; i++) {
+        prev[i] = i == 0 ? kNone : i - 1;
+        next[i] = i + 1 == n ? kNone : i + 1;
+    }
+    struct Pair {
+        float score;
+        std::size_t left, right;
+        std::uint32_t left_version, right_version;
+        int id;  // the merged piece's
+    };
+    // run.c's choice: the highest score, then the leftmost pair. (NaN never enters: see below.)
+    const auto after = [](const Pair& a, const Pair& b) {
+        return a.score < b.score || (a.score == b.score && a.left > b.left);
+    };
+    std::priority_queue<Pair, std::vector<Pair>, decltype(after)> heap(after);
+    std::string pair;  // [<= 2 * max_token_length] bytes
+    const auto consider = [&](std::size_t l, std::size_t r) {
+        pair.assign(pieces_[static_cast<std::size_t>(tokens[l])]);
+        pair.append(pieces_[static_cast<std::size_t>(tokens[r])]);
+        const int id = lookup(pair);
+        // run.c's sentinel and strict '>': a piece scored <= -1e10 (or NaN) never merges.
+        if (id >= 0 && scores_[static_cast<std::size_t>(id)] > -1e10f)
+            heap.push(Pair{scores_[static_cast<std::size_t>(id)], l, r, version[l], version[r], id});
+    };
+    for (std::size_t i = 0; i + 1 < n; i++) consider(i, i + 1);
+    while (!heap.empty()) {
+        const Pair p = heap.top();
+        heap.pop();
+        if (version[p.left] != p.left_version || version[p.right] != p.right_version || next[p.left] != p.right)
+            continue;  // stale: one of its tokens changed or left since it was pushed
+        tokens[p.left] = p.id;
+        version[p.left]++;
+        version[p.right]++;
+        next[p.left] = next[p.right];
+        if (next[p.right] != kNone) prev[next[p.right]] = p.left;
+        if (prev[p.left] != kNone) consider(prev[p.left], p.left);
+        if (next[p.left] != kNone) consider(p.left, next[p.left]);
+    }
+    // Node 0 is never a right node, so the list starts there.
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i != kNone; i = next[i]) tokens[kept++] = tokens[i];
+    tokens.resize(kept);
+}
+
+std::size_t Tokenizer::min_tokens(const std::string& text, bool bos, bool eos) const {
+    const std::vector<int> tokens = initial_tokens(text, bos);
+    std::size_t bytes = 0;
+    for (int id : tokens) bytes += pieces_[static_cast<std::size_t>(id)].size();
+    // A merge keeps the sum of the pieces' bytes (the merged piece is the two joined), and no
+    // piece is longer than max_token_length; every token left holds at least one of them.
+    std::size_t n = 0;
+    if (!tokens.empty())
+        n = max_token_length_ > 0 ? std::max<std::size_t>(1, (bytes + max_token_length_ - 1) / max_token_length_) : 1;
+    return n + (eos ? 1 : 0);
 }
 
 std::string Tokenizer::decode(int prev_token, int token) const {

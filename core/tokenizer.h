@@ -27,7 +27,12 @@ public:
     // codepoint (byte fallback when the codepoint is not a piece), then greedy merges of the
     // adjacent pair whose concatenation is the best-scoring piece (first pair on ties) + [EOS].
     // Throws kvlab::Error if a needed special or byte-fallback id is outside the vocabulary.
+    // O(n log n) in the text's length (run.c's loop is O(n^2)), with exactly run.c's merges.
     std::vector<int> encode(const std::string& text, bool bos, bool eos) const;
+    // A lower bound on encode(text, bos, eos).size() found in one pass, without merging: merges
+    // keep the sum of the pieces' bytes, and no piece is longer than max_token_length. Lets a
+    // caller refuse a prompt that cannot fit before spending time encoding it.
+    std::size_t min_tokens(const std::string& text, bool bos, bool eos) const;
 
     // run.c's decode: the bytes to print for `token` following `prev_token`. After BOS a leading
     // space (the dummy prefix) is dropped; a piece "<0xXX>" is the single raw byte 0xXX.
@@ -49,6 +54,10 @@ public:
 private:
     Tokenizer() = default;
     void build_index();
+    // BOS, the dummy prefix and one token per codepoint (or its bytes): encode before merging.
+    std::vector<int> initial_tokens(const std::string& text, bool bos) const;
+    // Merges the best pair until none merges (encode's loop); `tokens` shrinks in place.
+    void merge(std::vector<int>& tokens) const;
     void check_id(int id) const;
 
     std::vector<std::string> pieces_;             // [vocab_size]

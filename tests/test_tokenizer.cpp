@@ -144,6 +144,53 @@ std::vector<std::string> pieces_of(const Tokenizer& t, const std::vector<int>& t
     return out;
 }
 
+// run.c's encode as it was written (and as kvlab's was until issue 12): after the per-codepoint
+// tokens, rescan every adjacent pair for each merge and take the best score, the first pair on
+// ties. O(n^2), kept here as the oracle the heap-based encoder must equal token for token.
+std::vector<int> encode_run_c(const Tokenizer& t, const std::string& text, bool bos, bool eos) {
+    std::vector<int> tokens;
+    if (bos) tokens.push_back(Tokenizer::kBos);
+    const auto push_bytes = [&](const std::string& bytes) {
+        for (unsigned char b : bytes) tokens.push_back(b + Tokenizer::kByteOffset);
+    };
+    if (!text.empty()) {
+        const int dummy_prefix = t.lookup(" ");
+        if (dummy_prefix >= 0)
+            tokens.push_back(dummy_prefix);
+        else
+            push_bytes(" ");
+    }
+    for (std::size_t i = 0; i < text.size();) {
+        std::size_t end = i + 1;
+        while (end < text.size() && end - i < 4 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) end++;
+        const std::string codepoint = text.substr(i, end - i);
+        const int id = t.lookup(codepoint);
+        if (id >= 0)
+            tokens.push_back(id);
+        else
+            push_bytes(codepoint);
+        i = end;
+    }
+    for (;;) {
+        float best_score = -1e10f;
+        int best_id = -1;
+        std::size_t best_idx = 0;
+        for (std::size_t i = 0; i + 1 < tokens.size(); i++) {
+            const int id = t.lookup(t.piece(tokens[i]) + t.piece(tokens[i + 1]));
+            if (id >= 0 && t.score(id) > best_score) {
+                best_score = t.score(id);
+                best_id = id;
+                best_idx = i;
+            }
+        }
+        if (best_id < 0) break;
+        tokens[best_idx] = best_id;
+        tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+    }
+    if (eos) tokens.push_back(Tokenizer::kEos);
+    return tokens;
+}
+
 }  // namespace
 
 // =============================================================================================
@@ -438,6 +485,53 @@ TEST_CASE("property: decode(encode(s)) == s", "[tokenizer][property]") {
     });
 }
 
+TEST_CASE("property: the heap-based encoder makes run.c's merges, ties and sentinels included",
+          "[tokenizer][property]") {
+    rc::prop("encode equals run.c's rescanning loop on generated vocabularies and texts", [] {
+        // Pieces over a tiny alphabet (so that many pairs merge) with scores from a small set (so
+        // that ties are common), including -0.0 against +0.0, run.c's -1e10 sentinel and NaN, which
+        // never merge; a 2-byte character and a control byte fall back to bytes or pieces.
+        const std::vector<std::string> atoms = {"a", "b", "c", " ", "\xC3\xA9", "\x01"};
+        const auto piece = rc::gen::map(rc::gen::container<std::vector<std::string>>(rc::gen::elementOf(atoms)),
+                                        [](const std::vector<std::string>& parts) {
+                                            std::string p;
+                                            for (const auto& a : parts) p += a;
+                                            return p;
+                                        });
+        const auto score = rc::gen::elementOf(std::vector<float>{-3.0f, -2.0f, -1.0f, -0.0f, 0.0f, 1.0f, -1e10f,
+                                                                 std::numeric_limits<float>::quiet_NaN()});
+        const auto n = *rc::gen::inRange(0, 30);
+        std::vector<Entry> merges;
+        for (const auto& a : {" ", "a", "b"}) merges.push_back({-100.0f, a});  // "c" and the rest: bytes
+        for (int i = 0; i < n; i++) merges.push_back({*score, *rc::gen::suchThat(piece, [](const std::string& p) {
+                                                          return !p.empty() && p.size() <= 8;
+                                                      })});
+        const Tokenizer t = load_entries(llama_layout(merges));
+        const std::string text = *rc::gen::map(
+            rc::gen::container<std::vector<std::string>>(rc::gen::elementOf(atoms)), [](const std::vector<std::string>& parts) {
+                std::string s;
+                for (const auto& a : parts) s += a;
+                return s;
+            });
+        const bool bos = *rc::gen::arbitrary<bool>(), eos = *rc::gen::arbitrary<bool>();
+        const std::vector<int> fast = t.encode(text, bos, eos);
+        RC_ASSERT(fast == encode_run_c(t, text, bos, eos));
+        // The early refusal's bound never exceeds the real count.
+        RC_ASSERT(t.min_tokens(text, bos, eos) <= fast.size());
+    });
+}
+
+TEST_CASE("min_tokens bounds the encoded length from the pieces' bytes, before any merge", "[tokenizer]") {
+    const Tokenizer t = load_entries(llama_layout({{-100.0f, " "}, {-100.0f, "a"}, {-1.0f, "aa"}, {-2.0f, " aa"}}));
+    // max_token_length is 6 ("<0x00>"); " aaaaaaa" + BOS ("\n<s>\n", 5 bytes) is 13 bytes: at least 3.
+    CHECK(t.max_token_length() == 6);
+    CHECK(t.min_tokens("aaaaaaa", true, false) == 3);
+    CHECK(t.min_tokens("aaaaaaa", true, true) == 4);
+    CHECK(t.min_tokens("", false, false) == 0);
+    CHECK(t.min_tokens("", true, false) == 1);
+    CHECK(t.encode("aaaaaaa", true, false).size() >= 3);
+}
+
 // =============================================================================================
 // The real tokenizer (stories260K's tok512.bin); skipped when absent.
 
@@ -465,6 +559,15 @@ TEST_CASE("tok512.bin loads with vocab_size 512 and round-trips text", "[tok512]
         const auto s = *rc::gen::container<std::string>(rc::gen::inRange<char>(0x20, 0x7F));
         RC_ASSERT(decode_all(t, t.encode(s, true, false)) == s);
     });
+}
+
+TEST_CASE("tok512.bin: the heap-based encoder equals run.c's loop on a few kB of text", "[tok512]") {
+    KVLAB_MODEL_FILE_OR_SKIP(path, "tok512.bin");
+    const Tokenizer t = Tokenizer::load(path, 512);
+    std::string story;
+    for (int i = 0; story.size() < 4000; i++)
+        story += i % 3 ? "Lily and Tom went to the park. " : "They saw a big, red ball! \xE2\x9C\xA8 The end.\n";
+    CHECK(t.encode(story, true, true) == encode_run_c(t, story, true, true));
 }
 
 TEST_CASE("tok512.bin refuses a vocab_size that is not the model's", "[tok512]") {

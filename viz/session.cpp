@@ -99,7 +99,8 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
 
     // The prompt: text through the tokenizer, or (a random model has no text) its bytes as ids.
     if (m.lm().tokenizer) {
-        info_.prompt = m.lm().tokenizer->encode(s.prompt, true, false);
+        info_.prompt = encode_prompt(*m.lm().tokenizer, s.prompt, c.max_seq, std::max(s.steps, 0),
+                                     fmt::format("{} steps", s.steps));
     } else {
         info_.prompt.push_back(1 % c.vocab_size);
         for (unsigned char ch : s.prompt) info_.prompt.push_back(int(ch) % c.vocab_size);
