@@ -79,13 +79,18 @@ void CpuBackend::add(Exec& ex, float* x, const float* y, std::int64_t n) { kvlab
 // row, att_h = P V_h. Masked entries become exact zeros in P and add exact zeros to P V_h, so row
 // i computes bit for bit what a cached decode computes at position i (NUMERICS.md). Q·K^T runs
 // as a product with K transposed: each score is still summed over d in increasing order.
+// S and P are formed a tile of rows at a time, so memory stays [tile, T] rather than [T, T] (1.6 GB
+// per head at T = 20,000); a product's element depends only on its indices, so each row's dots,
+// mask, softmax and P·V sum are the ones the whole matrix would compute.
 void CpuBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
                                   const int* kv_head, int future) {
     const Config& c = config();
     const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
-    kt_.resize(std::size_t(hs) * T);     // [head_size, T]
-    scores_.resize(std::size_t(T) * T);  // [T, T]
-    assert(kt_.size() == std::size_t(hs) * T && scores_.size() == std::size_t(T) * T);
+    constexpr std::int64_t kScoreFloats = std::int64_t{1} << 20;  // 4 MB of scores; all of S up to T = 1024
+    const int tile = int(std::clamp<std::int64_t>(kScoreFloats / std::max(T, 1), 1, std::max(T, 1)));
+    kt_.resize(std::size_t(hs) * T);        // [head_size, T]
+    scores_.resize(std::size_t(tile) * T);  // [tile, T]: rows i0 .. i0 + tile - 1 of S, then of P
+    assert(kt_.size() == std::size_t(hs) * T && scores_.size() == std::size_t(tile) * T);
     const float scale = attention_scale(hs);
     const float neg_inf = -std::numeric_limits<float>::infinity();
     const MatmulFn mm = planted_matmul ? planted_matmul : kvlab::matmul;
@@ -93,18 +98,21 @@ void CpuBackend::causal_attention(Exec& ex, float* att, const float* q, const fl
         const int kvh = kv_head[h];
         for (int j = 0; j < T; j++)
             for (int d = 0; d < hs; d++) kt_[std::size_t(d) * T + j] = k[std::size_t(j) * kv_dim + kvh * hs + d];
-        // S[T, T] = Q_h[T, hs] · Kt[hs, T]
-        mm(ex, scores_.data(), T, q + h * hs, dim, kt_.data(), T, T, hs, T);
-        for (int i = 0; i < T; i++) {
-            float* s = scores_.data() + std::size_t(i) * T;
-            const int last = std::min(i + future, T - 1);
-            for (int j = 0; j <= last; j++) s[j] = s[j] / scale;
-            for (int j = last + 1; j < T; j++) s[j] = neg_inf;
-            softmax(s, T);
+        for (int i0 = 0; i0 < T; i0 += tile) {
+            const int rows = std::min(tile, T - i0);
+            // S[rows, T] = Q_h[i0 .. i0 + rows - 1, hs] · Kt[hs, T]
+            mm(ex, scores_.data(), T, q + std::size_t(i0) * dim + h * hs, dim, kt_.data(), T, rows, hs, T);
+            for (int r = 0; r < rows; r++) {
+                float* s = scores_.data() + std::size_t(r) * T;
+                const int last = std::min(i0 + r + future, T - 1);
+                for (int j = 0; j <= last; j++) s[j] = s[j] / scale;
+                for (int j = last + 1; j < T; j++) s[j] = neg_inf;
+                softmax(s, T);
+            }
+            // att_h[i0 .. i0 + rows - 1, hs] = P[rows, T] · V_h[T, hs]
+            mm(ex, att + std::size_t(i0) * dim + h * hs, dim, scores_.data(), T, v + kvh * hs, kv_dim, rows, T, hs);
         }
         ex.flops += std::uint64_t(T) * (T + 1) / 2 + std::uint64_t(T) * softmax_flops(T);
-        // att_h[T, hs] = P[T, T] · V_h[T, hs]
-        mm(ex, att + h * hs, dim, scores_.data(), T, v + kvh * hs, kv_dim, T, T, hs);
     }
 }
 

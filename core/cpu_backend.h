@@ -45,7 +45,7 @@ private:
     std::vector<PackedLayer> layers_;  // [n_layers]
     PackedMatrix wcls_;
     std::vector<float> kt_;        // [head_size, T]  naive attention: one KV head's keys, transposed
-    std::vector<float> scores_;    // [T, T] naive; [n_threads, max_seq] cached: one row's scores per thread
+    std::vector<float> scores_;    // [tile, T] naive; [n_threads, max_seq] cached: one row's scores per thread
     std::vector<float> nan_row_;   // [head_size] what a slot of -1 reads
 };
 

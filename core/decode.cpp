@@ -177,12 +177,17 @@ void CachedDecoder::check_cache(const Cache& cache) const {
 }
 
 // A variant that reads rows before a long append would overwrite them (a window's ring) takes
-// the rows in chunks of max_append(); rows are independent, so the logits do not change.
+// the rows in chunks of max_append(); rows are independent, so the logits do not change. So does
+// a long prefill: a step's slot list is [rows, max_n] (run_step), T x T for a whole prompt, so
+// chunks keep it under kMaxSlots (32 MB) at any length.
 // all_rows keeps every row's logits in row_logits_ ([tokens, vocab_size]).
 void CachedDecoder::run_chunks(std::span<const int> tokens, bool all_rows) {
     const Config& c = backend_->config();
     check_tokens(c, tokens, pos());
-    const std::size_t chunk = std::size_t(std::max(1, cache_->max_append()));
+    constexpr std::int64_t kMaxSlots = std::int64_t{1} << 22;
+    const std::int64_t widest = backend_->capturing() ? c.max_seq : pos() + std::int64_t(tokens.size());  // max_n
+    const std::size_t chunk =
+        std::size_t(std::max<std::int64_t>(1, std::min<std::int64_t>(cache_->max_append(), kMaxSlots / widest)));
     Cache* const caches[] = {cache_};
     row_logits_.clear();
     all_rows_ = all_rows;

@@ -207,3 +207,36 @@ TEST_CASE("gpu kernels: embed, naive attention, K/V store and cached attention e
         RC_ASSERT(eh.flops == ec.flops);
     });
 }
+
+TEST_CASE("naive attention past one row tile (T > 1024): the CPU's tiles equal the per-row kernel, bit for bit",
+          "[gpu-kernels][tiles]") {
+    // CpuBackend::causal_attention forms S and P [tile, T] at a time (tile = 2^20 / T rows); the
+    // host-launched kernel computes each row alone. At these T the last tile is partial.
+    Config c = stories260k_shape();
+    c.dim = 8, c.hidden_dim = 8, c.n_layers = 1, c.n_heads = 2, c.n_kv_heads = 1, c.vocab_size = 8;
+    c.max_seq = 2100;
+    const Model m = random_model(c, 3);
+    CpuBackend cpu(m);
+    GpuHostBackend host(m);
+    const std::vector<int> kv_head = kv_head_map(c);  // [n_heads]
+    for (int T : {1025, 2100}) {
+        for (int future : {0, 1}) {
+            SplitMix64 rng(std::uint64_t(T) * 2 + future);
+            const auto values = [&](std::int64_t n) {
+                std::vector<float> v(static_cast<std::size_t>(n));
+                for (float& x : v) x = float(rng.gaussian());
+                return v;
+            };
+            const std::vector<float> q = values(std::int64_t(T) * c.dim), k = values(std::int64_t(T) * c.kv_dim()),
+                                     v = values(std::int64_t(T) * c.kv_dim());
+            std::vector<float> aa(q.size(), 7.0f), ab(q.size(), 7.0f);  // [T, dim]
+            Exec eh, ec;
+            host.causal_attention(eh, aa.data(), q.data(), k.data(), v.data(), T, kv_head.data(), future);
+            cpu.causal_attention(ec, ab.data(), q.data(), k.data(), v.data(), T, kv_head.data(), future);
+            const auto diff = first_difference(aa, ab);
+            INFO("T = " << T << ", future = " << future << ": " << (diff ? *diff : std::string("equal")));
+            CHECK(!diff);
+            CHECK(eh.flops == ec.flops);
+        }
+    }
+}
