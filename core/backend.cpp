@@ -14,6 +14,12 @@ namespace kvlab {
 
 namespace {
 
+// memmove, for any byte count: memmove's pointers must be valid even for 0 bytes, and an empty
+// buffer's is null (a growing cache's first reserve copies its 0 rows from one).
+void move_bytes(void* dst, const void* src, std::int64_t bytes) {
+    if (bytes > 0) std::memmove(dst, src, std::size_t(bytes));
+}
+
 class HostMemory final : public Memory {
 public:
     std::string_view name() const override { return "host"; }
@@ -26,11 +32,9 @@ public:
         return p;
     }
     void deallocate(void* p) override { std::free(p); }
-    void upload(void* dst, const void* src, std::int64_t bytes) override { std::memmove(dst, src, std::size_t(bytes)); }
-    void download(void* dst, const void* src, std::int64_t bytes) override {
-        std::memmove(dst, src, std::size_t(bytes));
-    }
-    void copy(void* dst, const void* src, std::int64_t bytes) override { std::memmove(dst, src, std::size_t(bytes)); }
+    void upload(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
+    void download(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
+    void copy(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
     void fill_nan(float* x, std::int64_t n) override {
         std::fill_n(x, n, kNaN);
     }
