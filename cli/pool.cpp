@@ -251,7 +251,7 @@ void Session::execute(int index, const std::string& text, int width) {
     } else if (op == "show") {
         usage(1, "show");
         did = fmt::format("{}, {}", plural(std::int64_t(seqs_.size()), "sequence"), plural(pool_.n_blocks(), "block"));
-        r["pool"] = show_json();
+        if (o_.json) r["pool"] = show_json();  // a copy of every block: only when JSON is asked for
     } else {
         throw Error(fmt::format("unknown command '{}' (commands: new, append, fork, rollback, free, show)", op));
     }
@@ -281,12 +281,14 @@ void Session::execute(int index, const std::string& text, int width) {
         r["bitwise_equal"] = !*verdict;
         r["difference"] = *verdict ? nlohmann::json(**verdict) : nlohmann::json(nullptr);
     }
-    if (o_.events) {
-        r["events"] = nlohmann::json::array();
-        for (std::size_t i = first_event; i < trace_.size(); i++) r["events"].push_back(event_json(trace_[i]));
+    if (o_.json) {
+        if (o_.events) {
+            r["events"] = nlohmann::json::array();
+            for (std::size_t i = first_event; i < trace_.size(); i++) r["events"].push_back(event_json(trace_[i]));
+        }
+        records_.push_back(r);
+        return;
     }
-    records_.push_back(r);
-    if (o_.json) return;
 
     const std::string logits = !verdict ? "" : *verdict ? "DIFFERS" : "= naive";
     // A long command is cut short to keep the columns.
@@ -450,15 +452,8 @@ int run_pool(const PoolOptions& o) {
     if (commands.empty()) throw Error("--script has no commands (e.g. \"new a 1,2,3; fork a b; show\")");
     const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
     const Config& c = lm.model.config();
-    // A teaching pool needs little; refuse one that would take the machine's memory (the pool
-    // itself checks the block size against max_seq, with its own message).
-    constexpr std::int64_t kMaxPoolBytes = std::int64_t{1} << 30;
-    if (o.block_size >= 1 && o.block_size <= c.max_seq &&
-        kv_bytes(c, std::int64_t(o.blocks) * o.block_size) > kMaxPoolBytes)
-        throw Error(fmt::format("--blocks {} x --block-size {} would take {} B, more than the {} B a pool may hold",
-                                o.blocks, o.block_size, kv_bytes(c, std::int64_t(o.blocks) * o.block_size),
-                                kMaxPoolBytes));
-    BlockPool pool(c, o.block_size, o.blocks, o.prefix_cache);  // checks --block-size, --blocks
+    // Checks --block-size against max_seq, and --blocks x --block-size against kvlab's size limit.
+    BlockPool pool(c, o.block_size, o.blocks, o.prefix_cache);
     Session session(lm, pool, o);
 
     int width = 7;

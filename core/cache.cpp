@@ -52,9 +52,24 @@ std::int64_t kv_bytes(const Config& c, std::int64_t T) {
 // ----------------------------------------------------------------------------------------------
 // Storage
 
+namespace {
+
+// Floats in each of K and V for n_rows rows, once the size limit has allowed them: every cache's
+// rows (contiguous, growing, paged, window, quantized) are allocated here.
+std::int64_t storage_floats(std::int64_t n_rows, int head_size) {
+    check_size(fmt::format("a KV cache ({} rows of head_size {}, K and V)", n_rows, head_size), n_rows,
+               2 * std::int64_t(sizeof(float)) * head_size);
+    return n_rows * head_size;
+}
+
+}  // namespace
+
 KVStorage::KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows_,
                      std::int64_t head_rows_)
-    : k(memory, n_rows * head_size), v(memory, n_rows * head_size), layer_rows(layer_rows_), head_rows(head_rows_) {
+    : k(memory, storage_floats(n_rows, head_size)),
+      v(memory, n_rows * head_size),
+      layer_rows(layer_rows_),
+      head_rows(head_rows_) {
     memory.fill_nan(k.data(), k.size());
     memory.fill_nan(v.data(), v.size());
     assert(k.size() == n_rows * head_size && v.size() == n_rows * head_size);

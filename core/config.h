@@ -64,4 +64,13 @@ Config stories15m_shape();   // dim 288, hidden 768, 6 layers, 6 heads, 6 KV hea
 // allocation honest (a header claiming 10^18 parameters is an error, not an allocation attempt).
 inline constexpr std::int64_t kMaxElements = std::int64_t{1} << 34;
 
+// The one size limit: the most memory one model's weights, one block pool or one cache may take.
+// A teaching model needs far less (stories15M is 58 MiB), and a typo in a shape or a pool size must
+// be a one-line refusal, not an allocation that takes the machine's memory.
+inline constexpr std::int64_t kMaxBytes = std::int64_t{1} << 30;
+// Throws Error("<what> would take N B, over the limit of 1073741824 B (1 GiB) ...") when `count`
+// things of `bytes_each` bytes are more than kMaxBytes (overflow included). Every constructor of a
+// model (Weights), a pool (BlockPool) and a cache's rows (KVStorage) calls it before allocating.
+void check_size(const std::string& what, std::int64_t count, std::int64_t bytes_each);
+
 }  // namespace kvlab

@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include <fmt/format.h>
+
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -8,6 +10,8 @@ namespace kvlab {
 
 Weights::Weights(const Config& c, bool shared) : config(c), shared_classifier(shared) {
     c.validate();
+    check_size(fmt::format("a model of {} parameters ({})", c.n_params(shared), c.describe()), c.n_params(shared),
+               sizeof(float));
     const std::size_t L = c.n_layers, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim, vocab = c.vocab_size;
     token_embedding.assign(vocab * dim, 0.0f);
     rms_att.assign(L * dim, 0.0f);

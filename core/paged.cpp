@@ -35,6 +35,8 @@ BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool pr
         throw Error(
             fmt::format("paged cache: block_size {} is outside [1, max_seq = {}]", block_size, config_.max_seq));
     if (n_blocks < 1) throw Error(fmt::format("paged cache: a pool needs at least one block, not {}", n_blocks));
+    check_size(fmt::format("a pool of {} blocks of {} positions", n_blocks, block_size), n_blocks,
+               kv_bytes(config_, block_size));
     const std::size_t n =
         std::size_t(n_blocks) * config_.n_layers * config_.n_kv_heads * block_size * config_.head_size();
     if (n > std::size_t(kMaxElements))

@@ -80,6 +80,9 @@ QuantizedCache::QuantizedCache(const Config& config, QuantSpec spec) : Cache(con
     token_groups_ = hs / g;
     channel_groups_ = per_channel_keys() ? c.max_seq / g : 0;
     const std::size_t rows = std::size_t(c.n_layers) * c.n_kv_heads * c.max_seq, heads = rows / c.max_seq;
+    // The float mirror and the codes, before any of it is allocated (the scales are smaller still).
+    check_size(fmt::format("a quantized cache ({} rows of head_size {})", rows, hs), std::int64_t(rows),
+               2 * (std::int64_t(sizeof(float)) * hs + row_bytes_));
     k_codes_.assign(rows * row_bytes_, 0);
     v_codes_.assign(rows * row_bytes_, 0);
     v_scales_.assign(rows * token_groups_, kPoison);

@@ -6,6 +6,7 @@
 #include "cache.h"
 #include "decode.h"
 #include "paged.h"
+#include "quantized_cache.h"
 #include "test_util.h"
 #include "window_cache.h"
 
@@ -94,6 +95,30 @@ TEST_CASE("bad cache parameters and requests are one-line errors from the librar
     ContiguousCache wrong(other);
     const Model m = random_model(kConfig, 8);
     CHECK_THROWS_WITH(CachedDecoder(m, wrong), Catch::Contains("does not fit the model"));
+}
+
+TEST_CASE("one size limit: a model, a pool or a cache past kMaxBytes is refused before it is allocated",
+          "[cache][errors]") {
+    // Every one of these would take more than 1 GiB (none is allocated: the test runs in kilobytes).
+    const auto refused = Catch::Contains("over the limit of 1073741824 B (1 GiB)");
+    Config big = stories260k_shape();
+    big.dim = 4096, big.hidden_dim = 11008, big.n_heads = 32, big.n_kv_heads = 32, big.n_layers = 32;
+    big.vocab_size = 32000, big.max_seq = 2048;
+    CHECK_THROWS_WITH(random_model(big, 1), refused);                    // 26 GB of weights
+    CHECK_THROWS_WITH(BlockPool(stories260k_shape(), 16, 1 << 20), refused);  // 21 GB of blocks
+    Config long_cache = stories260k_shape();
+    long_cache.dim = 512, long_cache.n_heads = 8, long_cache.n_kv_heads = 8, long_cache.max_seq = 131072;
+    CHECK_THROWS_WITH(ContiguousCache(long_cache), refused);  // 2.5 GiB of K and V
+    GrowingCache growing(long_cache, 131072);  // allocates as it grows: the limit applies then
+    const std::vector<int> one = {1};
+    CHECK_THROWS_WITH(growing.append(one), refused);
+    CHECK(growing.length() == 0);
+    CHECK_THROWS_WITH(QuantizedCache(long_cache), refused);
+    CHECK_THROWS_WITH(WindowCache(long_cache, 4, 131068), refused);
+    // Just under the limit is still allowed: the limit is the stated one, not a rounder figure.
+    CHECK_NOTHROW(kvlab::check_size("x", kMaxBytes / 8, 8));
+    CHECK_THROWS_WITH(kvlab::check_size("x", kMaxBytes / 8 + 1, 8), refused);
+    CHECK_THROWS_WITH(kvlab::check_size("x", std::int64_t{1} << 62, 1 << 20), refused);  // past int64, no wrap
 }
 
 TEST_CASE("a stale cache is refused with the position of the edit", "[cache][errors]") {
