@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
 
 namespace kvlab::cli {
 
@@ -27,6 +29,32 @@ std::string escape(const std::string& s) {
             out += ch;
     }
     return out;
+}
+
+void check_numbers(CLI::App& app) {
+    // CLI::Range compares, and every comparison with NaN is false: NaN passed every range.
+    const CLI::Validator finite(
+        [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (end != text.c_str() && !std::isfinite(v)) return fmt::format("{} is not a finite number", one_line(text));
+            return "";
+        },
+        "", "finite");
+    // CLI11 reads "-1" into an unsigned option as 2^64 - 1.
+    const CLI::Validator non_negative(
+        [](std::string& text) -> std::string {
+            const std::size_t at = text.find_first_not_of(" \t");
+            if (at != std::string::npos && text[at] == '-') return fmt::format("{} is negative", one_line(text));
+            return "";
+        },
+        "", "non-negative");
+    for (CLI::Option* opt : app.get_options()) {
+        const std::string type = opt->get_type_name();  // "FLOAT", "UINT", then any checks' descriptions
+        if (type.rfind("FLOAT", 0) == 0) opt->check(finite);
+        if (type.rfind("UINT", 0) == 0) opt->check(non_negative);
+    }
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) check_numbers(*sub);
 }
 
 }  // namespace kvlab::cli

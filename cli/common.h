@@ -20,6 +20,11 @@ void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer
 // The same text with control characters escaped, for one-line tables.
 std::string escape(const std::string& s);
 
+// Refuses what CLI11's own checks let through, for every option of every command of `app`: a
+// value that is not finite (nan, inf) for a floating-point option, and a negative one for an
+// unsigned option (which would wrap to 2^64 - 1). Call once, after every option is added.
+void check_numbers(CLI::App& app);
+
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

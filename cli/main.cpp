@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
     add_pool_options(pool_cmd, pool);
 
     ViewCommand view(app);
+    check_numbers(app);
 
     // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
     const std::string first = argc > 1 ? argv[1] : "";

@@ -4,6 +4,7 @@
 #include <imgui.h>
 
 #include <catch2/catch.hpp>
+#include <limits>
 
 #include "app.h"
 
@@ -75,6 +76,26 @@ TEST_CASE("viewer: every panel draws every step of every variant, at several win
                     CHECK(g.max.y <= h);
                 }
             }
+        }
+    }
+}
+
+TEST_CASE("viewer: playback stays on a published step at any speed, NaN and infinities included") {
+    // A NaN speed once made the cursor NaN, and int(NaN) an index far outside the steps.
+    const Context ctx;
+    App app(small(Variant::paged));
+    const int total = app.session().info().total_steps;
+    REQUIRE(app.session().wait_for(total - 1));
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    for (float speed : {nan, inf, -inf, -5.0f, 1e30f, 0.0f, 6.0f, nan}) {
+        INFO("speed " << speed);
+        app.set_speed(speed);
+        for (int frame = 0; frame < 3; frame++) {
+            const int next = app.upcoming(1.0f / 30);
+            CHECK((next >= 0 && next < total));
+            draw(app, 1600, 1000);
+            CHECK((app.shown() >= 0 && app.shown() < total));
+            CHECK((app.last_frame().cursor >= 0 && app.last_frame().cursor < total));
         }
     }
 }

@@ -10,6 +10,20 @@
 
 namespace kvlab::viz {
 
+namespace {
+
+// The cursor after dt seconds at `speed` steps per second, inside [0, last] whatever the speed:
+// a NaN (which every comparison lets through, std::clamp's too, and int(NaN) is undefined) keeps
+// the cursor where it was, an infinity takes it to an end.
+float advanced(float cursor, float speed, float dt, int last) {
+    const float hi = float(std::max(0, last));
+    if (std::isnan(cursor)) cursor = 0;
+    const float next = cursor + speed * dt;
+    return std::clamp(std::isnan(next) ? cursor : next, 0.0f, hi);
+}
+
+}  // namespace
+
 App::App(const Settings& settings) : session_(std::make_unique<Session>(settings)), edited_(settings) {
     if (!edited_.shape.dim) edited_.shape = session_->info().config;
     edited_.prompt.copy(prompt_.data(), prompt_.size() - 1);
@@ -22,8 +36,7 @@ void App::seek(int step) {
 }
 
 int App::upcoming(float dt) const {
-    const float next = playing_ ? cursor_ + speed_ * dt : cursor_;
-    return std::min(int(next), session_->info().total_steps - 1);
+    return int(advanced(cursor_, playing_ ? speed_ : 0.0f, dt, session_->info().total_steps - 1));
 }
 
 bool App::restart(const Settings& settings) {
@@ -49,9 +62,8 @@ void App::frame(float dt, int width, int height, Report* report) {
     frame_.info = &session_->info();
     frame_.steps = session_->steps();
     const int n = int(frame_.steps.size());
-    if (playing_) cursor_ += speed_ * dt;
     // Playback never runs ahead of the decoder; at the end it stops on the last step.
-    cursor_ = std::clamp(cursor_, 0.0f, float(std::max(0, n - 1)));
+    cursor_ = advanced(cursor_, playing_ ? speed_ : 0.0f, dt, n - 1);
     if (playing_ && session_->done() && int(cursor_) >= n - 1) cursor_ = float(std::max(0, n - 1));
     frame_.cursor = int(cursor_);
     frame_.progress = cursor_ - std::floor(cursor_);
