@@ -16,21 +16,6 @@ void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer
     cmd->add_option("--model-seed", seed, "seed of the random model (used when there is no checkpoint)");
 }
 
-std::string escape(const std::string& s) {
-    std::string out;
-    for (char ch : s) {
-        if (ch == '\n')
-            out += "\\n";
-        else if (ch == '\t')
-            out += "\\t";
-        else if (static_cast<unsigned char>(ch) < 0x20)
-            out += fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
-        else
-            out += ch;
-    }
-    return out;
-}
-
 void check_numbers(CLI::App& app) {
     // CLI::Range compares, and every comparison with NaN is false: NaN passed every range.
     const CLI::Validator finite(

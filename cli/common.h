@@ -17,9 +17,6 @@ namespace kvlab::cli {
 // --model, --tokenizer and --model-seed, with one help text for every command that takes them.
 void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer, std::uint64_t& seed);
 
-// The same text with control characters escaped, for one-line tables.
-std::string escape(const std::string& s);
-
 // Refuses what CLI11's own checks let through, for every option of every command of `app`: a
 // value that is not finite (nan, inf) for a floating-point option, and a negative one for an
 // unsigned option (which would wrap to 2^64 - 1). Call once, after every option is added.

@@ -154,7 +154,7 @@ int run_demo(const DemoOptions& o) {
                    naive2 ? fmt::format(", on {} and {}", d0, d1) : d0 == "cpu" ? "" : fmt::format(", on {}", d0));
         fmt::print("model      {}  ({})\n", lm.source, c.describe());
         fmt::print("prompt     {} tokens{}; greedy decode of {} more; {} thread{}\n\n", P,
-                   lm.tokenizer ? fmt::format(" \"{}\"", escape(prompt_text)) : "", o.steps, o.threads,
+                   lm.tokenizer ? fmt::format(" \"{}\"", one_line(prompt_text)) : "", o.steps, o.threads,
                    o.threads == 1 ? "" : "s");
         const std::string other_header =
             naive2 ? fmt::format(" {:>14} {:>14}", d1 + " naive ms", d1 + " cached ms") : std::string();
@@ -173,10 +173,10 @@ int run_demo(const DemoOptions& o) {
                        : std::string();
             fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9.3f} {:>11.3f} {:>9.3f} {:>11.3f} {:>7.1f}x{}  {}\n",
                        i == 0 ? std::string("prefill") : fmt::format("{}", i), pos, r.token,
-                       fmt::format("\"{}\"", escape(r.text)), r.naive_s * 1e3, r.naive_flops / 1e6, r.cached_s * 1e3,
+                       fmt::format("\"{}\"", one_line(r.text)), r.naive_s * 1e3, r.naive_flops / 1e6, r.cached_s * 1e3,
                        r.cached_flops / 1e6, r.naive_s / r.cached_s, other, verdict);
         }
-        fmt::print("\ngenerated  \"{}\"\n", escape(generated));
+        fmt::print("\ngenerated  \"{}\"\n", one_line(generated));
         fmt::print("equality   {} of {} steps bitwise equal ({}full logit vectors of {} floats)\n", n_equal,
                    rows.size(), naive2 ? fmt::format("naive and cached on {} and {}: four ", d0, d1) : "",
                    c.vocab_size);

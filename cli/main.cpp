@@ -158,17 +158,14 @@ int main(int argc, char** argv) {
         fmt::print(stderr,
                    "kvlab: error: unknown command '{}' (commands: demo, generate, speculate, bench, verify, memory, "
                    "pool, view, export)\n",
-                   argv[1]);
+                   kvlab::one_line(argv[1]));
         return 2;
     }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help
-        std::string msg = e.what();
-        for (char& ch : msg)
-            if (ch == '\n') ch = ' ';
-        fmt::print(stderr, "kvlab: error: {} (see kvlab --help)\n", msg);
+        fmt::print(stderr, "kvlab: error: {} (see kvlab --help)\n", kvlab::one_line(e.what()));
         return 2;
     }
     try {
@@ -187,7 +184,8 @@ int main(int argc, char** argv) {
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
     } catch (const std::exception& e) {
-        fmt::print(stderr, "kvlab: error: {}\n", e.what());
+        // The last guard of "one printable line": user text that reached a message unescaped.
+        fmt::print(stderr, "kvlab: error: {}\n", kvlab::one_line(e.what()));
     }
     return 1;
 }

@@ -71,20 +71,54 @@ int run_memory(const MemoryOptions& o) {
     const ReservationWaste w = reservation_waste(lengths, o.context, o.block_size);
     const std::int64_t contiguous_wasted = w.contiguous_reserved - w.used, paged_wasted = w.paged_reserved - w.used;
 
+    // Every figure before any line is printed: a figure past int64 stops the run with one line that
+    // names the options that made it, not half a table.
+    const auto named = [](auto&& figure, const std::string& message) {
+        try {
+            return figure();
+        } catch (const Error&) {
+            throw Error(message);
+        }
+    };
+    std::vector<std::vector<std::int64_t>> totals(models.size());  // [models, precisions] bytes
+    for (std::size_t m = 0; m < models.size(); m++)
+        for (const auto& p : precs)
+            totals[m].push_back(named([&] { return kv_bytes(models[m], p.bits, o.context, o.batch); },
+                                      fmt::format("--context {} x --batch {}: the KV bytes of {} at {} do not fit in "
+                                                  "a 64-bit count (lower either)",
+                                                  o.context, o.batch, models[m].name, p.name)));
+    // The contiguous reservation is the largest waste figure (used and wasted are parts of it; a
+    // paged one is at most a block per request more): the requests times --context make it.
+    const std::string requests = spread ? fmt::format("--requests {}", w.n_requests)
+                                        : fmt::format("{} request lengths in --lengths", w.n_requests);
+    const auto waste_bytes = [&](std::int64_t tokens) {
+        return named([&] { return bytes_for(wmodel, wprec.bits, tokens); },
+                     fmt::format("{} x --context {} reserve {} positions: their KV bytes at {} do not fit in a 64-bit "
+                                 "count (lower either)",
+                                 requests, o.context, w.contiguous_reserved, wprec.name));
+    };
+    const std::int64_t used_bytes = waste_bytes(w.used);
+    const std::int64_t contiguous_bytes = waste_bytes(w.contiguous_reserved);
+    const std::int64_t contiguous_wasted_bytes = waste_bytes(contiguous_wasted);
+    const std::int64_t paged_bytes = waste_bytes(w.paged_reserved);
+    const std::int64_t paged_wasted_bytes = waste_bytes(paged_wasted);
+
     if (o.json) {
         nlohmann::json j;
         j["context"] = o.context;
         j["batch"] = o.batch;
         for (const auto& p : precs) j["precisions"].push_back({{"name", p.name}, {"bits", p.bits}});
-        for (const auto& s : models) {
+        for (std::size_t mi = 0; mi < models.size(); mi++) {
+            const PublishedShape& s = models[mi];
             nlohmann::json m = {{"name", s.name},           {"n_layers", s.n_layers},
                                 {"n_heads", s.n_heads},     {"n_kv_heads", s.n_kv_heads},
                                 {"head_size", s.head_size}, {"mla_latent", s.mla_latent},
                                 {"mla_rope", s.mla_rope},   {"source", s.source}};
-            for (const auto& p : precs) {
+            for (std::size_t pi = 0; pi < precs.size(); pi++) {
+                const Precision& p = precs[pi];
                 m["bits_per_token"][p.name] = kv_bits_per_token(s, p.bits);
                 m["bytes_per_token"][p.name] = kv_bytes_per_token(s, p.bits);
-                m["total_bytes"][p.name] = kv_bytes(s, p.bits, o.context, o.batch);
+                m["total_bytes"][p.name] = totals[mi][pi];
             }
             j["models"].push_back(m);
         }
@@ -99,18 +133,18 @@ int run_memory(const MemoryOptions& o) {
             {"block_size", o.block_size},
             {"lengths", lj},
             {"used_tokens", w.used},
-            {"used_bytes", bytes_for(wmodel, wprec.bits, w.used)},
+            {"used_bytes", used_bytes},
             {"contiguous",
              {{"reserved_tokens", w.contiguous_reserved},
               {"wasted_tokens", contiguous_wasted},
-              {"reserved_bytes", bytes_for(wmodel, wprec.bits, w.contiguous_reserved)},
-              {"wasted_bytes", bytes_for(wmodel, wprec.bits, contiguous_wasted)},
+              {"reserved_bytes", contiguous_bytes},
+              {"wasted_bytes", contiguous_wasted_bytes},
               {"waste_fraction", w.contiguous_waste_fraction}}},
             {"paged",
              {{"reserved_tokens", w.paged_reserved},
               {"wasted_tokens", paged_wasted},
-              {"reserved_bytes", bytes_for(wmodel, wprec.bits, w.paged_reserved)},
-              {"wasted_bytes", bytes_for(wmodel, wprec.bits, paged_wasted)},
+              {"reserved_bytes", paged_bytes},
+              {"wasted_bytes", paged_wasted_bytes},
               {"waste_fraction", w.paged_waste_fraction}}},
         };
         fmt::print("{}\n", j.dump(2));
@@ -133,9 +167,9 @@ int run_memory(const MemoryOptions& o) {
         fmt::print("\n");
     }
     header(fmt::format("total for --context {} tokens x --batch {}:", o.context, o.batch));
-    for (const auto& s : models) {
-        row_start(s);
-        for (const auto& p : precs) fmt::print(" {:>9}", human_bytes(kv_bytes(s, p.bits, o.context, o.batch)));
+    for (std::size_t m = 0; m < models.size(); m++) {
+        row_start(models[m]);
+        for (std::int64_t bytes : totals[m]) fmt::print(" {:>9}", human_bytes(bytes));
         fmt::print("\n");
     }
     fmt::print("\nsources:\n");
@@ -151,15 +185,15 @@ int run_memory(const MemoryOptions& o) {
                human_bytes(kv_bytes_per_token(wmodel, wprec.bits)));
     fmt::print("{:<30} {:>16} {:>14} {:>7} {:>12} {:>12}\n", "reservation", "reserved tokens", "wasted tokens", "waste",
                "reserved KV", "wasted KV");
-    const auto waste_row = [&](const std::string& name, std::int64_t reserved, std::int64_t wasted, double fraction) {
+    const auto waste_row = [&](const std::string& name, std::int64_t reserved, std::int64_t wasted, double fraction,
+                               std::int64_t reserved_bytes, std::int64_t wasted_bytes) {
         fmt::print("{:<30} {:>16} {:>14} {:>6.1f}% {:>12} {:>12}\n", name, reserved, wasted, 100.0 * fraction,
-                   human_bytes(bytes_for(wmodel, wprec.bits, reserved)),
-                   human_bytes(bytes_for(wmodel, wprec.bits, wasted)));
+                   human_bytes(reserved_bytes), human_bytes(wasted_bytes));
     };
     waste_row(fmt::format("contiguous (max_seq {})", o.context), w.contiguous_reserved, contiguous_wasted,
-              w.contiguous_waste_fraction);
+              w.contiguous_waste_fraction, contiguous_bytes, contiguous_wasted_bytes);
     waste_row(fmt::format("paged (block_size {})", o.block_size), w.paged_reserved, paged_wasted,
-              w.paged_waste_fraction);
+              w.paged_waste_fraction, paged_bytes, paged_wasted_bytes);
     fmt::print(
         "\ncontiguous: every request reserves max_seq = --context positions up front.\n"
         "paged: a request holds ceil(length / block_size) blocks; only its last block is partly empty.\n");

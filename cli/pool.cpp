@@ -47,7 +47,7 @@ void check_name(const std::string& name) {
     if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) ||
         !std::all_of(name.begin(), name.end(), ident))
         throw Error(
-            fmt::format("'{}' is not a sequence name (letters, digits and _, not starting with a digit)", name));
+            fmt::format("'{}' is not a sequence name (letters, digits and _, not starting with a digit)", one_line(name)));
 }
 
 // "1 block", "2 blocks".
@@ -92,7 +92,7 @@ public:
         } catch (const Error& e) {
             // A long token list is cut short: the message stays one readable line.
             const std::string quoted = text.size() <= 60 ? text : text.substr(0, 57) + "...";
-            throw Error(fmt::format("pool script, command {} '{}': {}", index, quoted, e.what()));
+            throw Error(fmt::format("pool script, command {} '{}': {}", index, one_line(quoted), e.what()));
         }
     }
 
@@ -102,7 +102,7 @@ private:
     void execute(int index, const std::string& text, int width);
     Sequence& find(const std::string& name) {
         const auto it = seqs_.find(name);
-        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", name));
+        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", one_line(name)));
         return it->second;
     }
     void check_unused(const std::string& name) const {
@@ -243,7 +243,7 @@ void Session::execute(int index, const std::string& text, int width) {
     } else if (op == "free") {
         usage(2, "free NAME");
         const auto it = seqs_.find(w[1]);
-        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", w[1]));
+        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", one_line(w[1])));
         did = fmt::format("{}: released {} (published ones stay cached)", w[1],
                           plural(std::int64_t(it->second.cache->block_table().size()), "block"));
         r["sequence"] = w[1];
@@ -253,7 +253,8 @@ void Session::execute(int index, const std::string& text, int width) {
         did = fmt::format("{}, {}", plural(std::int64_t(seqs_.size()), "sequence"), plural(pool_.n_blocks(), "block"));
         if (o_.json) r["pool"] = show_json();  // a copy of every block: only when JSON is asked for
     } else {
-        throw Error(fmt::format("unknown command '{}' (commands: new, append, fork, rollback, free, show)", op));
+        throw Error(
+            fmt::format("unknown command '{}' (commands: new, append, fork, rollback, free, show)", one_line(op)));
     }
 
     Moves m;

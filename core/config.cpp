@@ -20,9 +20,27 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
 }  // namespace
 
 std::string one_line(const std::string& text) {
-    std::string out = text;
-    for (char& ch : out)
-        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    std::string out;
+    out.reserve(text.size());
+    const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+    for (std::size_t i = 0; i < text.size();) {
+        const unsigned char b = byte(i);
+        if (b >= 0x20 && b < 0x7f) {
+            out += char(b), i++;
+            continue;
+        }
+        // A whole UTF-8 sequence passes, except C1 controls (U+0080..U+009F: C2 80..C2 9F), which
+        // terminals obey as escapes; a stray or cut-short byte is escaped like a control.
+        const int len = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        bool utf8 = len > 0 && i + len <= text.size() && !(b == 0xC2 && byte(i + 1) < 0xA0);
+        for (int k = 1; utf8 && k < len; k++) utf8 = (byte(i + k) & 0xC0) == 0x80;
+        if (utf8) {
+            out.append(text, i, std::size_t(len)), i += std::size_t(len);
+            continue;
+        }
+        out += b == '\n' ? "\\n" : b == '\t' ? "\\t" : b == '\r' ? "\\r" : fmt::format("\\x{:02x}", b);
+        i++;
+    }
     return out;
 }
 
@@ -99,12 +117,12 @@ Config Config::parse(const std::string& spec, Config c) {
     while (std::getline(ss, item, ',')) {
         if (item.empty()) continue;
         const auto eq = item.find('=');
-        if (eq == std::string::npos) throw Error(fmt::format("shape: expected name=value, got '{}'", item));
+        if (eq == std::string::npos) throw Error(fmt::format("shape: expected name=value, got '{}'", one_line(item)));
         const std::string name = item.substr(0, eq), text = item.substr(eq + 1);
         const int value = parse_int("shape", text, fmt::format(" for {}", name));
         const auto* f = std::find_if(std::begin(kFields), std::end(kFields),
                                      [&](const auto& entry) { return name == entry.first; });
-        if (f == std::end(kFields)) throw Error(fmt::format("shape: unknown field '{}'", name));
+        if (f == std::end(kFields)) throw Error(fmt::format("shape: unknown field '{}'", one_line(name)));
         c.*(f->second) = value;
     }
     return c;

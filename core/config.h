@@ -22,7 +22,9 @@ struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// Text (a file name, say) made safe for a one-line message: control characters become '?'.
+// User text (a file name, an option's value) made safe to echo in a one-line message: control
+// characters become \n, \t, \r or \xNN (ESC is \x1b), so nothing reaches a terminal raw;
+// printable ASCII and whole UTF-8 characters pass unchanged.
 std::string one_line(const std::string& text);
 
 // "42" -> 42; anything else is an Error naming `option` (with `hint` after the message).

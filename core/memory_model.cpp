@@ -20,10 +20,11 @@ std::string normalized(const std::string& name) {
     return out;
 }
 
-// a * b, or an Error when the product leaves int64 (both are non-negative here).
+// a * b, or an Error when the product leaves int64 (both are non-negative here). The caller knows
+// which of its inputs made it too big, and says so (kvlab memory names the option).
 std::int64_t checked_mul(std::int64_t a, std::int64_t b) {
     if (a != 0 && b > std::numeric_limits<std::int64_t>::max() / a)
-        throw Error("memory: the KV cache size does not fit in a 64-bit byte count (lower --context or --batch)");
+        throw Error(fmt::format("memory: {} x {} bits does not fit in a 64-bit count", a, b));
     return a * b;
 }
 

@@ -62,6 +62,32 @@ TEST_CASE("unknown commands and options are one-line errors", "[cli][errors]") {
     check_refused("export --shape dim=16,n_heads=3 x.bin", "n_heads (3) must divide dim (16)");
 }
 
+TEST_CASE("messages quote user text on one printable line, and name the option that was wrong", "[cli][errors]") {
+    // one_line: controls escaped (ESC as \x1b, C1 controls too), whole UTF-8 characters kept.
+    CHECK(kvlab::one_line("a\nb\tc\x1b[2J\x7f") == "a\\nb\\tc\\x1b[2J\\x7f");
+    CHECK(kvlab::one_line("caf\xC3\xA9 \xC2\x9B \xC3") == "caf\xC3\xA9 \\xc2\\x9b \\xc3");
+    // The shell's printf makes the control characters (std::system runs sh, which has no $'...').
+    const auto refused_printable = [](const std::string& args, const std::string& needle) {
+        check_refused(args, needle);
+        const Run r = run_kvlab(args);
+        INFO(args << "\nstderr: " << r.err);
+        CHECK(std::all_of(r.err.begin(), r.err.end(), [](char ch) { return ch == '\n' || (ch >= 0x20 && ch < 0x7f); }));
+    };
+    refused_printable(R"x(export --shape "$(printf 'dim=6\n4')" x.bin)x", R"x('6\n4' is not an integer for dim)x");
+    refused_printable(R"x("$(printf 'fro\nb')")x", R"x(unknown command 'fro\nb')x");
+    refused_printable(R"x(pool --script "$(printf 'new a 1,2; bogus\033[2J')")x", R"x('bogus\x1b[2J')x");
+    refused_printable(R"x(demo --steps "$(printf '\033[31m')")x", R"x(\x1b[31m)x");
+    check_refused("generate --seed -1", "--seed: -1 is negative");
+    check_refused("demo --model-seed -1", "--model-seed: -1 is negative");
+    check_refused("view --speed nan", "--speed: nan is not a finite number");
+    check_refused("generate --top-p -nan", "--top-p: -nan is not a finite number");
+    // The figure past int64 is the requests' reservation, and nothing is printed before the refusal.
+    const Run r = run_kvlab("memory --requests 1048576 --context 16777216");
+    CHECK(r.out.empty());
+    check_refused("memory --requests 1048576 --context 16777216", "--requests 1048576 x --context 16777216");
+    check_refused("memory --batch 1048576 --context 16777216 --model gpt3-175b", "--context 16777216 x --batch 1048576");
+}
+
 TEST_CASE("bad checkpoints are one-line errors: missing, truncated, oversized, nonsensical headers", "[cli][errors]") {
     check_refused("demo --model /nonexistent/model.bin", "/nonexistent/model.bin");
     const fs::path good = exported_model("good.bin", kTiny);
