@@ -22,7 +22,8 @@ void check_numbers(CLI::App& app) {
         [](std::string& text) -> std::string {
             char* end = nullptr;
             const double v = std::strtod(text.c_str(), &end);
-            if (end != text.c_str() && !std::isfinite(v)) return fmt::format("{} is not a finite number", one_line(text));
+            if (end != text.c_str() && !std::isfinite(v))
+                return fmt::format("{} is not a finite number", one_line(text));
             return "";
         },
         "", "finite");

@@ -46,8 +46,8 @@ void check_name(const std::string& name) {
     const auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
     if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) ||
         !std::all_of(name.begin(), name.end(), ident))
-        throw Error(
-            fmt::format("'{}' is not a sequence name (letters, digits and _, not starting with a digit)", one_line(name)));
+        throw Error(fmt::format("'{}' is not a sequence name (letters, digits and _, not starting with a digit)",
+                                one_line(name)));
 }
 
 // "1 block", "2 blocks".

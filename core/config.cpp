@@ -46,8 +46,8 @@ std::string one_line(const std::string& text) {
 
 void check_size(const std::string& what, std::int64_t count, std::int64_t bytes_each) {
     if (count >= 0 && bytes_each >= 0 && (bytes_each == 0 || count <= kMaxBytes / bytes_each)) return;
-    throw Error(fmt::format("{} would take {:.0f} B, over the limit of {} B (1 GiB) for one model, pool or cache",
-                            what, double(count) * double(bytes_each), kMaxBytes));
+    throw Error(fmt::format("{} would take {:.0f} B, over the limit of {} B (1 GiB) for one model, pool or cache", what,
+                            double(count) * double(bytes_each), kMaxBytes));
 }
 
 int parse_int(const std::string& option, const std::string& text, const std::string& hint) {

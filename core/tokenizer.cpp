@@ -197,7 +197,7 @@ void Tokenizer::merge(std::vector<int>& tokens) const {
     // A linked list over the initial positions: a merge keeps its left node and unlinks the right,
     // so list order is text order and the lower node index is the leftmost pair.
     std::vector<std::size_t> prev(n), next(n);  // [n] neighbours, kNone at the ends
-    std::vector<std::uint32_t> version(n, 0);    // [n] bumped when a node's token changes or it leaves
+    std::vector<std::uint32_t> version(n, 0);   // [n] bumped when a node's token changes or it leaves
     for (std::size_t i = 0; i < n; i++) {
         prev[i] = i == 0 ? kNone : i - 1;
         next[i] = i + 1 == n ? kNone : i + 1;

@@ -104,12 +104,12 @@ TEST_CASE("one size limit: a model, a pool or a cache past kMaxBytes is refused 
     Config big = stories260k_shape();
     big.dim = 4096, big.hidden_dim = 11008, big.n_heads = 32, big.n_kv_heads = 32, big.n_layers = 32;
     big.vocab_size = 32000, big.max_seq = 2048;
-    CHECK_THROWS_WITH(random_model(big, 1), refused);                    // 26 GB of weights
+    CHECK_THROWS_WITH(random_model(big, 1), refused);                         // 26 GB of weights
     CHECK_THROWS_WITH(BlockPool(stories260k_shape(), 16, 1 << 20), refused);  // 21 GB of blocks
     Config long_cache = stories260k_shape();
     long_cache.dim = 512, long_cache.n_heads = 8, long_cache.n_kv_heads = 8, long_cache.max_seq = 131072;
     CHECK_THROWS_WITH(ContiguousCache(long_cache), refused);  // 2.5 GiB of K and V
-    GrowingCache growing(long_cache, 131072);  // allocates as it grows: the limit applies then
+    GrowingCache growing(long_cache, 131072);                 // allocates as it grows: the limit applies then
     const std::vector<int> one = {1};
     CHECK_THROWS_WITH(growing.append(one), refused);
     CHECK(growing.length() == 0);

@@ -85,7 +85,8 @@ TEST_CASE("messages quote user text on one printable line, and name the option t
     const Run r = run_kvlab("memory --requests 1048576 --context 16777216");
     CHECK(r.out.empty());
     check_refused("memory --requests 1048576 --context 16777216", "--requests 1048576 x --context 16777216");
-    check_refused("memory --batch 1048576 --context 16777216 --model gpt3-175b", "--context 16777216 x --batch 1048576");
+    check_refused("memory --batch 1048576 --context 16777216 --model gpt3-175b",
+                  "--context 16777216 x --batch 1048576");
 }
 
 TEST_CASE("bad checkpoints are one-line errors: missing, truncated, oversized, nonsensical headers", "[cli][errors]") {

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -503,16 +503,16 @@ TEST_CASE("property: the heap-based encoder makes run.c's merges, ties and senti
         const auto n = *rc::gen::inRange(0, 30);
         std::vector<Entry> merges;
         for (const auto& a : {" ", "a", "b"}) merges.push_back({-100.0f, a});  // "c" and the rest: bytes
-        for (int i = 0; i < n; i++) merges.push_back({*score, *rc::gen::suchThat(piece, [](const std::string& p) {
-                                                          return !p.empty() && p.size() <= 8;
-                                                      })});
+        for (int i = 0; i < n; i++)
+            merges.push_back(
+                {*score, *rc::gen::suchThat(piece, [](const std::string& p) { return !p.empty() && p.size() <= 8; })});
         const Tokenizer t = load_entries(llama_layout(merges));
-        const std::string text = *rc::gen::map(
-            rc::gen::container<std::vector<std::string>>(rc::gen::elementOf(atoms)), [](const std::vector<std::string>& parts) {
-                std::string s;
-                for (const auto& a : parts) s += a;
-                return s;
-            });
+        const std::string text = *rc::gen::map(rc::gen::container<std::vector<std::string>>(rc::gen::elementOf(atoms)),
+                                               [](const std::vector<std::string>& parts) {
+                                                   std::string s;
+                                                   for (const auto& a : parts) s += a;
+                                                   return s;
+                                               });
         const bool bos = *rc::gen::arbitrary<bool>(), eos = *rc::gen::arbitrary<bool>();
         const std::vector<int> fast = t.encode(text, bos, eos);
         RC_ASSERT(fast == encode_run_c(t, text, bos, eos));
