@@ -21,8 +21,8 @@ namespace {
 const std::string& tiny_model_path() {
     static fuzz::MemFile file("pool-model");
     static const bool written = [] {
-        const Config c = Config::parse("dim=8,hidden_dim=12,n_layers=2,n_heads=2,n_kv_heads=1,vocab_size=32,max_seq=24",
-                                       Config{});
+        const Config c =
+            Config::parse("dim=8,hidden_dim=12,n_layers=2,n_heads=2,n_kv_heads=1,vocab_size=32,max_seq=24", Config{});
         save_checkpoint(file.path(), random_model(c, 11));
         return true;
     }();

@@ -10,13 +10,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
-#include <algorithm>
 
 #include "config.h"
 
@@ -24,13 +24,13 @@ namespace kvlab::fuzz {
 
 // A broken property: print it on stderr (libFuzzer shows it above its report) and crash, so the
 // input is saved as a crash file.
-#define FUZZ_CHECK(cond, ...)                         \
-    do {                                              \
-        if (!(cond)) {                                \
+#define FUZZ_CHECK(cond, ...)                                            \
+    do {                                                                 \
+        if (!(cond)) {                                                   \
             std::fprintf(stderr, "fuzz: property broken: " __VA_ARGS__); \
-            std::fputc('\n', stderr);                 \
-            __builtin_trap();                         \
-        }                                             \
+            std::fputc('\n', stderr);                                    \
+            __builtin_trap();                                            \
+        }                                                                \
     } while (0)
 
 // The loaders read files by path. An in-memory file (memfd) rewritten on every run keeps the disk

@@ -57,9 +57,9 @@ std::string to_v1(const std::string& legacy) {
     const std::int64_t dim = h[0], hid = h[1], L = h[2], nh = h[3], nkv = h[4], voc = std::abs(h[5]), seq = h[6];
     const std::int64_t hs = dim / nh, kv = nkv * hs;
     // The legacy order, in floats.
-    const std::int64_t sizes[] = {voc * dim, L * dim,   L * dim * dim, L * kv * dim, L * kv * dim, L * dim * dim,
-                                  L * dim,   L * hid * dim, L * dim * hid, L * hid * dim, dim, seq * (hs / 2),
-                                  seq * (hs / 2)};
+    const std::int64_t sizes[] = {voc * dim,     L * dim,        L * dim * dim, L * kv * dim,  L * kv * dim,
+                                  L * dim * dim, L * dim,        L * hid * dim, L * dim * hid, L * hid * dim,
+                                  dim,           seq * (hs / 2), seq * (hs / 2)};
     std::vector<std::string> t;  // emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, cos, sin
     std::size_t at = 28;
     for (std::int64_t n : sizes) {
@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
         k++;
     }
     // Too small for byte fallback: encode must refuse, not index past the vocabulary.
-    write(seeds / "tokenizer" / "tiny", tokenizer_seed(3, true, true, "xyz", tokenizer_bytes(small_vocab({})).substr(0, 4 + 3 * 8 + 5 + 5 + 6)));
+    write(seeds / "tokenizer" / "tiny",
+          tokenizer_seed(3, true, true, "xyz", tokenizer_bytes(small_vocab({})).substr(0, 4 + 3 * 8 + 5 + 5 + 6)));
     if (fs::exists(models / "tok512.bin")) {
         const std::string tok = read(models / "tok512.bin");
         write(seeds / "tokenizer" / "tok512-0", tokenizer_seed(512, true, false, "Once upon a time, there was", tok));

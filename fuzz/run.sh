@@ -43,7 +43,7 @@ for t in "${targets[@]}"; do
     findings=$build/fuzz/findings/$t
     log=$build/fuzz/logs/$t.log
     mkdir -p "$corpus" "$findings" "$(dirname "$log")"
-    args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024
+    args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048
           -print_final_stats=1 -artifact_prefix="$findings/")
     [[ -f $src/$t.dict ]] && args+=(-dict="$src/$t.dict")
     "$bin" "${args[@]}" "$corpus" "$build/fuzz/seeds/$t" >"$log" 2>&1
