@@ -353,14 +353,6 @@ void exp_oracle(const ExpFn& exp) {
     if (d > 1) kvlab::fail(fmt::format("exp_f32({:a}) = {:a}, {} ulp from e^x = {:a}", x, exp(x), d, want));
 }
 
-// A counter-test: the oracle must reject a planted kernel bug within `cases` cases.
-void expect_caught(const std::function<void()>& property, const char* phrase) {
-    const kvlab::PropertyOutcome outcome = kvlab::check_property(property, 300, 7);
-    INFO("counterexample: " << outcome.counterexample);
-    CHECK_FALSE(outcome.passed);
-    CHECK(outcome.counterexample.find(phrase) != std::string::npos);
-}
-
 }  // namespace
 
 TEST_CASE("kernel oracles: matmul is within the derived bound of the float64 sum, over the whole domain",
@@ -395,7 +387,7 @@ TEST_CASE("kernel oracles: exp_f32 within 1 ulp for every float whose e^x is nor
 TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught by its oracle",
           "[kernels][oracle][counter]") {
     SECTION("matmul that drops the last term") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             matmul_oracle([](Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
                              int n_in, int n_out) {
                 kvlab::matmul_reference(ex, y, ldy, x, ldx, w, ldw, rows, n_in > 0 ? n_in - 1 : 0, n_out);
@@ -403,7 +395,7 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "matmul Y");
     }
     SECTION("softmax that does not subtract the maximum (overflows on large scores)") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             softmax_oracle([](float* x, int n) {
                 float sum = 0;
                 for (int i = 0; i < n; i++) sum = sum + (x[i] = kvlab::exp_f32(x[i]));
@@ -412,7 +404,7 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "softmax of");
     }
     SECTION("softmax whose sum skips the last entry") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             softmax_oracle([](float* x, int n) {
                 float max = x[0];
                 for (int i = 1; i < n; i++) max = std::max(max, x[i]);
@@ -426,7 +418,7 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "softmax of");
     }
     SECTION("rmsnorm with epsilon 1e-6 (visible only on rows of tiny values)") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             rmsnorm_oracle([](Exec&, float* out, const float* x, const float* w, int rows, int dim) {
                 for (int r = 0; r < rows; r++) {
                     float ss = 0;
@@ -438,14 +430,14 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "rmsnorm row");
     }
     SECTION("silu with e^a instead of e^-a") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             silu_oracle([](Exec&, float* h1, const float* h3, std::int64_t n) {
                 for (std::int64_t i = 0; i < n; i++) h1[i] = h1[i] * (1.0f / (1.0f + kvlab::exp_f32(h1[i]))) * h3[i];
             });
         }, "silu_mul(");
     }
     SECTION("rope that reads the table at pos + 1") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             rope_oracle([](Exec& ex, float* vec, int rows, int n_heads, int hs, std::span<const int> positions,
                            const kvlab::RopeTable& table) {
                 std::vector<int> shifted(positions.begin(), positions.end());
@@ -455,7 +447,7 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "rope row");
     }
     SECTION("a RoPE table with frequencies 10000^(-j / head_size)") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             const int hs = 2 * *full_range(1, 6), max_seq = *full_range(2, 100);
             kvlab::RopeTable wrong(max_seq, hs);
             for (int pos = 0; pos < max_seq; pos++)
@@ -468,7 +460,7 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "RoPE table");
     }
     SECTION("attention without the 1 / sqrt(head_size) scale") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             attention_oracle([](float* out, const float* q, int hs, int n, const float* k, const float* v, float* scores) {
                 std::vector<float> q_scaled(q, q + hs);
                 for (float& x : q_scaled) x = x * std::sqrt(float(hs));  // cancels the kernel's division
@@ -477,7 +469,7 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "attention_row");
     }
     SECTION("add that rounds through a 16-bit significand") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             add_oracle([](Exec&, float* x, const float* y, std::int64_t n) {
                 for (std::int64_t i = 0; i < n; i++) {
                     const float s = x[i] + y[i];
@@ -487,7 +479,7 @@ TEST_CASE("kernel oracles counter-test: a planted bug in each kernel is caught b
         }, "add(");
     }
     SECTION("exp_f32 two ulps high above 1") {
-        expect_caught([] {
+        kvlab::test::expect_failure([] {
             exp_oracle([](float x) {
                 const float y = kvlab::exp_f32(x);
                 return x > 0 ? std::nextafter(std::nextafter(y, INFINITY), INFINITY) : y;

@@ -205,13 +205,6 @@ void lru_property(Expect expect) {
     }
 }
 
-void expect_caught(const std::function<void()>& property, const char* phrase) {
-    const kvlab::PropertyOutcome outcome = kvlab::check_property(property, 100, 11);
-    INFO("counterexample: " << outcome.counterexample);
-    CHECK_FALSE(outcome.passed);
-    CHECK(outcome.counterexample.find(phrase) != std::string::npos);
-}
-
 }  // namespace
 
 TEST_CASE("top-p draws only the nucleus, each token at its renormalized probability (false-failure rate <= 1e-4)",
@@ -221,8 +214,8 @@ TEST_CASE("top-p draws only the nucleus, each token at its renormalized probabil
 
 TEST_CASE("top-p counter-test: a nucleus one token short, and a coin not rescaled, are caught",
           "[sampler][policy][counter]") {
-    expect_caught([] { top_p_property(planted_sampler(TopPBug::drops_boundary_token)); }, "drawn with frequency");
-    expect_caught([] { top_p_property(planted_sampler(TopPBug::no_rescale)); }, "drawn with frequency");
+    kvlab::test::expect_failure([] { top_p_property(planted_sampler(TopPBug::drops_boundary_token)); }, "drawn with frequency");
+    kvlab::test::expect_failure([] { top_p_property(planted_sampler(TopPBug::no_rescale)); }, "drawn with frequency");
 }
 
 TEST_CASE("paged pool: with no free block, each allocation evicts the cached block released longest ago",
@@ -234,6 +227,6 @@ TEST_CASE("paged pool counter-test: the LRU check tells LRU from MRU and from lo
           "[paged][policy][counter]") {
     // The pool is LRU, so a check expecting another order must fail; symmetrically, the LRU check
     // above fails for a pool that evicts most recently used or lowest block first.
-    expect_caught([] { lru_property(Expect::most_recently_used); }, "evicted block");
-    expect_caught([] { lru_property(Expect::lowest_block); }, "evicted block");
+    kvlab::test::expect_failure([] { lru_property(Expect::most_recently_used); }, "evicted block");
+    kvlab::test::expect_failure([] { lru_property(Expect::lowest_block); }, "evicted block");
 }
