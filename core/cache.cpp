@@ -120,16 +120,30 @@ void Cache::stored(int l, std::span<const int> positions) {
 }
 
 void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
-    if (l < 0 || l >= config_.n_layers) throw Error(fmt::format("kv cache: no layer {}", l));
+    check_head(l, 0);
     const std::int64_t s = write_slot(pos);
     const KVStorage& st = storage();
     const int hs = config_.head_size();
+    const std::int64_t bytes = std::int64_t(sizeof(float)) * hs;
+    // The rows replaced [kv_dim], put back when the variant refuses the new ones in stored() (a
+    // quantized cache's per-channel keys out of order): a refused write changes nothing.
+    std::vector<float> old_k(std::size_t(config_.kv_dim())), old_v(old_k.size());
     for (int h = 0; h < config_.n_kv_heads; h++) {
-        st.memory().upload(st.k.data() + st.row(l, h, s) * hs, k_row + h * hs, std::int64_t(sizeof(float)) * hs);
-        st.memory().upload(st.v.data() + st.row(l, h, s) * hs, v_row + h * hs, std::int64_t(sizeof(float)) * hs);
+        st.memory().download(old_k.data() + h * hs, st.k.data() + st.row(l, h, s) * hs, bytes);
+        st.memory().download(old_v.data() + h * hs, st.v.data() + st.row(l, h, s) * hs, bytes);
+        st.memory().upload(st.k.data() + st.row(l, h, s) * hs, k_row + h * hs, bytes);
+        st.memory().upload(st.v.data() + st.row(l, h, s) * hs, v_row + h * hs, bytes);
     }
     const int positions[] = {pos};
-    stored(l, positions);
+    try {
+        stored(l, positions);
+    } catch (...) {
+        for (int h = 0; h < config_.n_kv_heads; h++) {
+            st.memory().upload(st.k.data() + st.row(l, h, s) * hs, old_k.data() + h * hs, bytes);
+            st.memory().upload(st.v.data() + st.row(l, h, s) * hs, old_v.data() + h * hs, bytes);
+        }
+        throw;
+    }
 }
 
 int Cache::attended(int pos, std::int64_t* slots, int* positions) const {
@@ -150,7 +164,17 @@ RowKV Cache::row_kv() const {
     return r;
 }
 
+// A layer or KV head out of range would address rows outside the storage (a position out of range
+// reads NaN, as documented).
+void Cache::check_head(int l, int h) const {
+    if (l < 0 || l >= config_.n_layers)
+        throw Error(fmt::format("kv cache: no layer {} (n_layers = {})", l, config_.n_layers));
+    if (h < 0 || h >= config_.n_kv_heads)
+        throw Error(fmt::format("kv cache: no KV head {} (n_kv_heads = {})", h, config_.n_kv_heads));
+}
+
 const float* Cache::key(int l, int h, int t) const {
+    check_head(l, h);
     const KVStorage& st = storage();
     if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
     const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
@@ -158,6 +182,7 @@ const float* Cache::key(int l, int h, int t) const {
 }
 
 const float* Cache::value(int l, int h, int t) const {
+    check_head(l, h);
     const KVStorage& st = storage();
     if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
     const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
@@ -174,7 +199,14 @@ void Cache::truncate(int n) {
     append_start_ = std::min(append_start_, length());
 }
 
-int Cache::attach_prefix(std::span<const int>) { return 0; }
+// Refused for a cache holding rows in every variant, with a prefix cache or not: a hit would
+// replace them.
+int Cache::attach_prefix(std::span<const int>) {
+    if (length() != 0)
+        throw Error(
+            fmt::format("kv cache: a prefix attaches only to an empty sequence, not to one of length {}", length()));
+    return 0;
+}
 
 void Cache::adopt(std::span<const int> tokens) {
     assert(length() == 0);

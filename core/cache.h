@@ -116,7 +116,7 @@ public:
     // What a query row of this cache passes to the kernels (write_slot and n left unset).
     RowKV row_kv() const;
     // The head_size floats of layer l, KV head h, position t (NaN when not held), read from
-    // host-visible storage; throws Error for storage on a device.
+    // host-visible storage; throws Error for storage on a device, or a layer or head out of range.
     const float* key(int l, int h, int t) const;
     const float* value(int l, int h, int t) const;
     // The most positions one append() may add (a window's ring needs its rows read before they
@@ -130,6 +130,7 @@ public:
     void clear() { truncate(0); }
     // Prefix caching: maps already computed rows for the longest usable prefix of tokens into
     // this empty cache and returns how many positions it now holds (0 for variants without).
+    // Throws Error for a cache that is not empty.
     virtual int attach_prefix(std::span<const int> tokens);
 
     virtual MemoryStats memory() const = 0;
@@ -146,12 +147,14 @@ protected:
     virtual void reserve(int new_length) = 0;
     // Bookkeeping before position pos is written (a paged cache counts writes into shared blocks).
     virtual void on_write(int pos) { (void)pos; }
+    // May refuse (throw Error) before changing anything; write() then puts the old rows back.
     virtual void on_stored(int l, int pos) { (void)l, (void)pos; }
     // Forget positions >= n; the rows' memory reads NaN again.
     virtual void release(int n) = 0;
     void record(EventKind kind, int pos = -1, int count = 0, int block = -1, int from = -1) const;
     // For attach_prefix: positions 0..tokens.size()-1 now hold rows computed elsewhere.
     void adopt(std::span<const int> tokens);
+    void check_head(int l, int h) const;  // throws Error for a layer or KV head out of range
 
     Config config_;
 
