@@ -145,7 +145,7 @@ public:
 protected:
     // Room for positions up to new_length (exclusive); must throw before changing anything.
     virtual void reserve(int new_length) = 0;
-    // Bookkeeping before position pos is written (a paged cache counts writes into shared blocks).
+    // Bookkeeping before position pos is written; may refuse (a paged cache's shared block).
     virtual void on_write(int pos) { (void)pos; }
     // May refuse (throw Error) before changing anything; write() then puts the old rows back.
     virtual void on_stored(int l, int pos) { (void)l, (void)pos; }

@@ -53,6 +53,13 @@ BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool pr
     for (int b = n_blocks - 1; b >= 0; b--) free_.push_back(b);  // block 0 is handed out first
 }
 
+BlockPool::~BlockPool() {
+    for (PagedCache* seq : sequences_) {
+        seq->pool_ = nullptr;
+        seq->table_.clear();
+    }
+}
+
 int BlockPool::n_cached() const {
     int n = 0;
     for (int b = 0; b < n_blocks_; b++) n += refcount_[b] == 0 && published_[b];
@@ -178,34 +185,43 @@ MemoryStats BlockPool::memory() const {
 // One sequence
 
 PagedCache::PagedCache(BlockPool& pool, std::uint64_t model_identity, int id)
-    : Cache(pool.config()), pool_(pool), model_(model_identity) {
+    : Cache(pool.config()), pool_(&pool), model_(model_identity) {
     seq_id = id;
+    pool.sequences_.push_back(this);
 }
 
 PagedCache::~PagedCache() {
-    for (int block : table_) pool_.release(block, this);
+    if (!pool_) return;  // orphaned: its blocks went with the pool
+    for (int block : table_) pool_->release(block, this);
+    auto& live = pool_->sequences_;
+    live.erase(std::find(live.begin(), live.end(), this));
+}
+
+BlockPool& PagedCache::pool() const {
+    if (!pool_) throw Error(fmt::format("paged cache: sequence {}'s block pool was destroyed before it", seq_id));
+    return *pool_;
 }
 
 int PagedCache::slot_in_block(int pos) const {
-    const int bs = pool_.block_size();
+    const int bs = pool().block_size();
     // The planted bug takes the slot modulo a different block size than the block index.
     if (mutant == Mutant::slot_wrong_block && bs > 1) return pos % (bs - 1);
     return pos % bs;
 }
 
 std::int64_t PagedCache::slot(int t) const {
-    const std::size_t b = std::size_t(t / pool_.block_size());
+    const std::size_t b = std::size_t(t / pool().block_size());
     if (t < 0 || b >= table_.size()) return -1;
-    return pool_.slot(table_[b], slot_in_block(t));
+    return pool().slot(table_[b], slot_in_block(t));
 }
 
 // Block by block through the table: one lookup per block instead of one per row.
 int PagedCache::attended(int pos, std::int64_t* slots, int* positions) const {
     if (mutant == Mutant::slot_wrong_block) return Cache::attended(pos, slots, positions);
-    const int bs = pool_.block_size();
+    const int bs = pool().block_size();
     for (int t0 = 0, b = 0; t0 <= pos; t0 += bs, b++) {
         const int n = std::min(bs, pos + 1 - t0);
-        const std::int64_t first = b < int(table_.size()) ? pool_.slot(table_[b], 0) : -1;
+        const std::int64_t first = b < int(table_.size()) ? pool().slot(table_[b], 0) : -1;
         for (int s = 0; s < n; s++) {
             slots[t0 + s] = first < 0 ? -1 : first + s;
             if (positions) positions[t0 + s] = t0 + s;
@@ -218,64 +234,71 @@ int PagedCache::rows_in(int block) const {
     const auto it = std::find(table_.begin(), table_.end(), block);
     if (it == table_.end()) return 0;
     const std::int64_t b = it - table_.begin();
-    return int(std::clamp<std::int64_t>(length() - b * pool_.block_size(), 0, pool_.block_size()));
+    return int(std::clamp<std::int64_t>(length() - b * pool().block_size(), 0, pool().block_size()));
 }
 
 BlockPool::BlockKey PagedCache::key_of(int b) const {
-    const int bs = pool_.block_size();
+    const int bs = pool().block_size();
     BlockPool::BlockKey key;
     key.parent = b > 0 ? hashes_[b - 1] : 0;
     // The planted bug keys blocks by tokens alone: another model's rows would hit.
-    key.model = pool_.mutant == Mutant::hash_ignores_model ? 0 : model_;
+    key.model = pool().mutant == Mutant::hash_ignores_model ? 0 : model_;
     key.tokens.assign(tokens().begin() + std::int64_t(b) * bs, tokens().begin() + std::int64_t(b + 1) * bs);
     return key;
 }
 
 void PagedCache::reserve(int new_length) {
-    const int bs = pool_.block_size();
+    const int bs = pool().block_size();
     const int n_new = std::max(0, (new_length + bs - 1) / bs - int(table_.size()));
     // The block receiving the next row must be ours alone: shared (fork, prefix hit) or
     // published blocks get a private copy first.
     const int b = length() / bs;
     const bool cow = length() % bs != 0 && b < int(table_.size()) &&
-                     (pool_.refcount(table_[b]) > 1 || pool_.published(table_[b])) &&
-                     pool_.mutant != Mutant::cow_no_copy;
+                     (pool().refcount(table_[b]) > 1 || pool().published(table_[b])) &&
+                     pool().mutant != Mutant::cow_no_copy;
     const int needed = n_new + (cow ? 1 : 0);
-    if (needed > pool_.available())
+    if (needed > pool().available())
         throw Error(fmt::format("paged cache: sequence {} needs {} more blocks of {} positions, the pool has {} free",
-                                seq_id, needed, bs, pool_.available()));
+                                seq_id, needed, bs, pool().available()));
     // Nothing below throws.
     if (cow) {
-        const int shared = table_[b], copy = pool_.allocate(this);
-        pool_.copy_block(copy, shared);
-        pool_.poison(copy, length() % bs);  // rows past our length are not ours
-        pool_.release(shared, this);
+        const int shared = table_[b], copy = pool().allocate(this);
+        pool().copy_block(copy, shared);
+        pool().poison(copy, length() % bs);  // rows past our length are not ours
+        pool().release(shared, this);
         table_[b] = copy;
-        pool_.event(EventKind::copy_on_write, seq_id, copy, shared, length());
+        pool().event(EventKind::copy_on_write, seq_id, copy, shared, length());
     }
-    for (int i = 0; i < n_new; i++) table_.push_back(pool_.allocate(this));
+    for (int i = 0; i < n_new; i++) table_.push_back(pool().allocate(this));
 }
 
+// A row of the latest append in a block another owner can read (forked after the append, or
+// published by it) stays as it is: rewriting it would change the other's rows without a copy.
 void PagedCache::on_write(int pos) {
-    const int block = table_[std::size_t(pos / pool_.block_size())];
-    if (pool_.refcount(block) > 1 || pool_.published(block)) pool_.count_shared_write();
+    BlockPool& pool = this->pool();
+    const int block = table_[std::size_t(pos / pool.block_size())];
+    if (pool.refcount(block) == 1 && !pool.published(block)) return;
+    if (pool.mutant == Mutant::cow_no_copy) return pool.count_shared_write();  // the planted bug writes anyway
+    throw Error(fmt::format(
+        "paged cache: sequence {} cannot rewrite position {}: block {} is {}; roll back to rewrite it", seq_id, pos,
+        block, pool.refcount(block) > 1 ? "shared with another sequence" : "in the prefix cache"));
 }
 
 void PagedCache::on_stored(int l, int pos) {
-    const int bs = pool_.block_size();
+    const int bs = pool().block_size();
     // The last layer's row that fills a block completes it: hash it, and publish it.
     if (l == config_.n_layers - 1 && pos % bs == bs - 1 && pos / bs == int(hashes_.size())) {
         BlockPool::BlockKey key = key_of(pos / bs);
         hashes_.push_back(key.hash());
-        if (pool_.prefix_caching()) pool_.publish(table_[std::size_t(pos / bs)], std::move(key));
+        if (pool().prefix_caching()) pool().publish(table_[std::size_t(pos / bs)], std::move(key));
     }
 }
 
 void PagedCache::release(int n) {
-    const int bs = pool_.block_size();
+    const int bs = pool().block_size();
     const int keep = (n + bs - 1) / bs;
     while (int(table_.size()) > keep) {
-        pool_.release(table_.back(), this);
+        pool().release(table_.back(), this);
         table_.pop_back();
     }
     hashes_.resize(std::min<std::size_t>(hashes_.size(), std::size_t(n / bs)));
@@ -283,14 +306,14 @@ void PagedCache::release(int n) {
     // longer full, so no longer a cached prefix); if shared, copy-on-write handles the next write.
     if (n % bs != 0 && keep <= int(table_.size())) {
         const int block = table_[keep - 1];
-        if (pool_.refcount(block) == 1 && !pool_.published(block)) pool_.poison(block, n % bs);
+        if (pool().refcount(block) == 1 && !pool().published(block)) pool().poison(block, n % bs);
     }
 }
 
 int PagedCache::attach_prefix(std::span<const int> tokens) {
     if (length() != 0) throw Error("paged cache: a prefix attaches only to an empty sequence");
-    if (!pool_.prefix_caching() || tokens.empty()) return 0;
-    const int bs = pool_.block_size();
+    if (!pool().prefix_caching() || tokens.empty()) return 0;
+    const int bs = pool().block_size();
     // At most tokens.size() - 1 positions: the last token always runs, for its logits.
     const int max_blocks = int((tokens.size() - 1) / bs);
     std::vector<int> blocks;
@@ -298,29 +321,29 @@ int PagedCache::attach_prefix(std::span<const int> tokens) {
     for (int b = 0; b < max_blocks; b++) {
         BlockPool::BlockKey key;
         key.parent = b > 0 ? hashes.back() : 0;
-        key.model = pool_.mutant == Mutant::hash_ignores_model ? 0 : model_;
+        key.model = pool().mutant == Mutant::hash_ignores_model ? 0 : model_;
         key.tokens.assign(tokens.begin() + std::int64_t(b) * bs, tokens.begin() + std::int64_t(b + 1) * bs);
-        const int block = pool_.lookup(key);
+        const int block = pool().lookup(key);
         if (block < 0) break;
         blocks.push_back(block);
         hashes.push_back(key.hash());
     }
     const int hit = int(blocks.size()) * bs;
     if (hit == 0) return 0;
-    for (int block : blocks) pool_.retain(block, this);
+    for (int block : blocks) pool().retain(block, this);
     table_ = std::move(blocks);
     hashes_ = std::move(hashes);
     adopt(tokens.first(hit));
-    pool_.count_prefix_hit(hit);
+    pool().count_prefix_hit(hit);
     record(EventKind::prefix_hit, 0, hit);
     return hit;
 }
 
 std::unique_ptr<PagedCache> PagedCache::fork(int new_seq_id) const {
-    auto child = std::make_unique<PagedCache>(pool_, model_, new_seq_id);
+    auto child = std::make_unique<PagedCache>(pool(), model_, new_seq_id);
     child->trace = trace;
     child->mutant = mutant;
-    for (int block : table_) pool_.retain(block, child.get());
+    for (int block : table_) pool().retain(block, child.get());
     child->table_ = table_;
     child->hashes_ = hashes_;
     child->adopt(tokens());
@@ -330,9 +353,9 @@ std::unique_ptr<PagedCache> PagedCache::fork(int new_seq_id) const {
 MemoryStats PagedCache::memory() const {
     MemoryStats m;
     m.used_bytes = kv_bytes(config_, length());
-    m.payload_bytes = m.reserved_bytes = std::int64_t(table_.size()) * pool_.block_bytes();
+    m.payload_bytes = m.reserved_bytes = std::int64_t(table_.size()) * pool().block_bytes();
     m.allocated_bytes = m.reserved_bytes;  // blocks live in the pool; BlockPool::memory() measures it
-    const MemoryStats p = pool_.memory();
+    const MemoryStats p = pool().memory();
     m.blocks_total = p.blocks_total;
     m.blocks_used = p.blocks_used;
     m.blocks_free = p.blocks_free;
@@ -341,7 +364,8 @@ MemoryStats PagedCache::memory() const {
 }
 
 std::string PagedCache::name() const {
-    return fmt::format("paged(block_size={}{})", pool_.block_size(), pool_.prefix_caching() ? ",prefix" : "");
+    if (!pool_) return "paged(pool destroyed)";  // names it in messages
+    return fmt::format("paged(block_size={}{})", pool_->block_size(), pool_->prefix_caching() ? ",prefix" : "");
 }
 
 }  // namespace kvlab

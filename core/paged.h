@@ -45,6 +45,8 @@ public:
               Memory& memory = host_memory());
     BlockPool(const BlockPool&) = delete;
     BlockPool& operator=(const BlockPool&) = delete;
+    // Sequences still alive are orphaned: each later use of one throws Error, destroying it is safe.
+    ~BlockPool();
 
     const Config& config() const { return config_; }
     int block_size() const { return block_size_; }
@@ -118,9 +120,12 @@ private:
     std::unordered_multimap<std::uint64_t, int> by_hash_;
     std::uint64_t tick_ = 0;
     std::int64_t shared_writes_ = 0, hit_positions_ = 0;
+    std::vector<PagedCache*> sequences_;  // the live sequences over this pool
+    friend class PagedCache;
 };
 
-// One sequence over a pool. The pool must outlive it; its blocks go back when it is destroyed.
+// One sequence over a pool; its blocks go back when it is destroyed. A pool destroyed first
+// orphans it: it keeps its tokens, and every use that needs the pool throws Error.
 class PagedCache : public Cache {
 public:
     // model_identity keys the prefix cache (Weights::fingerprint(): config and weights).
@@ -129,15 +134,16 @@ public:
 
     std::int64_t slot(int t) const override;
     int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
-    const KVStorage& storage() const override { return pool_.storage(); }
+    const KVStorage& storage() const override { return pool().storage(); }
     int attach_prefix(std::span<const int> tokens) override;
     MemoryStats memory() const override;
     std::string name() const override;
 
-    // A new sequence sharing every block of this one (copy-on-write on its first write).
+    // A new sequence sharing every block of this one (copy-on-write on its first write). Rows of
+    // this one's latest append that sit in a shared block can no longer be rewritten.
     std::unique_ptr<PagedCache> fork(int new_seq_id) const;
     const std::vector<int>& block_table() const { return table_; }
-    BlockPool& pool() const { return pool_; }
+    BlockPool& pool() const;  // throws Error once the pool is gone
     // How many of block's slots hold this sequence's rows (0 if it does not map the block).
     int rows_in(int block) const;
 
@@ -150,7 +156,8 @@ protected:
 private:
     int slot_in_block(int pos) const;
     BlockPool::BlockKey key_of(int b) const;  // the key of logical block b, from the tokens
-    BlockPool& pool_;
+    friend class BlockPool;                   // orphans it when it goes
+    BlockPool* pool_;                         // null once the pool is destroyed
     std::uint64_t model_;
     std::vector<int> table_;             // [ceil(length / block_size)] physical block of each logical block
     std::vector<std::uint64_t> hashes_;  // [length / block_size] hash of each full logical block
