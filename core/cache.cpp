@@ -92,14 +92,19 @@ Cache::Cache(const Config& config) : config_(config) {
     nan_row_.assign(std::size_t(config_.head_size()), kNaN);
 }
 
-void Cache::append(std::span<const int> tokens) {
-    const std::int64_t n = std::int64_t(tokens.size()), end = length() + n;
+void Cache::check_append(std::int64_t n) const {
+    const std::int64_t end = length() + n;
     if (n == 0) throw Error("kv cache: nothing to append");
     if (end > config_.max_seq)
         throw Error(fmt::format("kv cache: {} positions do not fit max_seq = {}", end, config_.max_seq));
     if (n > max_append())
         throw Error(
             fmt::format("kv cache: {} appends at most {} positions at a time, not {}", name(), max_append(), n));
+}
+
+void Cache::append(std::span<const int> tokens) {
+    const std::int64_t n = std::int64_t(tokens.size()), end = length() + n;
+    check_append(n);
     reserve(int(end));  // may throw: nothing has changed yet
     append_start_ = length();
     record(EventKind::append, length(), int(n));

@@ -96,6 +96,9 @@ public:
     // Makes room for tokens at positions length()..length()+n-1 and records them; their rows are
     // then written with write(). Throws Error and changes nothing when they do not fit.
     void append(std::span<const int> tokens);
+    // Throws Error, as append() of n positions would, when they do not fit max_seq or max_append()
+    // (a pool's free blocks are its own check: paged.h, check_pool_room).
+    void check_append(std::int64_t n) const;
     // The slot where position pos's rows go; pos must be one of the latest append()'s.
     std::int64_t write_slot(int pos);
     // Layer l's rows of `positions` are now in storage (written by the backend at their

@@ -1,6 +1,7 @@
 #include "decode.h"
 
 #include "cpu_backend.h"
+#include "paged.h"
 
 #include <fmt/format.h>
 
@@ -247,13 +248,25 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
     const int n_seqs = int(caches.size());
     if (n_seqs == 0 || tokens.size() != caches.size())
         throw Error(fmt::format("batch: {} caches and {} token lists", caches.size(), tokens.size()));
-    // Check everything first, then append; an append that fails undoes the earlier ones.
+    // Check everything first, pools included, then append: a copy-on-write cannot be rolled back,
+    // so only an append that fails to allocate (a growing cache) undoes the earlier ones. The
+    // refusal of one sequence of several names its index.
+    std::vector<int> added(n_seqs);
     for (int s = 0; s < n_seqs; s++) {
-        check_cache(*caches[s]);
+        if (!caches[s]) throw Error(fmt::format("batch: sequence {} has a null cache", s));
         for (int r = 0; r < s; r++)
             if (caches[r] == caches[s]) throw Error(fmt::format("batch: sequences {} and {} share one cache", r, s));
-        check_tokens(c, tokens[s], caches[s]->length());
+        try {
+            check_cache(*caches[s]);
+            check_tokens(c, tokens[s], caches[s]->length());
+            caches[s]->check_append(std::int64_t(tokens[s].size()));
+        } catch (const Error& e) {
+            if (n_seqs == 1) throw;
+            throw Error(fmt::format("batch: sequence {}: {}", s, e.what()));
+        }
+        added[s] = int(tokens[s].size());
     }
+    check_pool_room(caches, added);
     std::vector<int> start(n_seqs);
     for (int s = 0; s < n_seqs; s++) {
         start[s] = caches[s]->length();

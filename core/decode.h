@@ -74,7 +74,8 @@ public:
     // Runs on `backend` with a contiguous head-major cache of its own in the backend's memory.
     explicit CachedDecoder(Backend& backend);
     // Runs on `backend` and `cache` (any variant in the backend's memory, of the model's shape;
-    // both must outlive the decoder).
+    // both must outlive the decoder: a cache destroyed first cannot be detected). The decoder
+    // keeps no position of its own, so another owner may roll the cache back between calls.
     CachedDecoder(Backend& backend, Cache& cache);
     // The same on a CPU backend of its own.
     explicit CachedDecoder(const Model& model, int n_threads = 1);
@@ -97,8 +98,10 @@ public:
 
     // One step of a batch: sequence s appends tokens[s] to *caches[s]; every row of every
     // sequence goes through each product together. Returns [n_seqs, vocab_size] logits, the last
-    // row of each sequence; each equals that sequence's solo run bit for bit. If any sequence does
-    // not fit, throws and leaves every cache as it was.
+    // row of each sequence; each equals that sequence's solo run bit for bit. A null or repeated
+    // cache, a count of token lists that differs, or a sequence that does not fit (its tokens, its
+    // cache's shape, max_seq, max_append, its pool's free blocks) throws Error naming it by index
+    // and leaves every cache as it was. Nothing of the caches is kept between calls.
     const std::vector<float>& step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens);
 
     int pos() const { return cache_->length(); }  // the next position to be written

@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include "model.h"
 
@@ -348,6 +349,32 @@ std::unique_ptr<PagedCache> PagedCache::fork(int new_seq_id) const {
     child->hashes_ = hashes_;
     child->adopt(tokens());
     return child;
+}
+
+void check_pool_room(std::span<Cache* const> caches, std::span<const int> added) {
+    std::map<const BlockPool*, int> left;                     // blocks each pool still has
+    std::map<std::pair<const BlockPool*, int>, int> dropped;  // references earlier copies-on-write gave up
+    for (std::size_t s = 0; s < caches.size(); s++) {
+        const auto* seq = dynamic_cast<const PagedCache*>(caches[s]);
+        if (!seq) continue;
+        const BlockPool& pool = seq->pool();
+        const int bs = pool.block_size(), length = seq->length(), b = length / bs;
+        const std::vector<int>& table = seq->block_table();
+        const int n_new = std::max(0, (length + added[s] + bs - 1) / bs - int(table.size()));
+        int& available = left.try_emplace(&pool, pool.available()).first->second;
+        const int block = length % bs != 0 && b < int(table.size()) ? table[b] : -1;
+        const int refs = block < 0 ? 0 : pool.refcount(block) - dropped[{&pool, block}];
+        const bool cow = block >= 0 && (refs > 1 || pool.published(block)) && pool.mutant != Mutant::cow_no_copy;
+        const int needed = n_new + (cow ? 1 : 0);
+        if (needed > available)
+            throw Error(fmt::format(
+                "{}paged cache: sequence {} needs {} more blocks of {} positions, the pool has {} free",
+                caches.size() > 1 ? fmt::format("batch: sequence {}: ", s) : "", seq->seq_id, needed, bs, available));
+        available -= needed;
+        if (!cow) continue;
+        dropped[{&pool, block}]++;
+        if (refs == 1) available++;  // the copied block was published and ours alone: now cached, reclaimable
+    }
 }
 
 MemoryStats PagedCache::memory() const {

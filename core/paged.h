@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -162,5 +163,12 @@ private:
     std::vector<int> table_;             // [ceil(length / block_size)] physical block of each logical block
     std::vector<std::uint64_t> hashes_;  // [length / block_size] hash of each full logical block
 };
+
+// Throws Error, changing nothing, when appending added[s] positions to each paged sequence of a
+// batch, in order, would run its pool dry (other variants are skipped); CachedDecoder::step calls
+// it before appending any, since a copy-on-write cannot be rolled back. Each append takes what
+// PagedCache::reserve takes: new blocks, and a copy of a shared partial block unless earlier
+// sequences' copies have left it to this one alone. With several sequences, names the batch index.
+void check_pool_room(std::span<Cache* const> caches, std::span<const int> added);
 
 }  // namespace kvlab
