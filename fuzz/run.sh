@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every fuzz target (or the ones named) for a bounded time each, one after another, and fails
-# if any finds something. CI runs it from bootstrap.sh; README "Fuzzing and sanitizers" shows how
-# to run one target for hours.
+# Runs every fuzz target (or the ones named) for a bounded time each, as many at once as there are
+# cores (FUZZ_JOBS overrides), and fails if any finds something. CI runs it from bootstrap.sh;
+# README "Fuzzing and sanitizers" shows how to run one target for hours.
 #
 #   fuzz/run.sh BUILD_DIR SECONDS [TARGET...]      e.g. fuzz/run.sh build-san 60 decode
 #
@@ -26,43 +26,56 @@ targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
     targets=(checkpoint tokenizer pool_script options decode)
 fi
+jobs=${FUZZ_JOBS:-$(nproc)}
 # Sanitizer settings for the targets: a UB report stops the run (also compiled in), leaks count.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export OMP_WAIT_POLICY=PASSIVE
 
+for t in "${targets[@]}"; do
+    if [[ ! -x $build/fuzz/fuzz_$t ]]; then
+        echo "fuzz/run.sh: $build/fuzz/fuzz_$t is not built (configure with clang and -DKVLAB_SANITIZE=ON)" >&2
+        exit 2
+    fi
+done
+
+# One target: libFuzzer for `seconds`, its exit status in logs/NAME.rc.
+fuzz_one() {
+    local t=$1
+    local corpus=$build/fuzz/corpus/$t findings=$build/fuzz/findings/$t log=$build/fuzz/logs/$t.log
+    mkdir -p "$corpus" "$findings" "$(dirname "$log")"
+    local args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+                -artifact_prefix="$findings/")
+    [[ -f $src/$t.dict ]] && args+=(-dict="$src/$t.dict")
+    "$build/fuzz/fuzz_$t" "${args[@]}" "$corpus" "$build/fuzz/seeds/$t" >"$log" 2>&1
+    echo $? >"$build/fuzz/logs/$t.rc"
+}
+
+for t in "${targets[@]}"; do
+    while (($(jobs -rp | wc -l) >= jobs)); do wait -n; done
+    fuzz_one "$t" &
+done
+wait
+
 failed=()
 printf '%-12s %10s %8s %7s %s\n' target execs exec/s corpus result
 for t in "${targets[@]}"; do
-    bin=$build/fuzz/fuzz_$t
-    if [[ ! -x $bin ]]; then
-        echo "fuzz/run.sh: $bin is not built (configure with clang and -DKVLAB_SANITIZE=ON)" >&2
-        exit 2
-    fi
-    corpus=$build/fuzz/corpus/$t
-    findings=$build/fuzz/findings/$t
     log=$build/fuzz/logs/$t.log
-    mkdir -p "$corpus" "$findings" "$(dirname "$log")"
-    args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048
-          -print_final_stats=1 -artifact_prefix="$findings/")
-    [[ -f $src/$t.dict ]] && args+=(-dict="$src/$t.dict")
-    "$bin" "${args[@]}" "$corpus" "$build/fuzz/seeds/$t" >"$log" 2>&1
-    rc=$?
+    findings=$build/fuzz/findings/$t
+    rc=$(cat "$build/fuzz/logs/$t.rc")
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-    size=$(find "$corpus" -type f | wc -l)
+    size=$(find "$build/fuzz/corpus/$t" -type f | wc -l)
     if [[ $rc -eq 0 ]]; then
-        result=ok
-    else
-        result="FAILED (exit $rc): $(ls -t "$findings" | head -1) in $findings; log $log"
-        failed+=("$t")
+        printf '%-12s %10s %8s %7s %s\n' "$t" "${execs:-?}" "${rate:-?}" "$size" ok
+        continue
     fi
-    printf '%-12s %10s %8s %7s %s\n' "$t" "${execs:-?}" "${rate:-?}" "$size" "$result"
-    if [[ $rc -ne 0 ]]; then
-        # The report itself: from the first sanitizer or property line, at most 40 lines.
-        grep -n -m1 -E '==ERROR|runtime error|fuzz: property|deadly signal|Timeout|out-of-memory|leak' "$log" |
-            cut -d: -f1 | { read -r at && tail -n +"$at" "$log" | head -40; } | sed 's/^/    /'
-    fi
+    failed+=("$t")
+    printf '%-12s %10s %8s %7s %s\n' "$t" "${execs:-?}" "${rate:-?}" "$size" \
+        "FAILED (exit $rc): $(ls -t "$findings" | head -1) in $findings; log $log"
+    # The report itself: from the first sanitizer or property line, at most 40 lines.
+    grep -a -n -m1 -E '==ERROR|runtime error|fuzz: property|deadly signal|Timeout|out-of-memory' "$log" |
+        cut -d: -f1 | { read -r at && tail -n +"$at" "$log" | head -40; } | cat -v | sed 's/^/    /'
 done
 if [[ ${#failed[@]} -gt 0 ]]; then
     echo "fuzz: ${#failed[@]} target(s) found something: ${failed[*]}" >&2
