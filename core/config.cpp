@@ -119,11 +119,11 @@ Config Config::parse(const std::string& spec, Config c) {
         const auto eq = item.find('=');
         if (eq == std::string::npos) throw Error(fmt::format("shape: expected name=value, got '{}'", one_line(item)));
         const std::string name = item.substr(0, eq), text = item.substr(eq + 1);
-        const int value = parse_int("shape", text, fmt::format(" for {}", name));
+        // The field first: a value's message then names a known field, never raw user bytes.
         const auto* f = std::find_if(std::begin(kFields), std::end(kFields),
                                      [&](const auto& entry) { return name == entry.first; });
         if (f == std::end(kFields)) throw Error(fmt::format("shape: unknown field '{}'", one_line(name)));
-        c.*(f->second) = value;
+        c.*(f->second) = parse_int("shape", text, fmt::format(" for {}", f->first));
     }
     return c;
 }

@@ -1,5 +1,7 @@
 // The kvlab program end to end: every command runs, and bad input gets one clear line on
 // stderr and a non-zero exit, never a crash, a hang or a silent truncation.
+#include <rapidcheck.h>
+#include <rapidcheck/catch.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -87,6 +89,28 @@ TEST_CASE("messages quote user text on one printable line, and name the option t
     check_refused("memory --requests 1048576 --context 16777216", "--requests 1048576 x --context 16777216");
     check_refused("memory --batch 1048576 --context 16777216 --model gpt3-175b",
                   "--context 16777216 x --batch 1048576");
+}
+
+// What fuzz_options checks, as a property: any --shape text either parses or is refused with one
+// line of printable text, whatever bytes its field names and values hold.
+TEST_CASE("--shape: any text parses or is refused in one printable line", "[cli][errors]") {
+    rc::prop("Config::parse of arbitrary field names and values", [] {
+        const std::vector<std::string> pieces = {"dim", "n_heads", "max_seq", "=", ",", "7", "-1", "x",
+                                                 "\n", "\x1b", "\x7f", "\xff", " ", "99999999999"};
+        std::string spec;
+        for (int i = *kvlab::test::full_range(0, 12); i > 0; i--) {
+            const std::string& p = pieces[std::size_t(*kvlab::test::full_range(0, int(pieces.size()) - 1))];
+            spec += p;
+        }
+        try {
+            (void)kvlab::Config::parse(spec, kvlab::stories260k_shape());
+        } catch (const kvlab::Error& e) {
+            const std::string m = e.what();
+            for (unsigned char ch : m)
+                if (ch < 0x20 || ch == 0x7f || ch >= 0x80)
+                    RC_FAIL(fmt::format("the refusal of shape '{}' holds byte {:#04x}", kvlab::one_line(spec), int(ch)));
+        }
+    });
 }
 
 TEST_CASE("bad checkpoints are one-line errors: missing, truncated, oversized, nonsensical headers", "[cli][errors]") {
