@@ -93,7 +93,7 @@ TEST_CASE("messages quote user text on one printable line, and name the option t
 
 // What fuzz_options checks, as a property: any --shape text either parses or is refused with one
 // line of printable text, whatever bytes its field names and values hold.
-TEST_CASE("--shape: any text parses or is refused in one printable line", "[cli][errors]") {
+TEST_CASE("shape specs: any --shape text parses or is refused in one printable line", "[cli][errors]") {
     rc::prop("Config::parse of arbitrary field names and values", [] {
         const std::vector<std::string> pieces = {"dim", "n_heads", "max_seq", "=", ",", "7", "-1", "x",
                                                  "\n", "\x1b", "\x7f", "\xff", " ", "99999999999"};
