@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "config.h"
 #include "kernels.h"
@@ -96,6 +97,14 @@ struct RowKV {
     int pad_ = 0;
 };
 
+// What a step's kernel calls depend on besides buffer contents: buffer addresses, row counts,
+// strides. The decoder lists them; a backend that captures steps keys its graphs by them.
+struct StepSignature {
+    std::vector<std::uint64_t> words;
+    void add(std::uint64_t w) { words.push_back(w); }
+    void add(const void* p) { words.push_back(std::uint64_t(reinterpret_cast<std::uintptr_t>(p))); }
+};
+
 // The weights a product reads, by name; the backend keeps them in its own layout.
 enum class Matrix { wq, wk, wv, wo, w1, w2, w3, wcls };
 enum class Norm { att, ffn, final };
@@ -107,13 +116,14 @@ public:
     virtual Memory& memory() = 0;
     virtual const Config& config() const = 0;
 
-    // Runs `body`, a step's kernel calls. The same key promises the same calls on the same
-    // buffers with the same arguments (only the contents of buffers differ), so a device
-    // backend may capture the body once as a graph and replay it (a CUDA Graph); the CPU just
-    // runs it. While capturing() is true the decoder sizes every per-step argument for the worst
-    // case (max_n = max_seq) and keeps host work (cache hooks) out of the body.
-    virtual void run(std::uint64_t key, const std::function<void()>& body) {
-        (void)key;
+    // Runs `body`, a step's kernel calls. Equal signatures promise the same calls on the same
+    // buffers with the same arguments (only the contents of buffers differ), so a device backend
+    // may capture the body once as a graph and replay it (a CUDA Graph, keyed by the signature's
+    // hash); the CPU just runs it. While capturing() is true the decoder sizes every per-step
+    // argument for the worst case (max_n = max_seq) and keeps host work (cache hooks) out of the
+    // body.
+    virtual void run(const StepSignature& signature, const std::function<void()>& body) {
+        (void)signature;
         body();
     }
     virtual bool capturing() const { return false; }
@@ -133,11 +143,11 @@ public:
     virtual void add(Exec& ex, float* x, const float* y, std::int64_t n) = 0;
 
     // Naive decode's attention over T rows, every head: S = Q_h K_h^T / sqrt(head_size), S[i][j]
-    // = -inf for j > i + future, P = softmax(S) by row, att_h = P V_h (P·V summed over j in
-    // increasing order). q, att: [T, dim]; k, v: [T, kv_dim]; kv_head: [n_heads] the KV head
-    // each query head reads. `future` is 0; a planted bug sets 1 (row i sees i + 1).
+    // = -inf for j > i, P = softmax(S) by row, att_h = P V_h (P·V summed over j in increasing
+    // order). q, att: [T, dim]; k, v: [T, kv_dim]; kv_head: [n_heads] the KV head each query head
+    // reads.
     virtual void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                                  const int* kv_head, int future) = 0;
+                                  const int* kv_head) = 0;
 
     // Cached decode's write: row i's K and V (k, v: [rows, kv_dim]) into layer l of its cache
     // at rows[i].write_slot. rows: [rows] RowKV.

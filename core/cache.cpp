@@ -199,8 +199,7 @@ void Cache::truncate(int n) {
     const int forgotten = length() - n;
     release(n);
     record(EventKind::rolled_back, n, forgotten);
-    // The planted bug drops the rows above but keeps counting them.
-    if (mutant != Mutant::rollback_keeps_length) tokens_.resize(n);
+    tokens_.resize(n);
     append_start_ = std::min(append_start_, length());
 }
 

@@ -27,7 +27,6 @@
 
 #include "backend.h"
 #include "config.h"
-#include "mutants.h"
 
 namespace kvlab {
 
@@ -93,18 +92,21 @@ public:
     Cache(const Cache&) = delete;
     Cache& operator=(const Cache&) = delete;
 
+    // The public operations are virtual so that a decorator (forwarding.h: ForwardingCache) can
+    // wrap any variant; variants themselves override only the protected hooks below.
+
     // Makes room for tokens at positions length()..length()+n-1 and records them; their rows are
     // then written with write(). Throws Error and changes nothing when they do not fit.
-    void append(std::span<const int> tokens);
+    virtual void append(std::span<const int> tokens);
     // Throws Error, as append() of n positions would, when they do not fit max_seq or max_append()
     // (a pool's free blocks are its own check: paged.h, check_pool_room).
-    void check_append(std::int64_t n) const;
+    virtual void check_append(std::int64_t n) const;
     // The slot where position pos's rows go; pos must be one of the latest append()'s.
-    std::int64_t write_slot(int pos);
+    virtual std::int64_t write_slot(int pos);
     // Layer l's rows of `positions` are now in storage (written by the backend at their
     // write_slot): the variant's chance to react (a quantized cache quantizes them, a paged one
     // publishes a block the last layer completed).
-    void stored(int l, std::span<const int> positions);
+    virtual void stored(int l, std::span<const int> positions);
     // Host convenience (tests): writes the host rows [kv_dim] of layer l at position pos, one of
     // the latest append()'s, and calls stored().
     void write(int l, int pos, const float* k_row, const float* v_row);
@@ -126,10 +128,10 @@ public:
     // are overwritten); the decoder splits a longer prefill into chunks of this size.
     virtual int max_append() const { return config_.max_seq; }
 
-    int length() const { return int(tokens_.size()); }
-    std::span<const int> tokens() const { return tokens_; }
+    virtual int length() const { return int(tokens_.size()); }
+    virtual std::span<const int> tokens() const { return tokens_; }
     // Rollback: forgets positions >= n, as speculative decoding does with rejected drafts.
-    void truncate(int n);
+    virtual void truncate(int n);
     void clear() { truncate(0); }
     // Prefix caching: maps already computed rows for the longest usable prefix of tokens into
     // this empty cache and returns how many positions it now holds (0 for variants without).
@@ -142,8 +144,7 @@ public:
 
     // The events of this cache are appended here when it is set (the viewer, tests).
     std::vector<CacheEvent>* trace = nullptr;
-    int seq_id = 0;                // names this sequence in events
-    Mutant mutant = Mutant::none;  // a planted bug (mutants.h); none in normal use
+    int seq_id = 0;  // names this sequence in events
 
 protected:
     // Room for positions up to new_length (exclusive); must throw before changing anything.

@@ -50,11 +50,7 @@ void CpuBackend::embed(Exec&, float* x, const int* tokens, int rows) {
 }
 
 void CpuBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {
-    const PackedMatrix& w = packed(m, l);
-    if (planted_matmul)
-        planted_matmul(ex, y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
-    else
-        matmul_packed(ex, y, ldy, x, ldx, w, rows);
+    matmul_packed(ex, y, ldy, x, ldx, packed(m, l), rows);
 }
 
 void CpuBackend::rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) {
@@ -82,38 +78,43 @@ void CpuBackend::add(Exec& ex, float* x, const float* y, std::int64_t n) { kvlab
 // S and P are formed a tile of rows at a time, so memory stays [tile, T] rather than [T, T] (1.6 GB
 // per head at T = 20,000); a product's element depends only on its indices, so each row's dots,
 // mask, softmax and P·V sum are the ones the whole matrix would compute.
-void CpuBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                                  const int* kv_head, int future) {
-    const Config& c = config();
+void causal_attention(Exec& ex, MatmulFn mm, const Config& c, float* att, const float* q, const float* k,
+                      const float* v, int T, const int* kv_head, NaiveAttentionScratch& scratch) {
     const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
     constexpr std::int64_t kScoreFloats = std::int64_t{1} << 20;  // 4 MB of scores; all of S up to T = 1024
     const int tile = int(std::clamp<std::int64_t>(kScoreFloats / std::max(T, 1), 1, std::max(T, 1)));
-    kt_.resize(std::size_t(hs) * T);        // [head_size, T]
-    scores_.resize(std::size_t(tile) * T);  // [tile, T]: rows i0 .. i0 + tile - 1 of S, then of P
-    assert(kt_.size() == std::size_t(hs) * T && scores_.size() == std::size_t(tile) * T);
+    std::vector<float>& kt = scratch.kt;
+    std::vector<float>& scores = scratch.scores;
+    kt.resize(std::size_t(hs) * T);        // [head_size, T]
+    scores.resize(std::size_t(tile) * T);  // [tile, T]
+    assert(kt.size() == std::size_t(hs) * T && scores.size() == std::size_t(tile) * T);
     const float scale = attention_scale(hs);
     const float neg_inf = -std::numeric_limits<float>::infinity();
-    const MatmulFn mm = planted_matmul ? planted_matmul : kvlab::matmul;
     for (int h = 0; h < c.n_heads; h++) {
         const int kvh = kv_head[h];
         for (int j = 0; j < T; j++)
-            for (int d = 0; d < hs; d++) kt_[std::size_t(d) * T + j] = k[std::size_t(j) * kv_dim + kvh * hs + d];
+            for (int d = 0; d < hs; d++) kt[std::size_t(d) * T + j] = k[std::size_t(j) * kv_dim + kvh * hs + d];
         for (int i0 = 0; i0 < T; i0 += tile) {
             const int rows = std::min(tile, T - i0);
             // S[rows, T] = Q_h[i0 .. i0 + rows - 1, hs] · Kt[hs, T]
-            mm(ex, scores_.data(), T, q + std::size_t(i0) * dim + h * hs, dim, kt_.data(), T, rows, hs, T);
+            mm(ex, scores.data(), T, q + std::size_t(i0) * dim + h * hs, dim, kt.data(), T, rows, hs, T);
             for (int r = 0; r < rows; r++) {
-                float* s = scores_.data() + std::size_t(r) * T;
-                const int last = std::min(i0 + r + future, T - 1);
+                float* s = scores.data() + std::size_t(r) * T;
+                const int last = i0 + r;  // row i sees positions 0..i
                 for (int j = 0; j <= last; j++) s[j] = s[j] / scale;
                 for (int j = last + 1; j < T; j++) s[j] = neg_inf;
                 softmax(s, T);
             }
             // att_h[i0 .. i0 + rows - 1, hs] = P[rows, T] · V_h[T, hs]
-            mm(ex, att + std::size_t(i0) * dim + h * hs, dim, scores_.data(), T, v + kvh * hs, kv_dim, rows, T, hs);
+            mm(ex, att + std::size_t(i0) * dim + h * hs, dim, scores.data(), T, v + kvh * hs, kv_dim, rows, T, hs);
         }
         ex.flops += std::uint64_t(T) * (T + 1) / 2 + std::uint64_t(T) * softmax_flops(T);
     }
+}
+
+void CpuBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
+                                  const int* kv_head) {
+    kvlab::causal_attention(ex, kvlab::matmul, config(), att, q, k, v, T, kv_head, naive_);
 }
 
 void CpuBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const float* k, const float* v) {

@@ -10,6 +10,16 @@
 
 namespace kvlab {
 
+// Naive decode's masked attention (Backend::causal_attention) with both of its products, S = Q K^T
+// and P V, on `mm`: the CPU backend passes kernels.h's matmul; a test that plants an
+// order-changing product runs the same algorithm on its own (tests/test_util.h).
+struct NaiveAttentionScratch {
+    std::vector<float> kt;      // [head_size, T]  one KV head's keys, transposed
+    std::vector<float> scores;  // [tile, T]       rows i0 .. i0 + tile - 1 of S, then of P
+};
+void causal_attention(Exec& ex, MatmulFn mm, const Config& c, float* att, const float* q, const float* k,
+                      const float* v, int T, const int* kv_head, NaiveAttentionScratch& scratch);
+
 class CpuBackend final : public Backend {
 public:
     // The model must outlive the backend (the packed panels point into its weights).
@@ -26,15 +36,10 @@ public:
     void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override;
     void add(Exec& ex, float* x, const float* y, std::int64_t n) override;
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                          const int* kv_head, int future) override;
+                          const int* kv_head) override;
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override;
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
-
-    // nullptr: the kernels. A test may plant an order-changing product here; it then replaces
-    // every product this backend computes (weights, on their unpacked originals, and the
-    // activations of naive attention alike).
-    MatmulFn planted_matmul = nullptr;
 
 private:
     struct PackedLayer {
@@ -44,8 +49,8 @@ private:
     const Model& model_;
     std::vector<PackedLayer> layers_;  // [n_layers]
     PackedMatrix wcls_;
-    std::vector<float> kt_;        // [head_size, T]  naive attention: one KV head's keys, transposed
-    std::vector<float> scores_;    // [tile, T] naive; [n_threads, max_seq] cached: one row's scores per thread
+    NaiveAttentionScratch naive_;  // naive attention's K^T and score tiles
+    std::vector<float> scores_;    // [n_threads, max_n] cached attention: one row's scores per thread
     std::vector<float> nan_row_;   // [head_size] what a slot of -1 reads
 };
 

@@ -1,14 +1,14 @@
 #include "decode.h"
 
-#include "cpu_backend.h"
-#include "paged.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cassert>
 #include <limits>
 #include <numeric>
+
+#include "cpu_backend.h"
+#include "paged.h"  // check_pool_room
 
 namespace kvlab {
 
@@ -122,12 +122,9 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
     upload(kv_head_, memory, std::span<const int>(kv_head_map(c)));
     act_.resize(memory, c, T);
     b.embed(exec, act_.x.data(), tokens_.data(), T);
-    // The planted bug lets row i see one position into its future.
-    const int future = mutant == Mutant::mask_off_by_one ? 1 : 0;
     for (int l = 0; l < c.n_layers; l++) {
         attention_inputs(b, exec, l, act_, positions_.data());
-        b.causal_attention(exec, act_.att.data(), act_.q.data(), act_.k.data(), act_.v.data(), T, kv_head_.data(),
-                           future);
+        b.causal_attention(exec, act_.att.data(), act_.q.data(), act_.k.data(), act_.v.data(), T, kv_head_.data());
         attention_output_and_ffn(b, exec, l, act_);
     }
     // Only the last row's logits: rmsnorm and the classifier on that row alone.
@@ -226,7 +223,7 @@ const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
     if (pos() == 0) {
         prefix_hit_ = cache_->attach_prefix(sequence);
         assert(prefix_hit_ < int(sequence.size()));
-    } else if (mutant != Mutant::stale_prefix) {
+    } else {
         const std::span<const int> held = cache_->tokens();
         const std::size_t n = std::min(held.size(), sequence.size());
         const std::size_t i = std::mismatch(held.begin(), held.begin() + n, sequence.begin()).first - held.begin();
@@ -280,139 +277,141 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
     // A step that fails on the way (a device out of memory, a CUDA error) leaves every cache as
     // it was before the step: host bookkeeping never runs ahead of the rows.
     try {
-        return run_step(caches, tokens, start);
+        // A backend that captures steps as graphs replays them with the same arguments: slot
+        // lists are then sized for the longest sequence, and the probe (a download per layer) is off.
+        const bool capture = backend_->capturing() && !probe;
+        StepPlan plan = plan_step(c, caches, tokens, start, all_rows_, capture ? c.max_seq : 1);
+        if (transform) transform(plan);
+        return execute(plan);
     } catch (...) {
         for (int s = 0; s < n_seqs; s++) caches[s]->truncate(start[s]);
         throw;
     }
 }
 
-const std::vector<float>& CachedDecoder::run_step(std::span<Cache* const> caches,
-                                                  std::span<const std::vector<int>> tokens, std::span<const int> start) {
-    const Config& c = backend_->config();
-    const int n_seqs = int(caches.size());
-    // Rows of every sequence, stacked: row i belongs to seq_of_row[i] at logical positions[i].
-    // Then the host-side bookkeeping for the whole step: where each row's K and V go, and the
-    // slots each row attends (the same for every layer and head).
-    std::vector<int> all_tokens, seq_of_row, positions, rope_positions;
-    std::vector<int> last_row(caches.size(), 0);  // [n_seqs]
-    for (int s = 0; s < n_seqs; s++) {
+// ----------------------------------------------------------------------------------------------
+// Planning a step: host integers only
+
+void StepPlan::check(const Config& c) const {
+    const std::size_t n = tokens.size();
+    assert(positions.size() == n && kv.size() == n);
+    assert(slots.size() == n * std::size_t(max_n));  // [rows, max_n]
+    assert(kv_head.size() == std::size_t(c.n_heads));
+    assert(!out_rows.empty() && !seqs.empty());
+    for (int r : out_rows) assert(r >= 0 && r < rows());
+    for (const RowKV& r : kv) assert(r.n >= 0 && r.n <= max_n);
+    (void)c, (void)n;
+}
+
+StepPlan plan_step(const Config& c, std::span<Cache* const> caches, std::span<const std::vector<int>> tokens,
+                   std::span<const int> start, bool all_rows, int min_n) {
+    assert(caches.size() == tokens.size() && caches.size() == start.size());
+    assert(!all_rows || caches.size() == 1);
+    StepPlan p;
+    // Rows of every sequence, stacked.
+    for (std::size_t s = 0; s < caches.size(); s++) {
+        p.seqs.push_back({caches[s], p.rows(), int(tokens[s].size()), start[s]});
         for (std::size_t i = 0; i < tokens[s].size(); i++) {
-            const int pos = start[s] + int(i);
-            all_tokens.push_back(tokens[s][i]);
-            seq_of_row.push_back(s);
-            positions.push_back(pos);
-            // The planted bug rotates a decode step's row one position too far.
-            const bool off = mutant == Mutant::rope_decode_off && tokens[s].size() == 1 && start[s] > 0;
-            rope_positions.push_back(off ? (pos + 1) % c.max_seq : pos);
+            p.tokens.push_back(tokens[s][i]);
+            p.positions.push_back(start[s] + int(i));
+            p.max_n = std::max(p.max_n, start[s] + int(i) + 1);  // every variant attends at most pos + 1
         }
-        last_row[std::size_t(s)] = int(positions.size()) - 1;
+        if (!all_rows) p.out_rows.push_back(p.rows() - 1);
     }
-    const int n = int(all_tokens.size());
+    if (all_rows) p.out_rows.resize(std::size_t(p.rows())), std::iota(p.out_rows.begin(), p.out_rows.end(), 0);
+    p.max_n = std::max(p.max_n, min_n);
+    // Where each row's K and V go, and the slots it attends: the same for every layer and head.
+    p.kv.resize(std::size_t(p.rows()));
+    p.slots.assign(std::size_t(p.rows()) * p.max_n, -1);
+    for (const StepPlan::Sequence& seq : p.seqs)
+        for (int i = seq.first_row; i < seq.first_row + seq.n_rows; i++) {
+            RowKV& r = p.kv[std::size_t(i)];
+            r = seq.cache->row_kv();
+            r.write_slot = seq.cache->write_slot(p.positions[i]);
+            r.n = seq.cache->attended(p.positions[i], p.slots.data() + std::int64_t(i) * p.max_n);
+        }
+    p.kv_head = kv_head_map(c);
+    p.check(c);
+    return p;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Executing a plan: llama2.c's forward() over the step's rows
+
+const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
     Backend& b = *backend_;
     Memory& memory = b.memory();
-    // A backend that captures steps as graphs replays them with the same arguments: the slot
-    // lists are then sized for the longest sequence, and the probe (a download per layer) is off.
+    const Config& c = b.config();
+    p.check(c);
+    const int n = p.rows(), n_out = int(p.out_rows.size()), dim = c.dim;
     const bool capture = b.capturing() && !probe;
-    int max_n = 1;
-    for (int pos : positions) max_n = std::max(max_n, pos + 1);  // every variant attends at most pos + 1
-    if (capture) max_n = c.max_seq;
-    std::vector<RowKV> write_kv(all_tokens.size()), read_kv(all_tokens.size());  // [rows]
-    std::vector<std::int64_t> slots(std::size_t(n) * max_n, -1);            // [rows, max_n]
-    for (int i = 0; i < n; i++) {
-        Cache& own = *caches[seq_of_row[i]];
-        // The planted bug reads through the next sequence's cache.
-        const Cache& read = mutant == Mutant::batch_mixes_blocks ? *caches[(seq_of_row[i] + 1) % n_seqs] : own;
-        write_kv[i] = own.row_kv();
-        write_kv[i].write_slot = own.write_slot(positions[i]);
-        read_kv[i] = read.row_kv();
-        read_kv[i].n = read.attended(positions[i], slots.data() + std::int64_t(i) * max_n);
-        assert(read_kv[i].n <= max_n);
-    }
-    std::vector<int> kv_head = kv_head_map(c);  // [n_heads]
-    // The planted GQA bug interleaves query heads over KV heads instead of grouping them.
-    if (mutant == Mutant::gqa_modulo)
-        for (int h = 0; h < c.n_heads; h++) kv_head[h] = h % c.n_kv_heads;
-
-    upload(tokens_, memory, std::span<const int>(all_tokens));
-    upload(positions_, memory, std::span<const int>(rope_positions));
-    upload(write_kv_, memory, std::span<const RowKV>(write_kv));
-    upload(read_kv_, memory, std::span<const RowKV>(read_kv));
-    upload(slots_, memory, std::span<const std::int64_t>(slots));
-    upload(kv_head_, memory, std::span<const int>(kv_head));
-    int probe_row = -1;  // the first sequence's last row, whose weights the probe copies
-    if (probe) {
-        probe_row = last_row[0];
-        ensure(probe_dev_, memory, std::int64_t(c.n_heads) * max_n);
-        probe->weights.assign(std::size_t(c.n_layers) * c.n_heads * c.max_seq, 0.0f);  // [n_layers, n_heads, max_seq]
-        probe->n = read_kv[std::size_t(probe_row)].n;
-    }
-    // Rows classified: each sequence's last, or with all_rows_ (prefill_rows: one sequence) all n.
-    assert(!all_rows_ || n_seqs == 1);
-    const int n_out = all_rows_ ? n : n_seqs;
+    upload(tokens_, memory, std::span<const int>(p.tokens));
+    upload(positions_, memory, std::span<const int>(p.positions));
+    upload(kv_, memory, std::span<const RowKV>(p.kv));
+    upload(slots_, memory, std::span<const std::int64_t>(p.slots));
+    upload(kv_head_, memory, std::span<const int>(p.kv_head));
     act_.resize(memory, c, n);
-    ensure(last_, memory, std::int64_t(n_seqs) * c.dim);
-    ensure(normed_, memory, std::int64_t(n_out) * c.dim);
+    ensure(out_x_, memory, std::int64_t(n_out) * dim);
+    ensure(normed_, memory, std::int64_t(n_out) * dim);
     ensure(logits_dev_, memory, std::int64_t(n_out) * c.vocab_size);
-
-    // Layer l's rows of each sequence are in storage: the caches' hooks (host bookkeeping).
+    // The probe watches the first sequence's last row.
+    const int probe_row = probe ? p.seqs[0].first_row + p.seqs[0].n_rows - 1 : -1;
+    if (probe) {
+        ensure(probe_dev_, memory, std::int64_t(c.n_heads) * p.max_n);
+        probe->weights.assign(std::size_t(c.n_layers) * c.n_heads * c.max_seq, 0.0f);  // [n_layers, n_heads, max_seq]
+        probe->n = p.kv[std::size_t(probe_row)].n;
+    }
+    // Layer l's rows are in storage: each cache's hook (host bookkeeping: quantize, publish).
     auto stored = [&](int l) {
-        for (int s = 0; s < n_seqs; s++)
-            caches[s]->stored(l, std::span<const int>(positions).subspan(
-                                     std::size_t(last_row[s] + 1) - tokens[s].size(), tokens[s].size()));
+        for (const StepPlan::Sequence& seq : p.seqs)
+            seq.cache->stored(
+                l, std::span<const int>(p.positions).subspan(std::size_t(seq.first_row), std::size_t(seq.n_rows)));
     };
-    const int write_layer_shift = mutant == Mutant::kv_wrong_layer ? 1 : 0;  // the planted bug writes into l + 1
     auto forward = [&] {
         b.embed(exec, act_.x.data(), tokens_.data(), n);
         for (int l = 0; l < c.n_layers; l++) {
             attention_inputs(b, exec, l, act_, positions_.data());
             // Write first, then read: row i attends over 0..pos, its own K and V included.
-            const int wl = (l + write_layer_shift) % c.n_layers;
-            auto write_rows = [&] {
-                b.store_kv(exec, write_kv_.data(), n, wl, act_.k.data(), act_.v.data());
-                if (!capture) stored(wl);
-            };
-            if (mutant != Mutant::read_before_write) write_rows();
-            b.attention(exec, act_.att.data(), act_.q.data(), read_kv_.data(), n, l, slots_.data(), max_n,
-                        kv_head_.data(), probe_row, probe ? probe_dev_.data() : nullptr);
-            if (mutant == Mutant::read_before_write) write_rows();
-            if (probe)
-                for (int h = 0; h < c.n_heads; h++)
-                    memory.download(probe->weights.data() + (std::size_t(l) * c.n_heads + h) * c.max_seq,
-                                    probe_dev_.data() + std::int64_t(h) * max_n, std::int64_t(sizeof(float)) * probe->n);
+            b.store_kv(exec, kv_.data(), n, l, act_.k.data(), act_.v.data());
+            if (!capture) stored(l);
+            b.attention(exec, act_.att.data(), act_.q.data(), kv_.data(), n, l, slots_.data(), p.max_n, kv_head_.data(),
+                        probe_row, probe ? probe_dev_.data() : nullptr);
+            if (probe) probe_layer(l, p.max_n);
             attention_output_and_ffn(b, exec, l, act_);
         }
-        if (all_rows_) {
-            // logits[i] = rmsnorm(x[i]) · wcls for every row i, as one product.
-            classify(b, exec, act_.x.data(), normed_.data(), logits_dev_.data(), n);
-            return;
-        }
-        // logits[s] = rmsnorm(x[last row of s]) · wcls, all sequences as one product.
-        for (int s = 0; s < n_seqs; s++)
-            memory.copy(last_.data() + std::int64_t(s) * c.dim, act_.x.data() + std::int64_t(last_row[s]) * c.dim,
-                        std::int64_t(sizeof(float)) * c.dim);
-        classify(b, exec, last_.data(), normed_.data(), logits_dev_.data(), n_seqs);
+        // logits[o] = rmsnorm(x[out_rows[o]]) · wcls, every output row in one product.
+        for (int o = 0; o < n_out; o++)
+            memory.copy(out_x_.data() + std::int64_t(o) * dim, act_.x.data() + std::int64_t(p.out_rows[o]) * dim,
+                        std::int64_t(sizeof(float)) * dim);
+        classify(b, exec, out_x_.data(), normed_.data(), logits_dev_.data(), n_out);
     };
     if (!capture) {
         forward();
     } else {
-        // Everything the captured calls depend on, besides buffer contents.
-        std::uint64_t key = 0x6b766c6162ull;  // "kvlab"
-        auto mix = [&key](std::uint64_t x) { key = (key ^ x) * 0x100000001b3ull; };
-        for (int s = 0; s < n_seqs; s++) mix(std::uint64_t(last_row[s]));
-        mix(std::uint64_t(n));
-        mix(std::uint64_t(mutant));
-        mix(std::uint64_t(all_rows_));
-        for (const void* p : {(const void*)act_.x.data(), (const void*)tokens_.data(), (const void*)positions_.data(),
-                              (const void*)write_kv_.data(), (const void*)read_kv_.data(), (const void*)slots_.data(),
-                              (const void*)kv_head_.data(), (const void*)last_.data(), (const void*)logits_dev_.data()})
-            mix(std::uint64_t(reinterpret_cast<std::uintptr_t>(p)));
-        b.run(key, forward);
-        for (int l = 0; l < c.n_layers; l++) stored((l + write_layer_shift) % c.n_layers);
+        // What the captured calls depend on besides buffer contents.
+        StepSignature sig;
+        sig.add(std::uint64_t(n));
+        sig.add(std::uint64_t(p.max_n));
+        for (int r : p.out_rows) sig.add(std::uint64_t(r));
+        for (const void* ptr :
+             {(const void*)act_.x.data(), (const void*)tokens_.data(), (const void*)positions_.data(),
+              (const void*)kv_.data(), (const void*)slots_.data(), (const void*)kv_head_.data(),
+              (const void*)out_x_.data(), (const void*)normed_.data(), (const void*)logits_dev_.data()})
+            sig.add(ptr);
+        b.run(sig, forward);
+        for (int l = 0; l < c.n_layers; l++) stored(l);
     }
     logits_.resize(std::size_t(n_out) * c.vocab_size);
     memory.download(logits_.data(), logits_dev_.data(), std::int64_t(sizeof(float)) * n_out * c.vocab_size);
     return logits_;
+}
+
+void CachedDecoder::probe_layer(int l, int max_n) {
+    const Config& c = backend_->config();
+    for (int h = 0; h < c.n_heads; h++)
+        backend_->memory().download(probe->weights.data() + (std::size_t(l) * c.n_heads + h) * c.max_seq,
+                                    probe_dev_.data() + std::int64_t(h) * max_n,
+                                    std::int64_t(sizeof(float)) * probe->n);
 }
 
 }  // namespace kvlab

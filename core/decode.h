@@ -9,12 +9,17 @@
 //
 // They are different algorithms built from the same kernels (kernels.h), which is why their
 // logits agree bit for bit (NUMERICS.md). Both return the logits of the last position.
+//
+// A cached step runs in two halves, as nano-vllm's prepare_decode and run_model: plan_step asks
+// the caches where every row's K and V go and which slots each row reads (a StepPlan, host
+// integers only), then CachedDecoder::execute runs the plan as one layer loop.
 // The layer code (embed, rmsnorm, q/k/v products, RoPE, cache write, attention, output product,
 // feed-forward, classifier) is written once, against a Backend (backend.h): the same code
 // drives the CPU and a GPU. Buffers live in the backend's memory; only tokens go in and logits
 // come out.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -44,6 +49,36 @@ struct Activations {
     void check(const Config& c) const;  // asserts every shape above
 };
 
+// One cached step, planned on the host before any float moves. Row i runs token tokens[i] at
+// logical position positions[i]; kv[i] names its sequence's cache storage, the slot its own K
+// and V go to (write_slot) and how many slots it attends (n): slots[i * max_n + j], j < n, in
+// increasing logical position. A slot of -1 reads as NaN.
+struct StepPlan {
+    struct Sequence {
+        Cache* cache = nullptr;
+        int first_row = 0;  // its rows are first_row .. first_row + n_rows - 1
+        int n_rows = 0;
+        int start = 0;  // the logical position of its first row
+    };
+    std::vector<Sequence> seqs;       // [n_seqs]
+    std::vector<int> tokens;          // [rows]
+    std::vector<int> positions;       // [rows] the RoPE position of each row
+    std::vector<RowKV> kv;            // [rows]
+    int max_n = 1;                    // the row stride of slots
+    std::vector<std::int64_t> slots;  // [rows, max_n]
+    std::vector<int> kv_head;         // [n_heads] the KV head each query head reads
+    std::vector<int> out_rows;        // [n_out] the rows whose logits the step returns, in order
+    int rows() const { return int(tokens.size()); }
+    void check(const Config& c) const;  // asserts every shape above
+};
+
+// The plan of a step whose caches already hold its positions (Cache::append done): sequence s's
+// rows are tokens[s] at positions start[s], start[s] + 1, ... With all_rows (one sequence) every
+// row's logits are returned, else each sequence's last. Slots are padded to at least min_n per
+// row (max_seq for a step a backend captures, so that every step has the same shapes).
+StepPlan plan_step(const Config& c, std::span<Cache* const> caches, std::span<const std::vector<int>> tokens,
+                   std::span<const int> start, bool all_rows, int min_n = 1);
+
 class NaiveDecoder {
 public:
     // Runs on `backend` (it must outlive the decoder).
@@ -55,8 +90,7 @@ public:
     const std::vector<float>& forward(std::span<const int> tokens);
 
     Backend& backend() { return *backend_; }
-    Exec exec;                     // threads, and the FLOPs counted so far
-    Mutant mutant = Mutant::none;  // a planted bug (mutants.h): here only mask_off_by_one
+    Exec exec;  // threads, and the FLOPs counted so far
 
 private:
     std::unique_ptr<Backend> own_;
@@ -111,7 +145,9 @@ public:
     Backend& backend() { return *backend_; }
 
     Exec exec;
-    Mutant mutant = Mutant::none;  // a planted bug (mutants.h); none in normal use
+    // Applied to every plan before it runs; empty in kvlab itself. The verification suite plants
+    // bugs this way (proofs/planted.h), from outside the decoder.
+    std::function<void(StepPlan&)> transform;
 
     // For the viewer: when set, each call copies the attention weights (softmax output) of the
     // first sequence's last row here. Copying reads the scores after the kernel is done with
@@ -126,26 +162,25 @@ private:
     void check_cache(const Cache& cache) const;
     // prefill and prefill_rows: tokens as steps of at most the cache's max_append() rows.
     void run_chunks(std::span<const int> tokens, bool all_rows);
-    // step() after the appends: sequence s's rows are at positions start[s]...
-    const std::vector<float>& run_step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens,
-                                       std::span<const int> start);
+    // Runs a plan: the layer loop, then the logits of its out_rows ([n_out, vocab_size]).
+    const std::vector<float>& execute(const StepPlan& plan);
+    void probe_layer(int l, int max_n);  // copies layer l's attention weights into *probe
     std::unique_ptr<Backend> own_backend_;
     Backend* backend_;
     std::unique_ptr<Cache> own_cache_;  // the default cache, when none was given
     Cache* cache_;
     Activations act_;
-    // The step's host-side bookkeeping, uploaded once per step.
+    // The plan in the backend's memory, uploaded once per step.
     Buffer<int> tokens_;               // [rows]
     Buffer<int> positions_;            // [rows] RoPE positions
-    Buffer<RowKV> write_kv_;           // [rows] each row's cache, and where its own K and V go
-    Buffer<RowKV> read_kv_;            // [rows] the cache each row reads (write_kv_ but for a planted bug)
+    Buffer<RowKV> kv_;                 // [rows] each row's cache, where its K and V go, how many slots it reads
     Buffer<std::int64_t> slots_;       // [rows, max_n] the slots each row attends
     Buffer<int> kv_head_;              // [n_heads]
-    Buffer<float> last_;               // [n_seqs, dim] each sequence's last residual row
-    Buffer<float> normed_;             // [n_seqs, dim], or [rows, dim] with all_rows_
-    Buffer<float> logits_dev_;         // [n_seqs, vocab_size], or [rows, vocab_size] with all_rows_
+    Buffer<float> out_x_;              // [n_out, dim] the residual rows of out_rows
+    Buffer<float> normed_;             // [n_out, dim]
+    Buffer<float> logits_dev_;         // [n_out, vocab_size]
     Buffer<float> probe_dev_;          // [n_heads, max_n]
-    std::vector<float> logits_;        // [n_seqs, vocab_size], or [rows, vocab_size] with all_rows_
+    std::vector<float> logits_;        // [n_out, vocab_size]: each sequence's last row, or every row (all_rows_)
     std::vector<float> row_logits_;    // [tokens, vocab_size] prefill_rows' result, over its chunks
     bool all_rows_ = false;            // set by prefill_rows: classify every row of the step
     int prefix_hit_ = 0;

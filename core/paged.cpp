@@ -29,6 +29,11 @@ std::uint64_t BlockPool::BlockKey::hash() const {
     return h;
 }
 
+BlockPool::BlockKey BlockPool::key(std::uint64_t parent, std::uint64_t model, std::span<const int> tokens) const {
+    assert(int(tokens.size()) == block_size_);
+    return BlockKey{parent, model, std::vector<int>(tokens.begin(), tokens.end())};
+}
+
 BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching, Memory& memory)
     : config_(config), block_size_(block_size), n_blocks_(n_blocks), prefix_caching_(prefix_caching) {
     config_.validate();
@@ -146,25 +151,25 @@ void BlockPool::unpublish(int block) {
 }
 
 void BlockPool::poison(int block, int from_slot) {
-    storage_.poison(config_, slot(block, from_slot), block_size_ - from_slot);
+    storage_.poison(config_, first_slot(block) + from_slot, block_size_ - from_slot);
 }
 
 void BlockPool::copy_block(int to, int from) {
     // A block's rows of every layer and head are one run: [n_layers, n_kv_heads, block_size, head_size].
     const std::int64_t bytes = block_bytes() / 2;
     const std::int64_t hs = config_.head_size();
-    storage_.memory().copy(storage_.k.data() + slot(to, 0) * hs, storage_.k.data() + slot(from, 0) * hs, bytes);
-    storage_.memory().copy(storage_.v.data() + slot(to, 0) * hs, storage_.v.data() + slot(from, 0) * hs, bytes);
+    storage_.memory().copy(storage_.k.data() + first_slot(to) * hs, storage_.k.data() + first_slot(from) * hs, bytes);
+    storage_.memory().copy(storage_.v.data() + first_slot(to) * hs, storage_.v.data() + first_slot(from) * hs, bytes);
 }
 
 const float* BlockPool::key_row(int block, int l, int h, int s) const {
     assert(storage_.memory().host_visible());
-    return storage_.k.data() + storage_.row(l, h, slot(block, s)) * config_.head_size();
+    return storage_.k.data() + storage_.row(l, h, first_slot(block) + s) * config_.head_size();
 }
 
 const float* BlockPool::value_row(int block, int l, int h, int s) const {
     assert(storage_.memory().host_visible());
-    return storage_.v.data() + storage_.row(l, h, slot(block, s)) * config_.head_size();
+    return storage_.v.data() + storage_.row(l, h, first_slot(block) + s) * config_.head_size();
 }
 
 void BlockPool::event(EventKind kind, int seq, int block, int from, int pos, int count) const {
@@ -203,28 +208,22 @@ BlockPool& PagedCache::pool() const {
     return *pool_;
 }
 
-int PagedCache::slot_in_block(int pos) const {
-    const int bs = pool().block_size();
-    // The planted bug takes the slot modulo a different block size than the block index.
-    if (mutant == Mutant::slot_wrong_block && bs > 1) return pos % (bs - 1);
-    return pos % bs;
-}
-
 std::int64_t PagedCache::slot(int t) const {
-    const std::size_t b = std::size_t(t / pool().block_size());
+    const int bs = pool().block_size();
+    const std::size_t b = std::size_t(t / bs);
     if (t < 0 || b >= table_.size()) return -1;
-    return pool().slot(table_[b], slot_in_block(t));
+    return pool().slot(table_[b], t % bs);
 }
 
-// Block by block through the table: one lookup per block instead of one per row.
+// Block by block through the table: one table lookup per block instead of one per row.
 int PagedCache::attended(int pos, std::int64_t* slots, int* positions) const {
-    if (mutant == Mutant::slot_wrong_block) return Cache::attended(pos, slots, positions);
-    const int bs = pool().block_size();
+    const BlockPool& pool = this->pool();
+    const int bs = pool.block_size();
     for (int t0 = 0, b = 0; t0 <= pos; t0 += bs, b++) {
         const int n = std::min(bs, pos + 1 - t0);
-        const std::int64_t first = b < int(table_.size()) ? pool().slot(table_[b], 0) : -1;
+        const int block = b < int(table_.size()) ? table_[b] : -1;
         for (int s = 0; s < n; s++) {
-            slots[t0 + s] = first < 0 ? -1 : first + s;
+            slots[t0 + s] = block < 0 ? -1 : pool.slot(block, s);
             if (positions) positions[t0 + s] = t0 + s;
         }
     }
@@ -240,12 +239,7 @@ int PagedCache::rows_in(int block) const {
 
 BlockPool::BlockKey PagedCache::key_of(int b) const {
     const int bs = pool().block_size();
-    BlockPool::BlockKey key;
-    key.parent = b > 0 ? hashes_[b - 1] : 0;
-    // The planted bug keys blocks by tokens alone: another model's rows would hit.
-    key.model = pool().mutant == Mutant::hash_ignores_model ? 0 : model_;
-    key.tokens.assign(tokens().begin() + std::int64_t(b) * bs, tokens().begin() + std::int64_t(b + 1) * bs);
-    return key;
+    return pool().key(b > 0 ? hashes_[b - 1] : 0, model_, tokens().subspan(std::size_t(b) * bs, std::size_t(bs)));
 }
 
 void PagedCache::reserve(int new_length) {
@@ -254,9 +248,7 @@ void PagedCache::reserve(int new_length) {
     // The block receiving the next row must be ours alone: shared (fork, prefix hit) or
     // published blocks get a private copy first.
     const int b = length() / bs;
-    const bool cow = length() % bs != 0 && b < int(table_.size()) &&
-                     (pool().refcount(table_[b]) > 1 || pool().published(table_[b])) &&
-                     pool().mutant != Mutant::cow_no_copy;
+    const bool cow = length() % bs != 0 && b < int(table_.size()) && pool().needs_copy(table_[b]);
     const int needed = n_new + (cow ? 1 : 0);
     if (needed > pool().available())
         throw Error(fmt::format("paged cache: sequence {} needs {} more blocks of {} positions, the pool has {} free",
@@ -278,8 +270,7 @@ void PagedCache::reserve(int new_length) {
 void PagedCache::on_write(int pos) {
     BlockPool& pool = this->pool();
     const int block = table_[std::size_t(pos / pool.block_size())];
-    if (pool.refcount(block) == 1 && !pool.published(block)) return;
-    if (pool.mutant == Mutant::cow_no_copy) return pool.count_shared_write();  // the planted bug writes anyway
+    if (!pool.needs_copy(block)) return;
     throw Error(fmt::format(
         "paged cache: sequence {} cannot rewrite position {}: block {} is {}; roll back to rewrite it", seq_id, pos,
         block, pool.refcount(block) > 1 ? "shared with another sequence" : "in the prefix cache"));
@@ -320,10 +311,8 @@ int PagedCache::attach_prefix(std::span<const int> tokens) {
     std::vector<int> blocks;
     std::vector<std::uint64_t> hashes;
     for (int b = 0; b < max_blocks; b++) {
-        BlockPool::BlockKey key;
-        key.parent = b > 0 ? hashes.back() : 0;
-        key.model = pool().mutant == Mutant::hash_ignores_model ? 0 : model_;
-        key.tokens.assign(tokens.begin() + std::int64_t(b) * bs, tokens.begin() + std::int64_t(b + 1) * bs);
+        const BlockPool::BlockKey key =
+            pool().key(b > 0 ? hashes.back() : 0, model_, tokens.subspan(std::size_t(b) * bs, std::size_t(bs)));
         const int block = pool().lookup(key);
         if (block < 0) break;
         blocks.push_back(block);
@@ -343,7 +332,6 @@ int PagedCache::attach_prefix(std::span<const int> tokens) {
 std::unique_ptr<PagedCache> PagedCache::fork(int new_seq_id) const {
     auto child = std::make_unique<PagedCache>(pool(), model_, new_seq_id);
     child->trace = trace;
-    child->mutant = mutant;
     for (int block : table_) pool().retain(block, child.get());
     child->table_ = table_;
     child->hashes_ = hashes_;
@@ -364,7 +352,8 @@ void check_pool_room(std::span<Cache* const> caches, std::span<const int> added)
         int& available = left.try_emplace(&pool, pool.available()).first->second;
         const int block = length % bs != 0 && b < int(table.size()) ? table[b] : -1;
         const int refs = block < 0 ? 0 : pool.refcount(block) - dropped[{&pool, block}];
-        const bool cow = block >= 0 && (refs > 1 || pool.published(block)) && pool.mutant != Mutant::cow_no_copy;
+        // As reserve() decides, less the references earlier sequences' copies gave up.
+        const bool cow = block >= 0 && pool.needs_copy(block) && (refs > 1 || pool.published(block));
         const int needed = n_new + (cow ? 1 : 0);
         if (needed > available)
             throw Error(fmt::format(

@@ -47,7 +47,7 @@ public:
     BlockPool(const BlockPool&) = delete;
     BlockPool& operator=(const BlockPool&) = delete;
     // Sequences still alive are orphaned: each later use of one throws Error, destroying it is safe.
-    ~BlockPool();
+    virtual ~BlockPool();
 
     const Config& config() const { return config_; }
     int block_size() const { return block_size_; }
@@ -69,16 +69,29 @@ public:
     MemoryStats memory() const;
 
     const KVStorage& storage() const { return storage_; }
-    // The slot of row s of a block (the storage row of layer 0, KV head 0).
-    std::int64_t slot(int block, int s) const {
-        return std::int64_t(block) * config_.n_layers * config_.n_kv_heads * block_size_ + s;
+    // Where a block's rows start in storage: its row 0 of layer 0, KV head 0. The pool's own
+    // copies, poisoning and host reads address blocks through this, never through slot().
+    std::int64_t first_slot(int block) const {
+        return std::int64_t(block) * config_.n_layers * config_.n_kv_heads * block_size_;
     }
+
+    // ---- Three answers every PagedCache takes from its pool. They are virtual so that the
+    // verification suite can plant a bug in one of them from outside (proofs/planted.h).
+    // The slot of row s of a block (the storage row of layer 0, KV head 0).
+    virtual std::int64_t slot(int block, int s) const { return first_slot(block) + s; }
+    // Whether a write into `block` must go to a private copy first: another owner can read it
+    // (it is shared, or published to the prefix cache).
+    virtual bool needs_copy(int block) const { return refcount_[block] > 1 || published(block); }
+    struct BlockKey;
+    // The identity of a full block of `tokens` (block_size of them) after a block whose hash is
+    // `parent` (0 for the first), computed by the model `model`.
+    virtual BlockKey key(std::uint64_t parent, std::uint64_t model, std::span<const int> tokens) const;
+
     // Host-visible storage only (tests).
     const float* key_row(int block, int l, int h, int s) const;
     const float* value_row(int block, int l, int h, int s) const;
 
     std::vector<CacheEvent>* trace = nullptr;
-    Mutant mutant = Mutant::none;
 
     // ---- What a PagedCache asks of its pool.
     // The identity of a full block's contents.
@@ -155,7 +168,6 @@ protected:
     void release(int n) override;
 
 private:
-    int slot_in_block(int pos) const;
     BlockPool::BlockKey key_of(int b) const;  // the key of logical block b, from the tokens
     friend class BlockPool;                   // orphans it when it goes
     BlockPool* pool_;                         // null once the pool is destroyed

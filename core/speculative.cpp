@@ -80,7 +80,7 @@ DecodeRun SpeculativeDecoder::generate(std::span<const int> prompt, int steps) {
         const int n = int(seq.size());
         const int remaining = steps - int(run.tokens.size());
         // The draft runs the tokens of seq it lacks (the last at least: its logits give d_1).
-        // It holds at most n - 1 of them, n with the planted bug (whose stale row it then keeps).
+        // It holds at most n - 1 of them (n when a faulty cache kept a rejected row).
         const int from = std::min(draft_.pos(), n - 1);
         const int draft_pos = draft_.pos() + (n - from);  // where the draft stands after catching up
         // Drafts this step: k, fewer where the step would emit past `steps` (it emits up to kk + 1)
@@ -115,8 +115,7 @@ DecodeRun SpeculativeDecoder::generate(std::span<const int> prompt, int steps) {
         }
         // Roll back to seq but its new last token: the target forgets the rows of rejected drafts,
         // the draft whatever it ran past that (it lacks d_kk when all were accepted).
-        const bool rejected = j < kk;
-        const int keep = n + j + (mutant == Mutant::spec_rollback_short && rejected ? 1 : 0);
+        const int keep = n + j;
         assert(keep <= target_.pos());
         target_.cache().truncate(keep);
         if (draft_.pos() > keep) draft_.cache().truncate(keep);

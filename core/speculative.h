@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "decode.h"
-#include "mutants.h"
 
 namespace kvlab {
 
@@ -58,7 +57,6 @@ public:
     DecodeRun generate(std::span<const int> prompt, int steps);
 
     int k() const { return k_; }
-    Mutant mutant = Mutant::none;  // a planted bug (mutants.h): here only spec_rollback_short
 
 private:
     CachedDecoder& target_;

@@ -65,11 +65,11 @@ __global__ void add_kernel(float* x, const float* y, std::int64_t n) {
 }
 
 __global__ void causal_attention_kernel(float* att, const float* q, const float* k, const float* v, int T, int dim,
-                                        int kv_dim, int n_heads, int head_size, const int* kv_head, int future) {
+                                        int kv_dim, int n_heads, int head_size, const int* kv_head) {
     const std::int64_t id = thread_id();
     if (id >= std::int64_t(T) * n_heads) return;
     const int i = int(id / n_heads), h = int(id % n_heads);
-    gpu::causal_attention_head(att, q, k, v, T, dim, kv_dim, head_size, kv_head[h], future, i, h);
+    gpu::causal_attention_head(att, q, k, v, T, dim, kv_dim, head_size, kv_head[h], i, h);
 }
 
 __global__ void store_kv_kernel(const RowKV* rows, int n_rows, int l, const float* k, const float* v, int n_kv_heads,
@@ -221,7 +221,7 @@ const float* CudaBackend::weights(Matrix m, int l, int& n_in, int& n_out) const 
     return wcls_.data();
 }
 
-void CudaBackend::run(std::uint64_t key, const std::function<void()>& body) {
+void CudaBackend::run(const StepSignature& signature, const std::function<void()>& body) {
     if (!graphs_) return body();
     cudaStream_t stream = memory_.stream();
     // A free since the graphs were captured may have invalidated a pointer one of them holds.
@@ -236,7 +236,7 @@ void CudaBackend::run(std::uint64_t key, const std::function<void()>& body) {
     } reset{*this};
     in_run_ = true;
     pending_.clear();
-    auto it = graphs_by_key_.find(key);
+    auto it = graphs_by_key_.find(signature.words);
     if (it == graphs_by_key_.end()) {
         cudaGraph_t graph = nullptr;
         check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -252,7 +252,7 @@ void CudaBackend::run(std::uint64_t key, const std::function<void()>& body) {
         const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
         (void)cudaGraphDestroy(graph);
         check(e, "cudaGraphInstantiate");
-        it = graphs_by_key_.emplace(key, exec).first;
+        it = graphs_by_key_.emplace(signature.words, exec).first;
         captured_++;
     } else {
         // The graph does the work; the body runs on the host only to count FLOPs as the CPU does.
@@ -327,14 +327,14 @@ void CudaBackend::add(Exec& ex, float* x, const float* y, std::int64_t n) {
 }
 
 void CudaBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                                   const int* kv_head, int future) {
+                                   const int* kv_head) {
     const Config& c = config_;
     const int hs = c.head_size();
     const std::uint64_t t = std::uint64_t(T);
     ex.flops += std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
     if (count_only_ || T == 0) return;
     causal_attention_kernel<<<blocks_for(std::int64_t(T) * c.n_heads), kBlock, 0, memory_.stream()>>>(
-        att, q, k, v, T, c.dim, c.kv_dim(), c.n_heads, hs, kv_head, future);
+        att, q, k, v, T, c.dim, c.kv_dim(), c.n_heads, hs, kv_head);
     check_launch("causal_attention_kernel");
 }
 

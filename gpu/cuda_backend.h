@@ -5,14 +5,14 @@
 //                the stream, copies and NaN fills are queued on it (and so can be captured)
 //   CudaBackend  the weights and RoPE tables uploaded once; each Backend call launches the
 //                gpu/kernels.h functions, one thread per output element (per (row, head) for
-//                attention). run(key, body) captures a step as a CUDA Graph the first time a
-//                key is seen and replays it afterwards.
+//                attention). run(signature, body) captures a step as a CUDA Graph the first time a
+//                signature is seen and replays it afterwards.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "backend.h"
@@ -67,7 +67,7 @@ public:
     Memory& memory() override { return memory_; }
     const Config& config() const override { return config_; }
 
-    void run(std::uint64_t key, const std::function<void()>& body) override;
+    void run(const StepSignature& signature, const std::function<void()>& body) override;
     bool capturing() const override { return graphs_; }
 
     void embed(Exec& ex, float* x, const int* tokens, int rows) override;
@@ -77,7 +77,7 @@ public:
     void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override;
     void add(Exec& ex, float* x, const float* y, std::int64_t n) override;
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                          const int* kv_head, int future) override;
+                          const int* kv_head) override;
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override;
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
@@ -106,7 +106,7 @@ private:
     Buffer<float> emb_, wq_, wk_, wv_, wo_, w1_, w2_, w3_, wcls_, rms_att_, rms_ffn_, rms_final_, rope_cos_, rope_sin_;
     const float* weights(Matrix m, int l, int& n_in, int& n_out) const;
 
-    std::unordered_map<std::uint64_t, CUgraphExec_st*> graphs_by_key_;
+    std::map<std::vector<std::uint64_t>, CUgraphExec_st*> graphs_by_key_;  // by StepSignature::words
     std::uint64_t graphs_frees_ = 0;  // memory_.frees() when the graphs above were captured
     bool in_run_ = false;             // inside run(): attention counts are deferred
     bool count_only_ = false;         // replaying: the body only counts FLOPs, launches nothing

@@ -83,9 +83,7 @@ void GpuHostBackend::embed(Exec&, float* x, const int* tokens, int rows) {
 void GpuHostBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {
     const MatrixRef w = matrix_of(model_.w, m, l);
     ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(w.n_in) * std::uint64_t(w.n_out);
-    if (!planted_matmul) return gpu::host::matmul(y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
-    for (int r = 0; r < rows; r++)
-        for (int o = 0; o < w.n_out; o++) y[std::int64_t(r) * ldy + o] = planted_matmul(x, ldx, w.w, w.n_out, w.n_in, r, o);
+    gpu::host::matmul(y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
 }
 
 void GpuHostBackend::rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) {
@@ -111,7 +109,7 @@ void GpuHostBackend::add(Exec& ex, float* x, const float* y, std::int64_t n) {
 }
 
 void GpuHostBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                                      const int* kv_head, int future) {
+                                      const int* kv_head) {
     const Config& c = config();
     const int hs = c.head_size();
     const std::uint64_t t = std::uint64_t(T);
@@ -119,7 +117,7 @@ void GpuHostBackend::causal_attention(Exec& ex, float* att, const float* q, cons
     ex.flops += std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
     for (int i = 0; i < T; i++)
         for (int h = 0; h < c.n_heads; h++)
-            gpu::causal_attention_head(att, q, k, v, T, c.dim, c.kv_dim(), hs, kv_head[h], future, i, h);
+            gpu::causal_attention_head(att, q, k, v, T, c.dim, c.kv_dim(), hs, kv_head[h], i, h);
 }
 
 void GpuHostBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const float* k, const float* v) {

@@ -42,15 +42,10 @@ public:
     void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override;
     void add(Exec& ex, float* x, const float* y, std::int64_t n) override;
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                          const int* kv_head, int future) override;
+                          const int* kv_head) override;
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override;
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
-
-    // Tests only: a planted product element (nullptr: kernels.h matmul_element) that every
-    // weight product of this backend runs instead, to show the properties catch a kernel bug.
-    using MatmulElementFn = float (*)(const float* x, int ldx, const float* w, int ldw, int n_in, int r, int o);
-    MatmulElementFn planted_matmul = nullptr;
 
 private:
     const Model& model_;

@@ -14,7 +14,7 @@
 //                           sum of exp_f32(x - max) in order, weight = e / sum (softmax_element
 //                           runs them as an element kernel, for the tests)
 //   causal_attention_head   one (row i, head h) of naive attention: scores over j = 0..T-1,
-//                           (q.k)/scale for j <= i + future and -inf after, softmax, then P V
+//                           (q.k)/scale for j <= i and -inf after, softmax, then P V
 //                           summed over all T columns in order (masked ones add exact +0)
 //   store_kv_element        one float of a row's K and V into its cache slot
 //   attention_head          one (row i, head h) of cached attention: kernels.h's attention_row
@@ -115,13 +115,13 @@ KVLAB_HD inline void softmax_element(float* out, const float* x, int n, int t) {
 }
 
 // Naive attention, query row i of head h: q, att [T, dim]; k, v [T, kv_dim]; the head reads KV
-// head kvh. S[i][j] = (q_i . k_j) / scale for j <= min(i + future, T - 1), -inf after; P =
+// head kvh. S[i][j] = (q_i . k_j) / scale for j <= i, -inf after; P =
 // softmax(S[i]); att_i = sum_j P[i][j] v_j over all j = 0..T-1 (CpuBackend::causal_attention
 // multiplies P by V over the whole row, so the masked +0 products are added here too).
-KVLAB_HD inline void causal_attention_head(float* att, const float* q, const float* k, const float* v, int T,
-                                           int dim, int kv_dim, int head_size, int kvh, int future, int i, int h) {
+KVLAB_HD inline void causal_attention_head(float* att, const float* q, const float* k, const float* v, int T, int dim,
+                                           int kv_dim, int head_size, int kvh, int i, int h) {
     const float scale = attention_scale(head_size);
-    const int last = i + future < T - 1 ? i + future : T - 1;
+    const int last = i;
     const float* qi = q + std::int64_t(i) * dim + h * head_size;
     auto score = [&](int j) {
         if (j > last) return neg_inf_f32();

@@ -16,8 +16,9 @@
 #include "decode.h"
 #include "device.h"
 #include "generators.h"
-#include "property.h"
 #include "model.h"
+#include "planted.h"
+#include "property.h"
 #include "speculative.h"
 #include "window_cache.h"
 
@@ -35,23 +36,34 @@ struct Devices {
     std::function<std::unique_ptr<Backend>(std::string_view, const Model&)> make;
 };
 
-// One generated model on the devices of a run. With two devices, naive decode on the tested one
-// must equal the reference's too, so `verify --device both` checks the GPU's naive and cached
-// decode against the CPU's.
-class Bench {
+// The oracle for one generated model on the devices of a run: naive decode on the reference
+// device. With two devices, naive decode on the tested one must equal the reference's too, so
+// `verify --device both` checks the GPU's naive and cached decode against the CPU's. With a
+// planted bug (planted.h), naive decode and the decoders under test run through its decorators.
+class Oracle {
 public:
-    Bench(const Model& m, const Devices& d, Mutant mutant)
-        : reference_(d.make(d.reference, m)),
+    Oracle(const Model& m, const Devices& d, Mutant mutant)
+        : mutant_(mutant),
+          reference_(d.make(d.reference, m)),
           tested_(d.tested == d.reference ? nullptr : d.make(d.tested, m)),
-          naive_(*reference_) {
-        naive_.mutant = mutant;
+          planted_naive_(planted_naive_backend(mutant, *reference_)),
+          planted_cached_(planted_cached_backend(mutant, backend())),
+          naive_(planted_naive_ ? *planted_naive_ : *reference_) {
         if (tested_) {
-            tested_naive_ = std::make_unique<NaiveDecoder>(*tested_);
-            tested_naive_->mutant = mutant;
+            planted_tested_naive_ = planted_naive_backend(mutant, *tested_);
+            tested_naive_ = std::make_unique<NaiveDecoder>(planted_tested_naive_ ? *planted_tested_naive_ : *tested_);
         }
     }
     Backend& backend() { return tested_ ? *tested_ : *reference_; }  // where the decoders under test run
     Memory& memory() { return backend().memory(); }                   // where their caches live
+    Mutant mutant() const { return mutant_; }
+
+    // A cached decoder under test on `cache`, with the planted bug's backend and plan transform.
+    std::unique_ptr<CachedDecoder> cached(Cache& cache) {
+        auto d = std::make_unique<CachedDecoder>(planted_cached_ ? *planted_cached_ : backend(), cache);
+        d->transform = planted_transform(mutant_);
+        return d;
+    }
 
     // Naive decode's logits after `sequence` on the reference device (and, with two devices,
     // the tested device's naive decode checked against them).
@@ -73,7 +85,9 @@ public:
     }
 
 private:
+    Mutant mutant_;
     std::unique_ptr<Backend> reference_, tested_;
+    std::unique_ptr<Backend> planted_naive_, planted_cached_, planted_tested_naive_;  // decorators, or null
     NaiveDecoder naive_;
     std::unique_ptr<NaiveDecoder> tested_naive_;
 };
@@ -86,27 +100,29 @@ void expect_memory_consistent(const Cache& cache, const std::string& what) {
         fail(fmt::format("{}: used bytes {} at length {}", what, m.used_bytes, cache.length()));
 }
 
-// A cache of one of the exact single-sequence variants, its parameters drawn, with the
-// planted bug switched on in it and in its pool.
-CacheAndPool cache_under_test(std::string_view variant, const Config& c, Mutant mutant, Memory& memory) {
+// A cache of one of the exact single-sequence variants, its parameters drawn, with the planted
+// bug in its pool or wrapped around it.
+struct CacheUnderTest {
+    std::unique_ptr<BlockPool> pool;  // paged: declared first, so that it outlives the cache
+    std::unique_ptr<Cache> cache;
+    std::unique_ptr<Cache> wrapper;  // a planted cache wrapper around `cache`, or null
+    Cache& operator*() { return wrapper ? *wrapper : *cache; }
+    Cache* operator->() { return &**this; }
+};
+CacheUnderTest cache_under_test(std::string_view variant, const Config& c, Mutant mutant, Memory& memory) {
     CacheSpec spec;
     spec.variant = *parse_variant(variant);
-    if (spec.variant == Variant::growing) spec.initial_capacity = draw(1, c.max_seq);
+    CacheUnderTest u;
     if (spec.variant == Variant::paged) {
-        spec.block_size = draw(1, c.max_seq);
-        spec.n_blocks = (c.max_seq + spec.block_size - 1) / spec.block_size + draw(0, 2);
+        const int bs = draw(1, c.max_seq);
+        u.pool = planted_pool(mutant, c, bs, (c.max_seq + bs - 1) / bs + draw(0, 2), false, memory);
+        u.cache = std::make_unique<PagedCache>(*u.pool);
+    } else {
+        if (spec.variant == Variant::growing) spec.initial_capacity = draw(1, c.max_seq);
+        u.cache = make_cache(c, spec, memory).cache;
     }
-    CacheAndPool u = make_cache(c, spec, memory);
-    if (u.pool) u.pool->mutant = mutant;
-    u.cache->mutant = mutant;
+    u.wrapper = planted_cache(mutant, *u.cache);
     return u;
-}
-
-// A cached decoder under test on `bench`'s device, with the planted bug switched on.
-std::unique_ptr<CachedDecoder> cached_under_test(Bench& bench, Cache& cache, Mutant mutant) {
-    auto d = std::make_unique<CachedDecoder>(bench.backend(), cache);
-    d->mutant = mutant;
-    return d;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -118,16 +134,15 @@ void decode_property(std::string_view variant, const Devices& devices, Mutant mu
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
-    Bench bench(m, devices, mutant);
-    CacheAndPool u = cache_under_test(variant, c, mutant, bench.memory());
-    const auto cached = cached_under_test(bench, *u.cache, mutant);
-    const std::string what =
-        fmt::format("{}, {}, prompt {} of {}", u.cache->name(), c.describe(), prompt, tokens.size());
+    Oracle oracle(m, devices, mutant);
+    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory());
+    const auto cached = oracle.cached(*u);
+    const std::string what = fmt::format("{}, {}, prompt {} of {}", u->name(), c.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
-    bench.expect_naive(all.first(prompt), cached->prefill(all.first(prompt)), what);
+    oracle.expect_naive(all.first(prompt), cached->prefill(all.first(prompt)), what);
     for (int T = prompt + 1; T <= int(tokens.size()); T++)
-        bench.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
-    expect_memory_consistent(*u.cache, what);
+        oracle.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
+    expect_memory_consistent(*u, what);
 }
 
 // Request A runs; request B shares a prefix with it (none, part, all of A, or a block multiple)
@@ -138,9 +153,9 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     const Model ma = random_model(c, seed), mb = random_model(c, seed + 1);
     const std::uint64_t ida = ma.w.fingerprint(), idb = mb.w.fingerprint();
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
-    Bench bench_a(ma, devices, mutant), bench_b(mb, devices, mutant);
-    BlockPool pool(c, bs, 3 * per_seq, true, bench_a.memory());  // room for all three: nothing is evicted here
-    pool.mutant = mutant;
+    Oracle oracle_a(ma, devices, mutant), oracle_b(mb, devices, mutant);
+    // Room for all three: nothing is evicted here.
+    const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 3 * per_seq, true, oracle_a.memory());
     const std::vector<int> a = draw_tokens(c, draw(1, c.max_seq));
     const int la = int(a.size());
     const int share_kind = draw(0, 3);  // none, part, all of A, a multiple of block_size
@@ -153,30 +168,30 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     const std::string what = fmt::format("paged(block_size={},prefix), {}, A {} tokens, B shares {} of {} (prompt {})",
                                          bs, c.describe(), la, k, b.size(), prompt_b);
 
-    auto seq_a = std::make_unique<PagedCache>(pool, ida, 0);
+    auto seq_a = std::make_unique<PagedCache>(*pool, ida, 0);
     {
-        const auto da = cached_under_test(bench_a, *seq_a, mutant);
+        const auto da = oracle_a.cached(*seq_a);
         for (int T = 1; T <= la; T++)
-            bench_a.expect_naive(std::span(a).first(T), da->extend(std::span(a).first(T)), "A: " + what);
+            oracle_a.expect_naive(std::span(a).first(T), da->extend(std::span(a).first(T)), "A: " + what);
     }
     if (free_a) seq_a.reset();  // its full blocks stay cached, unreferenced
 
-    PagedCache seq_b(pool, ida, 1);
-    const auto d = cached_under_test(bench_a, seq_b, mutant);
+    PagedCache seq_b(*pool, ida, 1);
+    const auto d = oracle_a.cached(seq_b);
     const std::span<const int> bspan(b);
-    bench_a.expect_naive(bspan.first(prompt_b), d->extend(bspan.first(prompt_b)), "B: " + what);
+    oracle_a.expect_naive(bspan.first(prompt_b), d->extend(bspan.first(prompt_b)), "B: " + what);
     int common = 0;
     while (common < la && common < prompt_b && a[common] == b[common]) common++;
     const int expected = bs * std::min({common / bs, la / bs, (prompt_b - 1) / bs});
     if (d->prefix_hit() != expected)
         fail(fmt::format("{}: B's prefix hit {} positions, expected {}", what, d->prefix_hit(), expected));
     for (int T = prompt_b + 1; T <= int(b.size()); T++)
-        bench_a.expect_naive(bspan.first(T), d->decode(b[T - 1]), "B: " + what);
+        oracle_a.expect_naive(bspan.first(T), d->decode(b[T - 1]), "B: " + what);
 
     // Another model's request with A's tokens: the same token ids, other rows.
-    PagedCache seq_c(pool, idb, 2);
-    const auto dc = cached_under_test(bench_b, seq_c, mutant);
-    bench_b.expect_naive(std::span(a), dc->extend(std::span(a)), "another model, A's tokens: " + what);
+    PagedCache seq_c(*pool, idb, 2);
+    const auto dc = oracle_b.cached(seq_c);
+    oracle_b.expect_naive(std::span(a), dc->extend(std::span(a)), "another model, A's tokens: " + what);
     if (dc->prefix_hit() != 0)
         fail(fmt::format("{}: another model's request hit {} cached positions", what, dc->prefix_hit()));
 }
@@ -188,17 +203,16 @@ void fork_property(const Devices& devices, Mutant mutant) {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_children = draw(1, 3);
-    Bench bench(m, devices, mutant);
-    BlockPool pool(c, bs, (n_children + 1) * per_seq, false, bench.memory());
-    pool.mutant = mutant;
+    Oracle oracle(m, devices, mutant);
+    const std::unique_ptr<BlockPool> pool =
+        planted_pool(mutant, c, bs, (n_children + 1) * per_seq, false, oracle.memory());
     const int f = draw(1, c.max_seq - 1);  // fork after f positions
     const std::string what =
         fmt::format("paged(block_size={}), {}, fork at {} into {} children", bs, c.describe(), f, n_children);
     std::vector<std::unique_ptr<PagedCache>> seqs;
-    seqs.push_back(std::make_unique<PagedCache>(pool, 0, 0));
-    seqs[0]->mutant = mutant;
+    seqs.push_back(std::make_unique<PagedCache>(*pool, 0, 0));
     std::vector<std::vector<int>> tokens(1, draw_tokens(c, f));
-    bench.expect_naive(tokens[0], cached_under_test(bench, *seqs[0], mutant)->prefill(tokens[0]), what);
+    oracle.expect_naive(tokens[0], oracle.cached(*seqs[0])->prefill(tokens[0]), what);
     for (int i = 1; i <= n_children; i++) {
         seqs.push_back(seqs[0]->fork(i));
         tokens.push_back(tokens[0]);
@@ -215,10 +229,10 @@ void fork_property(const Devices& devices, Mutant mutant) {
         int s = draw(0, n_children);
         while (done[s] == rest[s].size()) s = (s + 1) % (n_children + 1);
         tokens[s].push_back(rest[s][done[s]++]);
-        bench.expect_naive(tokens[s], cached_under_test(bench, *seqs[s], mutant)->decode(tokens[s].back()),
-                           fmt::format("sequence {}: {}", s, what));
+        oracle.expect_naive(tokens[s], oracle.cached(*seqs[s])->decode(tokens[s].back()),
+                            fmt::format("sequence {}: {}", s, what));
     }
-    if (pool.shared_writes() != 0) fail(fmt::format("{}: {} writes into shared blocks", what, pool.shared_writes()));
+    if (pool->shared_writes() != 0) fail(fmt::format("{}: {} writes into shared blocks", what, pool->shared_writes()));
 }
 
 // Decode, roll back any number of positions, decode other tokens, repeat; every step equals
@@ -228,12 +242,12 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     const std::string_view variant = kVariants[draw(0, 3)];
     const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    Bench bench(m, devices, mutant);
-    CacheAndPool u = cache_under_test(variant, c, mutant, bench.memory());
-    const auto cached = cached_under_test(bench, *u.cache, mutant);
+    Oracle oracle(m, devices, mutant);
+    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory());
+    const auto cached = oracle.cached(*u);
     std::vector<int> kept;
     const int rounds = draw(1, 3);
-    std::string what = fmt::format("{}, {}", u.cache->name(), c.describe());
+    std::string what = fmt::format("{}, {}", u->name(), c.describe());
     for (int r = 0; r <= rounds; r++) {
         if (r > 0) {
             const int n = draw(0, int(kept.size()));
@@ -246,10 +260,10 @@ void rollback_property(const Devices& devices, Mutant mutant) {
         what += fmt::format(", +{}", more.size());
         for (int t : more) {
             kept.push_back(t);
-            bench.expect_naive(kept, cached->decode(t), what);
+            oracle.expect_naive(kept, cached->decode(t), what);
         }
     }
-    expect_memory_consistent(*u.cache, what);
+    expect_memory_consistent(*u, what);
 }
 
 // Sequences of different lengths, some joining later, step together over one pool: a
@@ -260,22 +274,20 @@ void batch_property(const Devices& devices, Mutant mutant) {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_seqs = draw(2, 4);
-    Bench bench(m, devices, mutant);
-    BlockPool pool(c, bs, n_seqs * per_seq, false, bench.memory());
-    pool.mutant = mutant;
+    Oracle oracle(m, devices, mutant);
+    const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, n_seqs * per_seq, false, oracle.memory());
     std::vector<std::unique_ptr<PagedCache>> seqs;
     std::vector<std::vector<int>> tokens;
     std::vector<int> prompt, joins, next;
     for (int s = 0; s < n_seqs; s++) {
-        seqs.push_back(std::make_unique<PagedCache>(pool, 0, s));
-        seqs.back()->mutant = mutant;
+        seqs.push_back(std::make_unique<PagedCache>(*pool, 0, s));
         tokens.push_back(draw_tokens(c, draw(1, c.max_seq)));
         prompt.push_back(draw(1, int(tokens.back().size())));
         joins.push_back(draw(0, 2));
         next.push_back(0);
     }
     const std::string what = fmt::format("batch of {} over paged(block_size={}), {}", n_seqs, bs, c.describe());
-    const auto dec = cached_under_test(bench, *seqs[0], mutant);
+    const auto dec = oracle.cached(*seqs[0]);
     for (int step = 0;; step++) {
         std::vector<Cache*> caches;
         std::vector<std::vector<int>> rows;
@@ -295,9 +307,9 @@ void batch_property(const Devices& devices, Mutant mutant) {
         const std::vector<float>& logits = dec->step(caches, rows);
         for (std::size_t i = 0; i < who.size(); i++) {
             const int s = who[i];
-            bench.expect_naive(std::span(tokens[s]).first(next[s]),
-                         std::span(logits).subspan(i * c.vocab_size, c.vocab_size),
-                         fmt::format("sequence {} in a {}-sequence step: {}", s, who.size(), what));
+            oracle.expect_naive(std::span(tokens[s]).first(next[s]),
+                                std::span(logits).subspan(i * c.vocab_size, c.vocab_size),
+                                fmt::format("sequence {} in a {}-sequence step: {}", s, who.size(), what));
         }
     }
 }
@@ -306,10 +318,10 @@ void batch_property(const Devices& devices, Mutant mutant) {
 void stale_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_config(2, 2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    Bench bench(m, devices, mutant);
-    CacheAndPool u =
-        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, bench.memory());
-    const auto cached = cached_under_test(bench, *u.cache, mutant);
+    Oracle oracle(m, devices, mutant);
+    CacheUnderTest u =
+        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, oracle.memory());
+    const auto cached = oracle.cached(*u);
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
     const int i = draw(0, int(prompt.size()) - 1);
     std::vector<int> edited = prompt;
@@ -317,18 +329,18 @@ void stale_property(const Devices& devices, Mutant mutant) {
     const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(prompt.size())));
     edited.insert(edited.end(), more.begin(), more.end());
     const std::string what =
-        fmt::format("{}, {}, prompt of {} edited at {}", u.cache->name(), c.describe(), prompt.size(), i);
+        fmt::format("{}, {}, prompt of {} edited at {}", u->name(), c.describe(), prompt.size(), i);
     cached->extend(prompt);
     bool refused = false;
     try {
-        bench.expect_naive(edited, cached->extend(edited), "stale cache reused: " + what);
+        oracle.expect_naive(edited, cached->extend(edited), "stale cache reused: " + what);
     } catch (const Error& e) {
         refused = std::string_view(e.what()).starts_with("stale cache");
         if (!refused) fail(fmt::format("{}: unexpected error: {}", what, e.what()));
     }
     if (!refused) return;
     cached->cache().truncate(i);
-    bench.expect_naive(edited, cached->extend(edited), "after rolling back to the edit: " + what);
+    oracle.expect_naive(edited, cached->extend(edited), "after rolling back to the edit: " + what);
 }
 
 // Greedy speculative decoding (speculative.h): a draft (another random model, one of another
@@ -349,27 +361,27 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq));
     const int P = int(prompt.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token needs no position
-    Bench bench(target, devices, mutant);
-    CacheAndPool u =
-        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, bench.memory());
-    const auto cached = cached_under_test(bench, *u.cache, mutant);
+    Oracle oracle(target, devices, mutant);
+    CacheUnderTest u =
+        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, oracle.memory());
+    const auto cached = oracle.cached(*u);
     // The draft runs on the tested device too: on the target's backend when it is the target.
     const std::unique_ptr<Backend> draft_backend = draft_model ? devices.make(devices.tested, *draft_model) : nullptr;
-    CachedDecoder draft(draft_backend ? *draft_backend : bench.backend());
+    CachedDecoder draft(draft_backend ? *draft_backend : oracle.backend());
     SpeculativeDecoder spec(*cached, draft, k);
-    spec.mutant = mutant;
-    const std::string what =
-        fmt::format("speculate k = {}, draft {}, target {}, {}, prompt {} + {} steps", k,
-                    draft_kind == 0 ? "another random model" : draft_kind == 1 ? "(" + dc.describe() + ")" : "= target",
-                    u.cache->name(), c.describe(), P, steps);
+    const std::string what = fmt::format("speculate k = {}, draft {}, target {}, {}, prompt {} + {} steps", k,
+                                         draft_kind == 0   ? "another random model"
+                                         : draft_kind == 1 ? "(" + dc.describe() + ")"
+                                                           : "= target",
+                                         u->name(), c.describe(), P, steps);
 
     // The reference: plain greedy cached decode with the target, itself checked against naive.
-    CachedDecoder plain(bench.backend());
+    CachedDecoder plain(oracle.backend());
     const DecodeRun want = greedy_decode(plain, prompt, steps);
     std::vector<int> sequence = prompt;
     const std::size_t V = std::size_t(c.vocab_size);
     for (int i = 0; i < steps; i++) {
-        bench.expect_naive(sequence, std::span(want.logits).subspan(i * V, V), "plain greedy: " + what);
+        oracle.expect_naive(sequence, std::span(want.logits).subspan(i * V, V), "plain greedy: " + what);
         sequence.push_back(want.tokens[std::size_t(i)]);
     }
     DecodeRun got;
@@ -394,7 +406,7 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     if (st.accepted > st.proposed || st.accepted + st.target_steps != steps)
         fail(fmt::format("{}: {} accepted of {} proposed in {} target steps for {} tokens", what, st.accepted,
                          st.proposed, st.target_steps, steps));
-    expect_memory_consistent(*u.cache, what);
+    expect_memory_consistent(*u, what);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -405,16 +417,16 @@ void window_property(const Devices& devices, bool exact_regime_only) {
     const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int sinks = draw(0, 3), window = draw(1, 4), chunk = draw(0, 3);
-    Bench bench(m, devices, Mutant::none);
-    WindowCache cache(c, sinks, window, chunk, bench.memory());
-    CachedDecoder cached(bench.backend(), cache);
+    Oracle oracle(m, devices, Mutant::none);
+    WindowCache cache(c, sinks, window, chunk, oracle.memory());
+    CachedDecoder cached(oracle.backend(), cache);
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     const std::span<const int> all(tokens);
     const std::string what = fmt::format("window S = {}, W = {} (chunk {}), {}", sinks, window, chunk, c.describe());
     auto check = [&](int T, const std::vector<float>& logits) {
         if (exact_regime_only && T > sinks + window) return;
-        const std::vector<float>& ref = bench.naive(all.first(T), what);
+        const std::vector<float>& ref = oracle.naive(all.first(T), what);
         if (auto diff = first_difference(ref, logits))
             fail(fmt::format("{}: first differs at T = {} = S + W + {}, {}", what, T, T - sinks - window, *diff));
     };
@@ -506,20 +518,6 @@ const std::vector<Check>& exact_checks() {
     return checks;
 }
 
-// Which check catches each planted bug.
-std::string_view check_for(Mutant m) {
-    switch (m) {
-        case Mutant::slot_wrong_block: return "paged";
-        case Mutant::stale_prefix: return "stale";
-        case Mutant::hash_ignores_model: return "prefix";
-        case Mutant::cow_no_copy: return "fork";
-        case Mutant::batch_mixes_blocks: return "batch";
-        case Mutant::rollback_keeps_length: return "rollback";
-        case Mutant::spec_rollback_short: return "speculate";
-        default: return "contiguous-head";
-    }
-}
-
 VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
     const PropertyOutcome r = check_property([&] { check.body(d, Mutant::none); }, o.cases, o.seed);
     return {check.name,       check.kind, check.parameters, r.cases, r.passed ? "bitwise equal" : "FAILED", r.passed,
@@ -527,7 +525,7 @@ VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o
 }
 
 VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptions& o) {
-    const std::string_view target = check_for(info.mutant);
+    const std::string_view target = info.check;
     const auto& checks = exact_checks();
     const auto it = std::find_if(checks.begin(), checks.end(), [&](const Check& c) { return c.name == target; });
     const PropertyOutcome r = check_property([&] { it->body(d, info.mutant); }, o.cases, o.seed);

@@ -3,16 +3,16 @@
 // Each check generates small models, token sequences and variant parameters with RapidCheck,
 // decodes them with a cached decoder on the variant, and compares the logits at every step
 // with naive decode, bit for bit. A failure is shrunk to the smallest case RapidCheck finds and
-// described in one line. The same checks run with each planted bug (mutants.h) switched on:
-// every one must be caught.
+// described in one line. The same checks run with each planted bug (planted.h) put in from the
+// outside: every one must be caught.
 //
 //   exact        must be bitwise equal at every step
 //   approximate  bitwise equal inside their exact regime (a window while T <= S + W) and shown
 //                to differ outside it; quantized caches within a stated error bound
 //   mutant       a correct check run on a planted bug: it must fail
 //
-// `kvlab verify` prints these rows; tests/test_verify.cpp asserts them. To add a variant of
-// your own, see "Adding a cache variant" in the README.
+// `kvlab verify` prints these rows; tests/test_verify.cpp asserts them. To verify a variant of
+// your own, see "Verifying a cache variant of your own" in the README.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,6 @@
 
 #include "backend.h"
 #include "model.h"
-#include "mutants.h"
 
 namespace kvlab {
 

@@ -11,6 +11,7 @@
 #include "cpu_backend.h"
 #include "decode.h"
 #include "paged.h"
+#include "planted.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -26,9 +27,10 @@ namespace {
 void check_naive_equals_cached(MatmulFn naive_matmul) {
     const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
     const Model m = random_model(c, seed);
-    CpuBackend naive_backend(m);
-    naive_backend.planted_matmul = naive_matmul;
-    NaiveDecoder naive(naive_backend);
+    CpuBackend cpu(m);
+    const std::unique_ptr<Backend> planted =
+        naive_matmul ? std::make_unique<ProductBackend>(cpu, m, naive_matmul) : nullptr;
+    NaiveDecoder naive(planted ? *planted : cpu);
     CachedDecoder cached(m);
     for (int T = prompt_len; T <= int(tokens.size()); T++) {
         const std::span<const int> prefix(tokens.data(), T);
@@ -97,8 +99,9 @@ TEST_CASE("P1 counter-test: an order-changing matmul in the naive path is caught
 void check_prefill_equals_one_by_one(MatmulFn matmul) {
     const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
     const Model m = random_model(c, seed);
-    CpuBackend backend(m);
-    backend.planted_matmul = matmul;
+    CpuBackend cpu(m);
+    const std::unique_ptr<Backend> planted = matmul ? std::make_unique<ProductBackend>(cpu, m, matmul) : nullptr;
+    Backend& backend = planted ? *planted : cpu;
     CachedDecoder batched(backend), one_by_one(backend);
     std::vector<float> lb = batched.prefill(std::span<const int>(tokens.data(), prompt_len));
     std::vector<float> lo;
@@ -139,8 +142,9 @@ void check_thread_count_invariance(MatmulFn matmul) {
     const Model m = random_model(c, seed);
     std::vector<std::vector<float>> runs;  // per thread count: naive logits then cached logits, every step
     for (int threads : {1, 2, 4}) {
-        CpuBackend backend(m);
-        backend.planted_matmul = matmul;
+        CpuBackend cpu(m);
+        const std::unique_ptr<Backend> planted = matmul ? std::make_unique<ProductBackend>(cpu, m, matmul) : nullptr;
+        Backend& backend = planted ? *planted : cpu;
         NaiveDecoder naive(backend);
         CachedDecoder cached(backend);
         naive.exec.n_threads = cached.exec.n_threads = threads;
@@ -264,8 +268,8 @@ public:
     void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override { tick(), cpu_.silu_mul(ex, h1, h3, n); }
     void add(Exec& ex, float* x, const float* y, std::int64_t n) override { tick(), cpu_.add(ex, x, y, n); }
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
-                          const int* kv_head, int future) override {
-        tick(), cpu_.causal_attention(ex, att, q, k, v, T, kv_head, future);
+                          const int* kv_head) override {
+        tick(), cpu_.causal_attention(ex, att, q, k, v, T, kv_head);
     }
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
         tick(), cpu_.store_kv(ex, rows, n_rows, l, k, v);

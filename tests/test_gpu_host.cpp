@@ -16,6 +16,7 @@
 #include "device.h"
 #include "host_backend.h"
 #include "paged.h"
+#include "planted.h"
 #include "test_util.h"
 #include "window_cache.h"
 
@@ -88,8 +89,9 @@ const char* layout_name(Layout l) {
 // on gpu-host) agree bit for bit at every step, and each gpu-host decoder counts the FLOPs its
 // CPU twin counts. A window cache is compared with its CPU twin at every step and with naive
 // decode only while it is exact (T <= sinks + window). The first `prompt_len` tokens are a
-// prefill, the rest decoded one at a time. planted: GpuHostBackend::planted_matmul.
-void check_gpu_host_decode(Layout layout, GpuHostBackend::MatmulElementFn planted = nullptr) {
+// prefill, the rest decoded one at a time. planted: a product the gpu-host decoders run instead
+// of their kernels (ProductBackend).
+void check_gpu_host_decode(Layout layout, MatmulFn planted = nullptr) {
     const Config c = *gen_gpu_config();
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const std::vector<int> tokens = test::gen_tokens(c);
@@ -103,8 +105,10 @@ void check_gpu_host_decode(Layout layout, GpuHostBackend::MatmulElementFn plante
     }
     const Model m = random_model(c, seed);
     CpuBackend cpu(m);
-    GpuHostBackend host(m);
-    host.planted_matmul = planted;
+    GpuHostBackend gpu_host(m);
+    const std::unique_ptr<Backend> planted_host =
+        planted ? std::make_unique<ProductBackend>(gpu_host, m, planted) : nullptr;
+    Backend& host = planted_host ? *planted_host : gpu_host;
     Built cpu_cache = build(c, k), host_cache = build(c, k);
     NaiveDecoder cpu_naive(cpu), host_naive(host);
     CachedDecoder cpu_cached(cpu, *cpu_cache.cache), host_cached(host, *host_cache.cache);
@@ -229,7 +233,8 @@ TEST_CASE("gpu-host: batched steps equal the CPU's batch and each sequence's nai
 }
 
 TEST_CASE("gpu-host counter-test: a split-K product kernel is caught and shrunk", "[gpu-host][counter]") {
-    const auto failure = test::run_to_failure([] { check_gpu_host_decode(Layout::head_major, test::matmul_element_split_k); });
+    const auto failure =
+        test::run_to_failure([] { check_gpu_host_decode(Layout::head_major, test::matmul_two_halves); });
     REQUIRE(failure);
     const std::string example = test::counterexample_text(*failure);
     INFO("shrunk counterexample:\n" << example << failure->description);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "paged.h"
+#include "planted.h"
 #include "synthetic_rows.h"
 #include "test_util.h"
 
@@ -159,16 +160,22 @@ struct Model {
 // ----------------------------------------------------------------------------------------------
 // The system under test
 
+// A planted bug (planted.h) sits in the pool (slot-wrong-block, cow-no-copy, hash-ignores-model)
+// or around each sequence when it rolls back (rollback-keeps-length).
 struct Sut {
-    Sut(const Config& c, int block_size, int n_blocks, Mutant pool_mutant, Mutant cache_mutant)
-        : pool(c, block_size, n_blocks, /*prefix_caching=*/true), cache_mutant(cache_mutant) {
-        pool.mutant = pool_mutant;
+    Sut(const Config& c, int block_size, int n_blocks, Mutant mutant)
+        : pool_owned(planted_pool(mutant, c, block_size, n_blocks, /*prefix_caching=*/true)), mutant(mutant) {
         pool.trace = &events;
     }
+    void truncate(PagedCache& seq, int n) const {
+        const std::unique_ptr<Cache> planted = planted_cache(mutant, seq);
+        (planted ? *planted : seq).truncate(n);
+    }
     std::vector<kvlab::CacheEvent> events;  // declared first: the caches' destructors still record
-    BlockPool pool;
+    std::unique_ptr<BlockPool> pool_owned;
+    BlockPool& pool = *pool_owned;
     std::map<int, std::unique_ptr<PagedCache>> seqs;  // after the pool, so destroyed before it
-    Mutant cache_mutant;
+    Mutant mutant;
     std::int64_t hit_positions = 0;  // what attach_prefix returned, summed
     Coverage coverage;               // this case's tallies
 };
@@ -400,7 +407,6 @@ struct NewRequest : Command {
     }
     void run(const Model& m, Sut& sut) const override {
         auto cache = std::make_unique<PagedCache>(sut.pool, kIdentity[std::size_t(ident)], m.next_id);
-        cache->mutant = sut.cache_mutant;
         const int hit = cache->attach_prefix(prompt);
         check_hit(m, sut, *cache, ident, prompt, hit);
         sut.hit_positions += hit;
@@ -528,7 +534,7 @@ struct Rollback : Command {
         s.blocks.resize(std::size_t(m.blocks_for(s.tokens.size())));
     }
     void run(const Model& m, Sut& sut) const override {
-        sut.seqs.at(id)->truncate(n);
+        sut.truncate(*sut.seqs.at(id), n);
         check_invariants(nextState(m), sut);
     }
     void show(std::ostream& os) const override { os << fmt::format("Rollback(seq {}, to {})", id, n); }
@@ -594,7 +600,6 @@ struct TooBig : Command {
             }
         } else {
             auto cache = std::make_unique<PagedCache>(pool, kIdentity[std::size_t(ident)], m.next_id);
-            cache->mutant = sut.cache_mutant;
             const int hit = cache->attach_prefix(tokens);
             NewRequest::check_hit(m, sut, *cache, ident, tokens, hit);
             sut.hit_positions += hit;
@@ -629,9 +634,9 @@ void showValue(const Shape& s, std::ostream& os) {
     os << fmt::format("n_kv_heads {}, block_size {}, n_blocks {}", s.n_kv_heads, s.block_size, s.n_blocks);
 }
 
-// The property: any sequence of commands keeps the invariants; pool_mutant and cache_mutant
-// plant a bug in the pool or in every sequence.
-void pool_property(Mutant pool_mutant, Mutant cache_mutant, Coverage* coverage = nullptr) {
+// The property: any sequence of commands keeps the invariants; `mutant` plants a bug in the pool
+// or in every sequence's rollback.
+void pool_property(Mutant mutant, Coverage* coverage = nullptr) {
     const Shape shape = *rc::gen::exec([] {
         Shape s;
         s.n_kv_heads = draw(1, 2);
@@ -644,7 +649,7 @@ void pool_property(Mutant pool_mutant, Mutant cache_mutant, Coverage* coverage =
     m.config = pool_config(shape.n_kv_heads);
     m.block_size = shape.block_size;
     m.n_blocks = shape.n_blocks;
-    Sut sut(m.config, shape.block_size, shape.n_blocks, pool_mutant, cache_mutant);
+    Sut sut(m.config, shape.block_size, shape.n_blocks, mutant);
     // Repeats weigh the draw: appends, forks and rollbacks are where blocks change hands.
     rc::state::check(m, sut,
                      rc::state::gen::execOneOfWithArgs<NewRequest, NewRequest, UseOtherModel, Append, Append, Append,
@@ -660,9 +665,8 @@ void pool_property(Mutant pool_mutant, Mutant cache_mutant, Coverage* coverage =
 
 // Runs the property with a planted bug (fixed seed: the counterexample can be replayed) and
 // requires a failure whose description shows that bug's symptom (one of `symptoms`).
-void expect_caught(Mutant pool_mutant, Mutant cache_mutant, const char* bug,
-                   std::initializer_list<const char*> symptoms) {
-    const auto result = kvlab::test::run_to_failure([&] { pool_property(pool_mutant, cache_mutant); }, 20250611, 300);
+void expect_caught(Mutant mutant, const char* bug, std::initializer_list<const char*> symptoms) {
+    const auto result = kvlab::test::run_to_failure([&] { pool_property(mutant); }, 20250611, 300);
     const bool caught = result.has_value();
     const rc::detail::FailureResult failure = result.value_or(rc::detail::FailureResult{});
     const std::string example = kvlab::test::counterexample_text(failure, ":\n");
@@ -684,7 +688,7 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     // Static: when the property fails Catch runs this body again, skipping the section; the
     // tallies of the passing cases are still reported then.
     static Coverage c;
-    rc::prop("pool state matches the model after every command", [] { pool_property(Mutant::none, Mutant::none, &c); });
+    rc::prop("pool state matches the model after every command", [] { pool_property(Mutant::none, &c); });
     std::printf(
         "pool state: %ld passing runs (shrinking included); %ld prefix hits, %ld same-tokens-other-model "
         "requests, %ld copies on write, %ld evictions, %ld rejected appends, %ld rejected requests, %ld "
@@ -731,19 +735,17 @@ TEST_CASE("paged: rows rolled back inside a shared block read NaN once the block
 }
 
 TEST_CASE("block pool counter-test: copy-on-write that does not copy is caught", "[paged][state][counter]") {
-    expect_caught(Mutant::cow_no_copy, Mutant::none, "cow-no-copy",
-                  {"shared_writes", "the last one shared", kWrongRow});
+    expect_caught(Mutant::cow_no_copy, "cow-no-copy", {"shared_writes", "the last one shared", kWrongRow});
 }
 
 TEST_CASE("block pool counter-test: a slot computed with the wrong block size is caught", "[paged][state][counter]") {
-    expect_caught(Mutant::none, Mutant::slot_wrong_block, "slot-wrong-block", {kWrongRow});
+    expect_caught(Mutant::slot_wrong_block, "slot-wrong-block", {kWrongRow});
 }
 
 TEST_CASE("block pool counter-test: a prefix hash that ignores the model is caught", "[paged][state][counter]") {
-    expect_caught(Mutant::hash_ignores_model, Mutant::none, "hash-ignores-model",
-                  {"only ever computed", "prefix hit:"});
+    expect_caught(Mutant::hash_ignores_model, "hash-ignores-model", {"only ever computed", "prefix hit:"});
 }
 
 TEST_CASE("block pool counter-test: a rollback that keeps the length is caught", "[paged][state][counter]") {
-    expect_caught(Mutant::none, Mutant::rollback_keeps_length, "rollback-keeps-length", {"tokens ["});
+    expect_caught(Mutant::rollback_keeps_length, "rollback-keeps-length", {"tokens ["});
 }

@@ -5,6 +5,7 @@
 
 #include "device.h"
 #include "host_backend.h"
+#include "planted.h"
 #include "session.h"
 #include "test_util.h"
 
@@ -123,9 +124,8 @@ TEST_CASE("session, counter-test: a split-K kernel on gpu-host is equal naive-to
     Settings st = small(Variant::paged);
     st.device = "gpu-host";
     st.make_backend = [](std::string_view, const Model& m) -> std::unique_ptr<Backend> {
-        auto b = std::make_unique<GpuHostBackend>(m);
-        b->planted_matmul = test::matmul_element_split_k;
-        return b;
+        return std::make_unique<ProductBackend>(std::make_unique<GpuHostBackend>(m), m, test::matmul_two_halves,
+                                                ProductBackend::Products::weights);
     };
     const Session session(st);
     bool any_off = false;

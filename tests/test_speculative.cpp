@@ -10,6 +10,7 @@
 #include "cache_factory.h"
 #include "cpu_backend.h"
 #include "decode.h"
+#include "planted.h"
 #include "speculative.h"
 #include "test_util.h"
 #include "window_cache.h"
@@ -43,7 +44,7 @@ CacheAndPool gen_cache(const Config& c) {
 }
 
 // Speculative against plain greedy decode, over a generated target, draft, k, caches, prompt and
-// step count, with `mutant` planted in the speculative decoder.
+// step count, with `mutant` planted around both caches (planted.h).
 void check_speculative_equals_greedy(Mutant mutant) {
     const Config c = *gen_tiny_config(8, 24);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
@@ -69,10 +70,11 @@ void check_speculative_equals_greedy(Mutant mutant) {
     else if (draft_kind == 2) draft_backend.emplace(target_model);
     CacheAndPool tc = gen_cache(c);
     CacheAndPool dcache = gen_cache(draft_backend ? draft_backend->config() : c);
-    CachedDecoder target(target_backend, *tc.cache);
-    CachedDecoder draft(draft_backend ? *draft_backend : target_backend, *dcache.cache);
+    const std::unique_ptr<Cache> planted_t = planted_cache(mutant, *tc.cache),
+                                 planted_d = planted_cache(mutant, *dcache.cache);
+    CachedDecoder target(target_backend, planted_t ? *planted_t : *tc.cache);
+    CachedDecoder draft(draft_backend ? *draft_backend : target_backend, planted_d ? *planted_d : *dcache.cache);
     SpeculativeDecoder spec(target, draft, k);
-    spec.mutant = mutant;
     static const char* const kDrafts[] = {"another model", "another shape", "the target's model",
                                           "the target's model and backend"};
     const std::string what =

@@ -178,14 +178,19 @@ inline DecodeCase gen_decode_case() {
     return k;
 }
 
-// A planted GPU product kernel (GpuHostBackend::planted_matmul): each element summed as two
-// halves of k added at the end, a split-K kernel. Every element is a real-number-correct dot
-// product, and the bits differ: the properties must catch it.
-inline float matmul_element_split_k(const float* x, int ldx, const float* w, int ldw, int n_in, int r, int o) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int k = 0; k < n_in / 2; k++) lo = lo + x[std::int64_t(r) * ldx + k] * w[std::int64_t(k) * ldw + o];
-    for (int k = n_in / 2; k < n_in; k++) hi = hi + x[std::int64_t(r) * ldx + k] * w[std::int64_t(k) * ldw + o];
-    return lo + hi;
+// A planted product kernel (run by planted.h's ProductBackend): each element summed as two halves
+// of k added at the end, a split-K kernel. Every element is a real-number-correct dot product,
+// and the bits differ: the properties must catch it.
+inline void matmul_two_halves(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows,
+                              int n_in, int n_out) {
+    ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < n_out; o++) {
+            float lo = 0.0f, hi = 0.0f;
+            for (int k = 0; k < n_in / 2; k++) lo = lo + x[std::int64_t(r) * ldx + k] * w[std::int64_t(k) * ldw + o];
+            for (int k = n_in / 2; k < n_in; k++) hi = hi + x[std::int64_t(r) * ldx + k] * w[std::int64_t(k) * ldw + o];
+            y[std::int64_t(r) * ldy + o] = lo + hi;
+        }
 }
 
 }  // namespace kvlab::test

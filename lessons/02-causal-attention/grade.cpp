@@ -8,7 +8,7 @@
 
 #include "cpu_backend.h"
 #include "decode.h"
-#include "forwarding_backend.h"
+#include "forwarding.h"
 #include "grader.h"
 #include "lab.h"
 
@@ -99,7 +99,7 @@ void check_naive_kernel() {
     CpuBackend backend(model);
     std::vector<float> want(std::size_t(a.T) * c.dim);  // [T, dim]
     Exec ex;
-    backend.causal_attention(ex, want.data(), a.q.data(), a.k.data(), a.v.data(), a.T, kv_head_map(c).data(), 0);
+    backend.causal_attention(ex, want.data(), a.q.data(), a.k.data(), a.v.data(), a.T, kv_head_map(c).data());
     for (int h = 0; h < c.n_heads; h++) {
         const std::vector<float> got = yours(a, h, pad);
         for (int i = 0; i < a.T; i++) {
@@ -135,15 +135,13 @@ void check_rows_are_cached_steps() {
 }
 
 // The CPU backend with your function as naive decode's attention; everything else unchanged.
-class WithYourAttention final : public lessons::ForwardingBackend {
+class WithYourAttention final : public ForwardingBackend {
 public:
     explicit WithYourAttention(CpuBackend& cpu) : ForwardingBackend(cpu) {}
     std::string_view name() const override { return "cpu, your attention"; }
     // q, att: [T, dim]; k, v: [T, kv_dim]: head h is a column block of each.
-    void causal_attention(Exec&, float* att, const float* q, const float* k, const float* v, int T, const int* kv_head,
-                          int future) override {
-        assert(future == 0);
-        (void)future;
+    void causal_attention(Exec&, float* att, const float* q, const float* k, const float* v, int T,
+                          const int* kv_head) override {
         const Config& c = config();
         const int hs = c.head_size();
         for (int h = 0; h < c.n_heads; h++)

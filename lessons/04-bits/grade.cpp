@@ -10,6 +10,7 @@
 #include "decode.h"
 #include "grader.h"
 #include "lab.h"
+#include "planted.h"
 
 using namespace kvlab;
 
@@ -116,8 +117,8 @@ DecodeCase draw_decode_case() {
 // fast_matmul: both equal naive decode on kvlab's kernels, at every step.
 void check_p1_fast() {
     const DecodeCase d = draw_decode_case();
-    CpuBackend kernels(d.m), yours(d.m);
-    yours.planted_matmul = lab04::fast_matmul;
+    CpuBackend kernels(d.m), cpu(d.m);
+    ProductBackend yours(cpu, d.m, lab04::fast_matmul);
     NaiveDecoder want(kernels), naive(yours);
     CachedDecoder cached(yours);
     // Threads as drawn, but only on products big enough to pay (Exec's default): thousands of
@@ -170,8 +171,8 @@ void check_split_k_caught() { expect_textbook("planted_split_k", lab04::planted_
 // P1 with your split-K in naive decode's products only: it must find a step that differs.
 void check_split_k_caught_by_p1() {
     const DecodeCase d = draw_decode_case();
-    CpuBackend planted(d.m);
-    planted.planted_matmul = lab04::planted_split_k;
+    CpuBackend cpu(d.m);
+    ProductBackend planted(cpu, d.m, lab04::planted_split_k);
     NaiveDecoder naive(planted);
     CachedDecoder cached(d.m);
     naive.exec.n_threads = d.threads;

@@ -2,8 +2,9 @@
 // every output's order of additions (so it equals the textbook loop bit for bit, whatever the
 // shape, strides or threads), then plant a split-K product and watch the grader catch it.
 //
-// Both have the signature of kvlab's kernels (kernels.h, MatmulFn), so the grader can also plant
-// them in a CPU backend (CpuBackend::planted_matmul) and run whole decoders on them:
+// Both have the signature of kvlab's kernels (kernels.h, MatmulFn), so the grader can also run
+// whole decoders on them (a CPU backend with every product on yours, proofs/planted.h's
+// ProductBackend):
 //   Y[rows, n_out] (row stride ldy) = X[rows, n_in] (row stride ldx) · W[n_in, n_out] (row stride ldw)
 // Strides are in floats (ldy >= n_out, ldx >= n_in, ldw >= n_out); only Y's first n_out floats of
 // each row may be written. ex.n_threads is the number of threads to use; each adds

@@ -5,7 +5,7 @@
 
 #include "cpu_backend.h"
 #include "decode.h"
-#include "forwarding_backend.h"
+#include "forwarding.h"
 #include "grader.h"
 #include "lab.h"
 
@@ -146,7 +146,7 @@ void check_head_map() {
 
 // The CPU backend, but cached attention reads through the student's head map instead of the one
 // the decoder passes (core's kv_head_map). Everything else is forwarded as it is.
-class HeadMapBackend final : public lessons::ForwardingBackend {
+class HeadMapBackend final : public ForwardingBackend {
 public:
     HeadMapBackend(CpuBackend& cpu, std::vector<int> map) : ForwardingBackend(cpu), map_(std::move(map)) {}
     std::string_view name() const override { return "cpu with your head map"; }

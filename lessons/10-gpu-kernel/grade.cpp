@@ -26,7 +26,7 @@
 
 #include "decode.h"
 #include "device.h"
-#include "forwarding_backend.h"
+#include "forwarding.h"
 #include "grader.h"
 #include "host_backend.h"
 #include "lab.h"
@@ -41,7 +41,7 @@ namespace {
 // ----------------------------------------------------------------------------------------------
 // The backend: the GPU's kernels launched on the host (GpuHostBackend), with yours for attention.
 
-class StudentAttention final : public lessons::ForwardingBackend {
+class StudentAttention final : public ForwardingBackend {
 public:
     explicit StudentAttention(GpuHostBackend& host) : ForwardingBackend(host) {}
     std::string_view name() const override { return "gpu-host with your attention"; }

@@ -3,10 +3,10 @@
 # chunk is right; every later one rotates its q and k to the wrong angles. Here kvlab's decoder
 # runs on a backend whose rope() sees chunk-relative positions.
 s|^#include "decode.h"|&\
-#include "forwarding_backend.h"|
+#include "forwarding.h"|
 s|^std::vector<float> prefill(|namespace {\
 \
-class ChunkRelativeRope final : public lessons::ForwardingBackend {\
+class ChunkRelativeRope final : public ForwardingBackend {\
 public:\
     using ForwardingBackend::ForwardingBackend;\
     void rope(Exec\& ex, float* vec, int rows, int n_heads, const int* positions) override {\

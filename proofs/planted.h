@@ -1,0 +1,110 @@
+// kvlab proofs: planted bugs (mutants), each a real way a KV cache goes wrong, put into a decode
+// from the outside. Nothing in core or gpu knows about them: each is a decorator over a product
+// interface that kvlab's own code also uses.
+//
+//   backend decorator  (forwarding.h: ForwardingBackend) naive or cached decode runs its kernels
+//                      through it: mask-off-by-one, read-before-write, kv-wrong-layer
+//   plan transform     (decode.h: CachedDecoder::transform) edits a step's plan before it runs:
+//                      rope-decode-off, gqa-modulo, batch-mixes-blocks
+//   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
+//                      spec-rollback-short
+//   pool override      (paged.h: BlockPool's slot, needs_copy, key) slot-wrong-block,
+//                      cow-no-copy, hash-ignores-model
+//
+// The verification suite (verify.h) runs each with the check named in kMutants, and the check
+// must fail: that is how we know it catches what it claims. A new planted bug is one entry in
+// kMutants plus its decorator here.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+#include "backend.h"
+#include "cache.h"
+#include "cpu_backend.h"  // causal_attention on any product
+#include "decode.h"
+#include "forwarding.h"
+#include "model.h"
+#include "paged.h"
+
+namespace kvlab {
+
+enum class Mutant {
+    none,
+    mask_off_by_one,        // naive: the causal mask lets row i see position i + 1
+    read_before_write,      // cached: attention runs before the step's K and V are written
+    rope_decode_off,        // cached: decode steps rotate q and k at pos + 1
+    kv_wrong_layer,         // cached: layer l writes its K and V into layer (l + 1) % n_layers
+    gqa_modulo,             // cached: query head h reads KV head h % n_kv_heads, not h / group
+    slot_wrong_block,       // paged: the row inside a block is taken modulo block_size - 1
+    stale_prefix,           // a cache that forgets its tokens is continued with an edited prompt
+    hash_ignores_model,     // prefix cache: block keys leave out the model's identity
+    cow_no_copy,            // fork: a write into a shared partial block goes into the shared block
+    batch_mixes_blocks,     // batch: sequence i attends through sequence i + 1's slots
+    rollback_keeps_length,  // rollback: the rows are dropped but the length is not restored
+    spec_rollback_short,    // speculative: a rollback past rejected drafts keeps one of their rows
+};
+
+struct MutantInfo {
+    Mutant mutant;
+    std::string_view name;
+    std::string_view bug;
+    std::string_view check;  // the verify check that must catch it (verify.cpp)
+};
+
+inline constexpr std::array<MutantInfo, 12> kMutants{{
+    {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
+    {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
+     "contiguous-head"},
+    {Mutant::rope_decode_off, "rope-decode-off", "RoPE position off by one in decode", "contiguous-head"},
+    {Mutant::kv_wrong_layer, "kv-wrong-layer", "K/V written into the next layer", "contiguous-head"},
+    {Mutant::gqa_modulo, "gqa-modulo", "GQA maps head h to h % n_kv_heads instead of h / group", "contiguous-head"},
+    {Mutant::slot_wrong_block, "slot-wrong-block", "slot computed with block_size - 1", "paged"},
+    {Mutant::stale_prefix, "stale-prefix", "a stale cache reused after a prompt edit", "stale"},
+    {Mutant::hash_ignores_model, "hash-ignores-model", "prefix hash ignores the model's identity", "prefix"},
+    {Mutant::cow_no_copy, "cow-no-copy", "copy-on-write does not copy a shared partial block", "fork"},
+    {Mutant::batch_mixes_blocks, "batch-mixes-blocks", "a batch reads another sequence's blocks", "batch"},
+    {Mutant::rollback_keeps_length, "rollback-keeps-length", "rollback forgets to restore the length", "rollback"},
+    {Mutant::spec_rollback_short, "spec-rollback-short", "speculative rollback one position short", "speculate"},
+}};
+
+// The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
+// and a decorator returned refers to `inner`, which must outlive it.
+// Naive decode's backend (mask-off-by-one).
+std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner);
+// Cached decode's backend (read-before-write, kv-wrong-layer).
+std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner);
+// A cached decoder's plan transform (rope-decode-off, gqa-modulo, batch-mixes-blocks).
+std::function<void(StepPlan&)> planted_transform(Mutant m);
+// A cache of any variant (stale-prefix, rollback-keeps-length, spec-rollback-short).
+std::unique_ptr<Cache> planted_cache(Mutant m, Cache& inner);
+// A block pool: planted for slot-wrong-block, cow-no-copy and hash-ignores-model, a correct
+// BlockPool otherwise (the constructor's arguments are BlockPool's).
+std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int block_size, int n_blocks,
+                                        bool prefix_caching = false, Memory& memory = host_memory());
+
+// Products on `mm` instead of the backend's kernels: the weights' (on the model's own [in][out]
+// arrays), and with Products::all both of naive attention's too (cpu_backend.h: causal_attention;
+// the inner backend's attention otherwise). Counter-tests plant an order-changing product this
+// way; a lab grader runs a student's product. Host memory only. Owns `inner` when given it as a
+// unique_ptr.
+class ProductBackend : public ForwardingBackend {
+public:
+    enum class Products { weights, all };
+    ProductBackend(Backend& inner, const Model& model, MatmulFn mm, Products products = Products::all);
+    ProductBackend(std::unique_ptr<Backend> inner, const Model& model, MatmulFn mm, Products products = Products::all);
+    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override;
+    void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
+                          const int* kv_head) override;
+
+private:
+    std::unique_ptr<Backend> own_;
+    const Model& model_;
+    MatmulFn mm_;
+    Products products_;
+    NaiveAttentionScratch scratch_;
+};
+
+}  // namespace kvlab
