@@ -157,7 +157,6 @@ int run_bench_device(const BenchOptions& o) {
     if (devices.size() != 1) throw Error("bench: --device takes one device (cpu, gpu or gpu-host)");
     const Model model = random_model(c, o.seed);
     BackendOptions with_graph, no_graph;
-    with_graph.n_threads = no_graph.n_threads = o.threads;
     no_graph.graphs = false;
     const std::unique_ptr<Backend> graphed = make_backend(devices[0], model, with_graph);
     const std::unique_ptr<Backend> plain = make_backend(devices[0], model, no_graph);

@@ -39,7 +39,6 @@ int run_demo(const DemoOptions& o) {
 
     const std::vector<std::string> devices = parse_devices(o.device);
     BackendOptions bo;
-    bo.n_threads = o.threads;
     bo.graphs = o.graphs;
     const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model, bo);
     NaiveDecoder naive(*backend);

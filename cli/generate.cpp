@@ -22,7 +22,6 @@ int run_generate(const GenerateOptions& o) {
     const std::vector<std::string> devices = parse_devices(o.device);
     if (devices.size() != 1) throw Error("generate: --device takes one device (cpu, gpu or gpu-host)");
     BackendOptions bo;
-    bo.n_threads = o.threads;
     bo.graphs = o.graphs;
     const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model, bo);
     CachedDecoder dec(*backend);

@@ -44,10 +44,8 @@ int run_speculate(const SpeculateOptions& o) {
 
     const std::vector<std::string> devices = parse_devices(o.device);
     if (devices.size() != 1) throw Error("speculate: --device takes one device (cpu, gpu or gpu-host)");
-    BackendOptions bo;
-    bo.n_threads = o.threads;
-    const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model, bo);
-    const std::unique_ptr<Backend> draft_backend = draft_model ? make_backend(devices[0], *draft_model, bo) : nullptr;
+    const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model);
+    const std::unique_ptr<Backend> draft_backend = draft_model ? make_backend(devices[0], *draft_model) : nullptr;
     CachedDecoder plain(*backend), target(*backend), draft(draft_backend ? *draft_backend : *backend);
     plain.exec.n_threads = target.exec.n_threads = draft.exec.n_threads = o.threads;
     SpeculativeDecoder spec(target, draft, o.k);

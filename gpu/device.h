@@ -16,9 +16,9 @@
 
 namespace kvlab {
 
+// CPU threads are not a backend's: each decoder's Exec carries them (Exec::n_threads).
 struct BackendOptions {
-    int n_threads = 1;    // cpu
-    bool graphs = true;   // gpu: capture the cached decode step as a CUDA Graph and replay it
+    bool graphs = true;  // gpu: capture the cached decode step as a CUDA Graph and replay it
 };
 
 // Whether this build compiled the CUDA backend (nvcc was found).

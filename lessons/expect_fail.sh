@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # CI for the course: a grader run that must FAIL, saying each of the given phrases.
-#   expect_fail.sh GRADER PHRASE...
+#   expect_fail.sh [--report FILE] GRADER PHRASE...
 # Exits 0 when GRADER exits non-zero and its output contains every phrase; 1 otherwise.
+# --report FILE is passed on to the grader (each check's result, for lessons/coverage.sh).
 set -uo pipefail
+args=()
+if [ "${1:-}" = "--report" ]; then
+  args=(--report "$2")
+  shift 2
+fi
 grader=$1
 shift
-out=$("$grader" 2>&1)
+out=$("$grader" "${args[@]}" 2>&1)
 status=$?
 if [ "$status" -eq 0 ]; then
   printf '%s\n' "$out"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Resource limits as tests (issue 12): each hostile input runs kvlab under a memory limit
+# Resource limits as tests: each hostile input runs kvlab under a memory limit
 # (ulimit -v) and a time limit (timeout -s KILL), and must end either in success or in a clean
 # refusal: a non-zero exit below 124 and exactly one line of printable ASCII on stderr, starting
 # "kvlab: error: " and naming the culprit. A crash (139), a hang (137), an allocation past the
@@ -98,7 +98,7 @@ need_tokenizer() {
 
 case $CASE in
 non-finite-floats)
-    # Finding 1: CLI::Range lets NaN through; the viewer then indexed its steps with int(NaN).
+    # CLI::Range lets NaN through: the viewer once indexed its steps with int(NaN).
     for v in nan NaN -nan inf -inf 1e999; do
         refused "--speed" 300 60 view --headless --frames 3 --speed "$v"
     done
@@ -107,14 +107,14 @@ non-finite-floats)
     refused "--top-p" 300 30 generate --top-p nan --temperature 0.5 --steps 2
     ;;
 tokenizer-fifo)
-    # Finding 2: opening a FIFO blocks until a writer comes, which never happens.
+    # Opening a FIFO blocks until a writer comes, which never happens: kvlab once hung here.
     mkfifo "$dir/tok.fifo" "$dir/model.fifo"
     refused "not a regular file" 300 20 demo --tokenizer "$dir/tok.fifo" --steps 2
     refused "not a regular file" 300 20 generate --tokenizer "$dir/tok.fifo" --steps 2
     refused "not a regular file" 300 20 demo --model "$dir/model.fifo" --steps 2
     ;;
 long-prompt)
-    # Finding 3: a 100 kB prompt took minutes of BPE merging before it was refused.
+    # A 100 kB prompt once took minutes of BPE merging before it was refused.
     need_tokenizer
     long=$(yes 'once upon a time there was a little girl' | tr '\n' ' ' | head -c 100000)
     ((${#long} == 100000)) || fail "the prompt is ${#long} bytes"
@@ -131,7 +131,7 @@ long-prompt)
     succeeds 300 30 generate --prompt "${long:0:1200}" --steps 2
     ;;
 naive-memory)
-    # Finding 4: naive decode of 20,000 tokens allocated a T x T score matrix per head (and cached
+    # Naive decode of 20,000 tokens once allocated a T x T score matrix per head (and cached
     # prefill a T x T slot list). A valid 4 MB checkpoint with max_seq 131072, made here.
     "$KVLAB" export --shape dim=8,hidden_dim=8,n_layers=1,n_heads=1,n_kv_heads=1,vocab_size=32,max_seq=131072 \
         "$dir/big.bin" >/dev/null || fail "export"
@@ -140,7 +140,8 @@ naive-memory)
     succeeds 600 300 demo --model "$dir/big.bin" --tokens "$tokens" --steps 1
     ;;
 size-limit)
-    # Finding 5: one size limit for every model, pool and cache.
+    # One size limit (kMaxBytes in core/config.h) for every model, pool and cache, checked where each
+    # is made.
     refused "limit" 400 30 view --headless --frames 1 --variant paged --n-blocks 1048576
     refused "limit" 400 30 view --headless --frames 1 --variant prefix-shared --n-blocks 1048576
     seven_b=dim=4096,hidden_dim=11008,n_layers=32,n_heads=32,n_kv_heads=32,vocab_size=32000,max_seq=2048
@@ -154,7 +155,7 @@ size-limit)
     succeeds 400 120 pool --blocks 65536 --block-size 1 --script "$script"
     ;;
 messages)
-    # Finding 6: every message one printable line naming the real culprit.
+    # Every message one printable line naming the real culprit.
     refused "'6\n4' is not an integer for dim" 200 10 export --shape $'dim=6\n4' "$dir/x.bin"
     refused 'di\nm' 200 10 export --shape $'di\nm=6' "$dir/x.bin"
     refused 'fro\nb' 200 10 $'fro\nb'

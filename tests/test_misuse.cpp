@@ -1,4 +1,4 @@
-// API misuse (issue 12): every misuse of the cache and decoder API is refused with one line that
+// API misuse: every misuse of the cache and decoder API is refused with one line that
 // names it, and leaves every cache as it was: lengths, tokens, block tables, every row bit for
 // bit, and for a pool its counts, refcounts and published blocks.
 //

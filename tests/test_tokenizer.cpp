@@ -144,9 +144,10 @@ std::vector<std::string> pieces_of(const Tokenizer& t, const std::vector<int>& t
     return out;
 }
 
-// run.c's encode as it was written (and as kvlab's was until issue 12): after the per-codepoint
-// tokens, rescan every adjacent pair for each merge and take the best score, the first pair on
-// ties. O(n^2), kept here as the oracle the heap-based encoder must equal token for token.
+// run.c's encode as it was written (and as kvlab's was before its heap-based encoder, which a
+// 100 kB prompt made necessary): after the per-codepoint tokens, rescan every adjacent pair for
+// each merge and take the best score, the first pair on ties. O(n^2), kept here as the oracle the
+// heap-based encoder must equal token for token.
 std::vector<int> encode_run_c(const Tokenizer& t, const std::string& text, bool bos, bool eos) {
     std::vector<int> tokens;
     if (bos) tokens.push_back(Tokenizer::kBos);

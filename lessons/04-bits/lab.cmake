@@ -1,1 +1,1 @@
-kvlab_lab(04 04-bits WRONG split_k_tiles split_k_keeps_order)
+kvlab_lab(04 04-bits WRONG split_k_tiles split_k_keeps_order flops_per_multiply_add split_k_drops_remainder)

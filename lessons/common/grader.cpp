@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 
 #include "compare.h"
 
@@ -12,11 +13,13 @@ namespace kvlab::lessons {
 
 namespace {
 
-// --cases N / --seed S; anything else is a one-line error.
-bool parse_args(int argc, char** argv, int& cases, std::uint64_t& seed) {
+// --cases N / --seed S / --report FILE; anything else is a one-line error.
+bool parse_args(int argc, char** argv, int& cases, std::uint64_t& seed, std::string& report) {
     for (int i = 1; i < argc; i++) {
         const std::string_view a = argv[i];
-        if ((a == "--cases" || a == "--seed") && i + 1 < argc) {
+        if (a == "--report" && i + 1 < argc) {
+            report = argv[++i];
+        } else if ((a == "--cases" || a == "--seed") && i + 1 < argc) {
             const std::string_view v = argv[++i];
             std::uint64_t x = 0;
             const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
@@ -26,7 +29,7 @@ bool parse_args(int argc, char** argv, int& cases, std::uint64_t& seed) {
             }
             (a == "--cases" ? void(cases = int(x)) : void(seed = x));
         } else {
-            std::fprintf(stderr, "grade: error: unknown argument '%s' (--cases N, --seed S)\n", argv[i]);
+            std::fprintf(stderr, "grade: error: unknown argument '%s' (--cases N, --seed S, --report FILE)\n", argv[i]);
             return false;
         }
     }
@@ -52,7 +55,10 @@ std::string describe_difference(std::span<const float> expected, std::span<const
 int grade(const Lab& lab, int argc, char** argv) {
     int cases = 0;  // 0: each check's own
     std::uint64_t seed = 1;
-    if (!parse_args(argc, argv, cases, seed)) return 2;
+    std::string report;  // "": none
+    if (!parse_args(argc, argv, cases, seed, report)) return 2;
+    // A report left by an earlier run must not pass for this one's if this one dies midway.
+    if (!report.empty()) std::remove(report.c_str());
     fmt::print("kvlab lab {}: {}\ngrading {} (seed {})\n\n", lab.number, lab.title, lab.source, seed);
     std::size_t w = 5;
     for (const LabCheck& c : lab.checks) w = std::max(w, c.name.size());
@@ -60,6 +66,7 @@ int grade(const Lab& lab, int argc, char** argv) {
     int score = 0, total = 0;
     std::vector<std::string> failures;  // each failing check's smallest counterexample
     std::vector<std::string> expected;  // the counterexamples "exists" checks found, as they should
+    std::string lines;                  // the report: "<index>\t<result>\t<name>" per check
     for (const LabCheck& c : lab.checks) {
         total += c.points;
         PropertyOutcome r;
@@ -79,6 +86,7 @@ int grade(const Lab& lab, int argc, char** argv) {
         fmt::print("{:<{}}  {:>6}  {:>5}  {}\n", c.name, w, passed ? fmt::format("{}/{}", c.points, c.points)
                                                                 : fmt::format("0/{}", c.points),
                    r.cases, result);
+        lines += fmt::format("{}\t{}\t{}\n", &c - lab.checks.data() + 1, result, c.name);
         if (found) expected.push_back(fmt::format("{}: {}", c.name, r.counterexample));
         if (passed) continue;
         if (stub != std::string::npos)
@@ -99,6 +107,14 @@ int grade(const Lab& lab, int argc, char** argv) {
             shown.push_back(f);
     if (!shown.empty()) fmt::print("\nthe smallest failing case RapidCheck found, per failing check:\n");
     for (const std::string& f : shown) fmt::print("- {}\n", f);
+    if (!report.empty()) {
+        std::ofstream out(report);
+        out << lines;
+        if (!out.flush()) {
+            std::fprintf(stderr, "grade: error: cannot write the report '%s'\n", report.c_str());
+            return 2;
+        }
+    }
     return score == total ? 0 : 1;
 }
 

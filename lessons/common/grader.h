@@ -7,6 +7,9 @@
 //
 //   build/lessons/lab03                  grades your code (lessons/03-cache/starter/)
 //   build/lessons/lab03 --cases 1000     more generated cases per check
+//   build/lessons/lab03 --report FILE    also writes each check's result to FILE, one line per check,
+//                                        "<index>\t<pass|FAIL|not implemented>\t<name>" (for
+//                                        lessons/coverage.sh: which checks each wrong solution fails)
 //   lessons/grade 3                      builds, then grades (the command the labs name)
 #pragma once
 
@@ -55,8 +58,8 @@ struct Lab {
     std::vector<LabCheck> checks;
 };
 
-// Runs the lab's checks; argv takes --cases N (per check, instead of each check's own) and
-// --seed S. Returns the exit status.
+// Runs the lab's checks; argv takes --cases N (per check, instead of each check's own), --seed S
+// and --report FILE. Returns the exit status.
 int grade(const Lab& lab, int argc, char** argv);
 
 // For properties: the first index where two logit vectors differ, in a student's words
