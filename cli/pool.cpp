@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cassert>
 #include <cctype>
 #include <cstdio>
 #include <map>
@@ -14,8 +15,10 @@
 
 #include "common.h"
 #include "compare.h"
+#include "cpu_backend.h"
 #include "decode.h"
 #include "paged.h"
+#include "sequence_engine.h"
 
 namespace kvlab::cli {
 
@@ -67,11 +70,8 @@ struct Moves {
     int allocated = 0, shared = 0, copied = 0, freed = 0, evicted = 0;
 };
 
-struct Sequence {
-    int id = 0;
-    std::unique_ptr<PagedCache> cache;
-};
-
+// The script's sequences by name, run by a SequenceEngine over the pool; every prefill is checked
+// against naive decode.
 class Session {
 public:
     Session(const LoadedModel& lm, BlockPool& pool, const PoolOptions& o)
@@ -79,11 +79,9 @@ public:
           source_(lm.source),
           pool_(pool),
           o_(o),
-          identity_(lm.model.w.fingerprint()),
-          naive_(lm.model) {
-        pool_.trace = &trace_;
-    }
-    ~Session() { pool_.trace = nullptr; }
+          backend_(lm.model),
+          engine_(backend_, pool, lm.model.w.fingerprint()),
+          naive_(lm.model) {}
 
     // Runs command `index` (1-based); an Error names it and nothing after it runs.
     void run(int index, const std::string& text, int width) {
@@ -100,28 +98,28 @@ public:
 
 private:
     void execute(int index, const std::string& text, int width);
-    Sequence& find(const std::string& name) {
-        const auto it = seqs_.find(name);
-        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", one_line(name)));
+    int find(const std::string& name) const {
+        const auto it = ids_.find(name);
+        if (it == ids_.end()) throw Error(fmt::format("no sequence named '{}'", one_line(name)));
         return it->second;
     }
     void check_unused(const std::string& name) const {
         check_name(name);
-        if (seqs_.count(name)) throw Error(fmt::format("a sequence named '{}' already exists", name));
+        if (ids_.count(name)) throw Error(fmt::format("a sequence named '{}' already exists", name));
     }
     std::string name_of(int id) const {
         return id >= 0 && id < int(names_.size()) ? names_[id] : fmt::format("seq {}", id);
     }
-    // Logits of a prefill against naive decode of the sequence's whole token list.
-    std::optional<std::string> against_naive(const Cache& cache, const std::vector<float>& logits) {
+    // Sequence id's latest logits against naive decode of its whole token list.
+    std::optional<std::string> against_naive(int id) {
         prefills_++;
-        auto diff = first_difference(naive_.forward(cache.tokens()), logits);
+        auto diff = first_difference(naive_.forward(engine_.cache(id).tokens()), engine_.logits(id));
         if (diff) differing_++;
         return diff;
     }
     nlohmann::json event_json(const CacheEvent& e) const;
-    std::vector<const Sequence*> by_id() const;
-    std::string table_text(const PagedCache& cache) const;
+    std::vector<int> by_id() const { return engine_.live(); }
+    std::string table_text(int id) const;
     nlohmann::json show_json() const;
     void print_show() const;
     MemoryStats memory() const;
@@ -130,10 +128,10 @@ private:
     std::string source_;  // the checkpoint's path, or "random (seed 7)"
     BlockPool& pool_;
     const PoolOptions& o_;
-    std::uint64_t identity_;
+    CpuBackend backend_;
+    SequenceEngine engine_;
     NaiveDecoder naive_;
-    std::vector<CacheEvent> trace_;  // every event of the pool and its sequences (outlives them)
-    std::map<std::string, Sequence> seqs_;
+    std::map<std::string, int> ids_;  // the live sequences by name
     std::vector<std::string> names_;  // [seq id] the name, for events (ids are never reused)
     nlohmann::json records_ = nlohmann::json::array();
     std::int64_t prefilled_ = 0;
@@ -149,20 +147,17 @@ nlohmann::json Session::event_json(const CacheEvent& e) const {
     return j;
 }
 
-std::vector<const Sequence*> Session::by_id() const {
-    std::vector<const Sequence*> v;
-    for (const auto& [name, s] : seqs_) v.push_back(&s);
-    std::sort(v.begin(), v.end(), [](const Sequence* a, const Sequence* b) { return a->id < b->id; });
-    return v;
-}
-
 // "[0 1 3]": the physical block of each logical block.
-std::string Session::table_text(const PagedCache& cache) const { return "[" + join(cache.block_table(), " ") + "]"; }
+std::string Session::table_text(int id) const {
+    const std::span<const int> t = engine_.block_table(id);
+    return "[" + join(std::vector<int>(t.begin(), t.end()), " ") + "]";
+}
 
 void Session::execute(int index, const std::string& text, int width) {
     const std::vector<std::string> w = split_words(text);
     const std::string& op = w[0];
-    const std::size_t first_event = trace_.size();
+    const std::vector<CacheEvent>& trace = engine_.events();
+    const std::size_t first_event = trace.size();
     nlohmann::json r = {{"index", index}, {"command", text}, {"op", op}};
     std::string did;
     std::optional<int> hit;
@@ -182,75 +177,65 @@ void Session::execute(int index, const std::string& text, int width) {
         usage(3, "new NAME t1,t2,...");
         check_unused(w[1]);
         const std::vector<int> tokens = token_list();
-        const int id = int(names_.size());
-        auto cache = std::make_unique<PagedCache>(pool_, identity_, id);
-        cache->trace = &trace_;
-        int h = 0;
-        {
-            // If this throws, `cache` dies with this call and gives back the blocks its prefix hit mapped:
-            // the pool is as it was.
-            CachedDecoder decoder(model_, *cache);
-            const std::vector<float>& logits = decoder.extend(tokens);
-            h = decoder.prefix_hit();
-            verdict = against_naive(*cache, logits);
-        }
+        const int id = engine_.add(tokens);  // refused: the pool is as it was
+        const int h = engine_.prefix_hit(id);
+        verdict = against_naive(id);
         hit = h;
         prefilled_ += int(tokens.size()) - h;
         did = fmt::format("{} (seq {}): prefix hit {} of {}, prefilled {}; table {}", w[1], id, h, tokens.size(),
-                          int(tokens.size()) - h, table_text(*cache));
+                          int(tokens.size()) - h, table_text(id));
         r["sequence"] = w[1];
         r["prefix_hit"] = h;
         r["prefilled"] = int(tokens.size()) - h;
+        assert(id == int(names_.size()));
         names_.push_back(w[1]);
-        seqs_.emplace(w[1], Sequence{id, std::move(cache)});
+        ids_.emplace(w[1], id);
     } else if (op == "append") {
         usage(3, "append NAME t1,t2,...");
-        Sequence& s = find(w[1]);
+        const int id = find(w[1]);
         const std::vector<int> tokens = token_list();
-        const int start = s.cache->length();
-        {
-            CachedDecoder decoder(model_, *s.cache);
-            verdict = against_naive(*s.cache, decoder.prefill(tokens));  // throws with the cache unchanged
-        }
+        const int start = engine_.cache(id).length();
+        engine_.append(id, tokens);  // throws with the cache unchanged
+        verdict = against_naive(id);
         prefilled_ += int(tokens.size());
-        did = fmt::format("{}: prefilled {} at {}, length {}; table {}", w[1], tokens.size(), start, s.cache->length(),
-                          table_text(*s.cache));
+        did = fmt::format("{}: prefilled {} at {}, length {}; table {}", w[1], tokens.size(), start,
+                          engine_.cache(id).length(), table_text(id));
         r["sequence"] = w[1];
         r["prefilled"] = tokens.size();
     } else if (op == "fork") {
         usage(3, "fork NAME NEWNAME");
-        const Sequence& s = find(w[1]);
+        const int parent = find(w[1]);
         check_unused(w[2]);
-        const int id = int(names_.size());
-        auto child = s.cache->fork(id);
+        const int id = engine_.fork(parent);
+        assert(id == int(names_.size()));
         names_.push_back(w[2]);
+        ids_.emplace(w[2], id);
         did = fmt::format("{} (seq {}) maps {}'s {}, length {}; table {}", w[2], id, w[1],
-                          plural(std::int64_t(s.cache->block_table().size()), "block"), child->length(),
-                          table_text(*child));
+                          plural(std::int64_t(engine_.block_table(parent).size()), "block"), engine_.cache(id).length(),
+                          table_text(id));
         r["sequence"] = w[2];
         r["parent"] = w[1];
-        seqs_.emplace(w[2], Sequence{id, std::move(child)});
     } else if (op == "rollback") {
         usage(3, "rollback NAME N");
-        Sequence& s = find(w[1]);
-        const int n = parse_int("rollback", w[2], " (a number of positions)"), len = s.cache->length();
+        const int id = find(w[1]);
+        const int n = parse_int("rollback", w[2], " (a number of positions)"), len = engine_.cache(id).length();
         if (n < 0) throw Error(fmt::format("cannot roll back to {}: positions start at 0", n));
         if (n > len) throw Error(fmt::format("cannot roll back to {}: '{}' holds only {} positions", n, w[1], len));
-        s.cache->truncate(n);
-        did = fmt::format("{}: length {} -> {}; table {}", w[1], len, n, table_text(*s.cache));
+        engine_.rollback(id, n);
+        did = fmt::format("{}: length {} -> {}; table {}", w[1], len, n, table_text(id));
         r["sequence"] = w[1];
         r["from_length"] = len;
     } else if (op == "free") {
         usage(2, "free NAME");
-        const auto it = seqs_.find(w[1]);
-        if (it == seqs_.end()) throw Error(fmt::format("no sequence named '{}'", one_line(w[1])));
+        const int id = find(w[1]);
         did = fmt::format("{}: released {} (published ones stay cached)", w[1],
-                          plural(std::int64_t(it->second.cache->block_table().size()), "block"));
+                          plural(std::int64_t(engine_.block_table(id).size()), "block"));
         r["sequence"] = w[1];
-        seqs_.erase(it);
+        engine_.free(id);
+        ids_.erase(w[1]);
     } else if (op == "show") {
         usage(1, "show");
-        did = fmt::format("{}, {}", plural(std::int64_t(seqs_.size()), "sequence"), plural(pool_.n_blocks(), "block"));
+        did = fmt::format("{}, {}", plural(std::int64_t(ids_.size()), "sequence"), plural(pool_.n_blocks(), "block"));
         if (o_.json) r["pool"] = show_json();  // a copy of every block: only when JSON is asked for
     } else {
         throw Error(
@@ -258,8 +243,8 @@ void Session::execute(int index, const std::string& text, int width) {
     }
 
     Moves m;
-    for (std::size_t i = first_event; i < trace_.size(); i++) {
-        const EventKind k = trace_[i].kind;
+    for (std::size_t i = first_event; i < trace.size(); i++) {
+        const EventKind k = trace[i].kind;
         m.allocated += k == EventKind::block_allocated;
         m.shared += k == EventKind::block_shared;
         m.copied += k == EventKind::copy_on_write;
@@ -267,10 +252,11 @@ void Session::execute(int index, const std::string& text, int width) {
         m.evicted += k == EventKind::evicted;
     }
     copies_ += m.copied;
-    if (r.contains("sequence") && seqs_.count(r["sequence"].get<std::string>())) {
-        const PagedCache& c = *seqs_.at(r["sequence"].get<std::string>()).cache;
-        r["length"] = c.length();
-        r["block_table"] = c.block_table();
+    if (r.contains("sequence") && ids_.count(r["sequence"].get<std::string>())) {
+        const int id = ids_.at(r["sequence"].get<std::string>());
+        const std::span<const int> table = engine_.block_table(id);
+        r["length"] = engine_.cache(id).length();
+        r["block_table"] = std::vector<int>(table.begin(), table.end());
     }
     r["blocks"] = {{"allocated", m.allocated},
                    {"shared", m.shared},
@@ -285,7 +271,7 @@ void Session::execute(int index, const std::string& text, int width) {
     if (o_.json) {
         if (o_.events) {
             r["events"] = nlohmann::json::array();
-            for (std::size_t i = first_event; i < trace_.size(); i++) r["events"].push_back(event_json(trace_[i]));
+            for (std::size_t i = first_event; i < trace.size(); i++) r["events"].push_back(event_json(trace[i]));
         }
         records_.push_back(r);
         return;
@@ -299,8 +285,8 @@ void Session::execute(int index, const std::string& text, int width) {
                pool_.n_cached(), pool_.n_used(), logits, did);
     if (verdict && *verdict) fmt::print("     logits differ from naive decode: {}\n", **verdict);
     if (o_.events)
-        for (std::size_t i = first_event; i < trace_.size(); i++)
-            fmt::print("       {}\n", describe(trace_[i], name_of(trace_[i].seq)));
+        for (std::size_t i = first_event; i < trace.size(); i++)
+            fmt::print("       {}\n", describe(trace[i], name_of(trace[i].seq)));
     if (op == "show") print_show();
     std::fflush(stdout);  // lines before a failing command come out before main's error
 }
@@ -308,21 +294,22 @@ void Session::execute(int index, const std::string& text, int width) {
 nlohmann::json Session::show_json() const {
     nlohmann::json j;
     j["sequences"] = nlohmann::json::array();
-    for (const Sequence* s : by_id()) {
-        const auto t = s->cache->tokens();
-        j["sequences"].push_back({{"name", names_[s->id]},
-                                  {"id", s->id},
-                                  {"length", s->cache->length()},
+    for (int id : by_id()) {
+        const auto t = engine_.cache(id).tokens();
+        const auto table = engine_.block_table(id);
+        j["sequences"].push_back({{"name", names_[id]},
+                                  {"id", id},
+                                  {"length", engine_.cache(id).length()},
                                   {"tokens", std::vector<int>(t.begin(), t.end())},
-                                  {"block_table", s->cache->block_table()}});
+                                  {"block_table", std::vector<int>(table.begin(), table.end())}});
     }
     j["blocks"] = nlohmann::json::array();
     for (int b = 0; b < pool_.n_blocks(); b++) {
         const char* state = pool_.refcount(b) > 0 ? "used" : pool_.published(b) ? "cached" : "free";
         nlohmann::json mapped = nlohmann::json::array();
-        for (const Sequence* s : by_id())
-            for (int x : s->cache->block_table())
-                if (x == b) mapped.push_back(names_[s->id]);
+        for (int id : by_id())
+            for (int x : engine_.block_table(id))
+                if (x == b) mapped.push_back(names_[id]);
         j["blocks"].push_back({{"block", b},
                                {"refcount", pool_.refcount(b)},
                                {"published", pool_.published(b)},
@@ -336,16 +323,16 @@ nlohmann::json Session::show_json() const {
 void Session::print_show() const {
     const int bs = pool_.block_size();
     fmt::print("     sequences (logical block -> physical block: its tokens)\n");
-    if (seqs_.empty()) fmt::print("       none\n");
-    for (const Sequence* s : by_id()) {
-        const auto t = s->cache->tokens();
-        const auto& table = s->cache->block_table();
+    if (ids_.empty()) fmt::print("       none\n");
+    for (int id : by_id()) {
+        const auto t = engine_.cache(id).tokens();
+        const auto table = engine_.block_table(id);
         std::string blocks;
         for (std::size_t b = 0; b < table.size(); b++) {
             const std::size_t lo = b * bs, hi = std::min(t.size(), lo + bs);
             blocks += fmt::format("  {}:({})", table[b], join(std::vector<int>(t.begin() + lo, t.begin() + hi), ","));
         }
-        fmt::print("       {:<8} seq {:<3} {:>4} tokens {}\n", names_[s->id], s->id, s->cache->length(), blocks);
+        fmt::print("       {:<8} seq {:<3} {:>4} tokens {}\n", names_[id], id, engine_.cache(id).length(), blocks);
     }
     fmt::print("     blocks (refcount, published, mapped by)\n");
     std::vector<int> free_blocks;
@@ -355,9 +342,9 @@ void Session::print_show() const {
             continue;
         }
         std::string mapped;
-        for (const Sequence* s : by_id())
-            for (int x : s->cache->block_table())
-                if (x == b) mapped += " " + names_[s->id];
+        for (int id : by_id())
+            for (int x : engine_.block_table(id))
+                if (x == b) mapped += " " + names_[id];
         fmt::print("       block {:<4} ref {}  {:<9} {}\n", b, pool_.refcount(b),
                    pool_.published(b) ? "published" : "private",
                    pool_.refcount(b) > 0 ? mapped : " cached (reclaimable)");
@@ -380,10 +367,10 @@ MemoryStats Session::memory() const {
     MemoryStats m = pool_.memory();
     const int bs = pool_.block_size();
     std::vector<int> rows(pool_.n_blocks(), 0);
-    for (const auto& [name, s] : seqs_) {
-        const auto& table = s.cache->block_table();
+    for (int id : by_id()) {
+        const auto table = engine_.block_table(id);
         for (std::size_t b = 0; b < table.size(); b++)
-            rows[table[b]] = std::max(rows[table[b]], std::min(bs, s.cache->length() - int(b) * bs));
+            rows[table[b]] = std::max(rows[table[b]], std::min(bs, engine_.cache(id).length() - int(b) * bs));
     }
     std::int64_t n = 0;
     for (int r : rows) n += r;
@@ -395,7 +382,7 @@ int Session::finish(int n_commands) {
     const MemoryStats m = memory();
     const std::int64_t held = std::int64_t(m.blocks_used) * pool_.block_bytes();
     std::int64_t logical = 0;  // what the live sequences would hold without sharing
-    for (const auto& [name, s] : seqs_) logical += kv_bytes(pool_.config(), s.cache->length());
+    for (int id : by_id()) logical += kv_bytes(pool_.config(), engine_.cache(id).length());
     const std::int64_t saved = pool_.prefix_hit_positions();
     if (o_.json) {
         nlohmann::json j;

@@ -149,6 +149,18 @@ CachedDecoder::CachedDecoder(Backend& backend, Cache& cache) : backend_(&backend
     check_cache(cache);
 }
 
+CachedDecoder::CachedDecoder(Backend& backend, std::nullptr_t) : backend_(&backend), cache_(nullptr) {}
+
+const Cache& CachedDecoder::cache() const {
+    if (!cache_) throw Error("cached decoder: no cache to run on (set_cache)");
+    return *cache_;
+}
+
+void CachedDecoder::set_cache(Cache& cache) {
+    check_cache(cache);
+    cache_ = &cache;
+}
+
 CachedDecoder::CachedDecoder(const Model& model, int n_threads)
     : own_backend_(std::make_unique<CpuBackend>(model)), backend_(own_backend_.get()),
       own_cache_(std::make_unique<ContiguousCache>(model.config())), cache_(own_cache_.get()) {
@@ -185,7 +197,7 @@ void CachedDecoder::run_chunks(std::span<const int> tokens, bool all_rows) {
     constexpr std::int64_t kMaxSlots = std::int64_t{1} << 22;
     const std::int64_t widest = backend_->capturing() ? c.max_seq : pos() + std::int64_t(tokens.size());  // max_n
     const std::size_t chunk =
-        std::size_t(std::max<std::int64_t>(1, std::min<std::int64_t>(cache_->max_append(), kMaxSlots / widest)));
+        std::size_t(std::max<std::int64_t>(1, std::min<std::int64_t>(cache().max_append(), kMaxSlots / widest)));
     Cache* const caches[] = {cache_};
     row_logits_.clear();
     all_rows_ = all_rows;
@@ -221,10 +233,10 @@ const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
     check_tokens(c, sequence, 0);
     prefix_hit_ = 0;
     if (pos() == 0) {
-        prefix_hit_ = cache_->attach_prefix(sequence);
+        prefix_hit_ = cache().attach_prefix(sequence);
         assert(prefix_hit_ < int(sequence.size()));
     } else {
-        const std::span<const int> held = cache_->tokens();
+        const std::span<const int> held = cache().tokens();
         const std::size_t n = std::min(held.size(), sequence.size());
         const std::size_t i = std::mismatch(held.begin(), held.begin() + n, sequence.begin()).first - held.begin();
         if (i < held.size() && i < sequence.size())

@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -111,6 +112,9 @@ public:
     // both must outlive the decoder: a cache destroyed first cannot be detected). The decoder
     // keeps no position of its own, so another owner may roll the cache back between calls.
     CachedDecoder(Backend& backend, Cache& cache);
+    // Runs on `backend` with no cache yet: step() brings its own caches, and prefill, decode and
+    // extend run on the one set_cache() names (sequence_engine.h switches it per call).
+    CachedDecoder(Backend& backend, std::nullptr_t);
     // The same on a CPU backend of its own.
     explicit CachedDecoder(const Model& model, int n_threads = 1);
     CachedDecoder(const Model& model, Cache& cache, int n_threads = 1);
@@ -138,10 +142,11 @@ public:
     // and leaves every cache as it was. Nothing of the caches is kept between calls.
     const std::vector<float>& step(std::span<Cache* const> caches, std::span<const std::vector<int>> tokens);
 
-    int pos() const { return cache_->length(); }  // the next position to be written
-    Cache& cache() { return *cache_; }
-    const Cache& cache() const { return *cache_; }
-    void reset() { cache_->clear(); }
+    int pos() const { return cache().length(); }  // the next position to be written
+    Cache& cache() { return const_cast<Cache&>(std::as_const(*this).cache()); }
+    const Cache& cache() const;    // throws Error when no cache is set
+    void set_cache(Cache& cache);  // checks its shape and memory, as the constructors do
+    void reset() { cache().clear(); }
     Backend& backend() { return *backend_; }
 
     Exec exec;

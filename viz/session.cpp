@@ -15,6 +15,7 @@
 #include "model_loader.h"
 #include "paged.h"
 #include "sampler.h"
+#include "sequence_engine.h"
 #include "window_cache.h"
 
 namespace kvlab::viz {
@@ -52,30 +53,27 @@ std::vector<TopToken> top5(const SessionInfo& info, std::span<const float> logit
 
 }  // namespace
 
-// One sequence the session decodes.
+// One sequence the session decodes; its cache and logits are the engine's.
 struct Seq {
-    int id = 0;
+    int id = 0;  // the engine's
     std::string name;
-    std::unique_ptr<Cache> cache;
-    std::vector<float> logits;       // [vocab_size] cached logits of its last row
     std::optional<Sampler> sampler;  // none: greedy
     bool alive = true;
     int next = 0;  // the token it appends next, drawn from its logits
 };
 
-// Members are destroyed in reverse order: the sequences give their blocks back to the pool, and
-// both record those events, so the trace is declared first and the pool before the sequences;
-// every cache's rows live in the backend's memory, so the backend comes before them all.
+// Members are destroyed in reverse order: the engine's sequences give their blocks back to the
+// pool, so the pool comes before the engine; every cache's rows live in the backend's memory,
+// so the backend comes before them all.
 struct Session::Impl {
-    std::vector<CacheEvent> events;
     std::optional<LoadedModel> lm_;  // set once, first thing in the constructor
     LoadedModel& lm() { return *lm_; }
     std::unique_ptr<Backend> backend;  // the chosen device's
-    std::unique_ptr<BlockPool> pool;
-    std::vector<Seq> seqs;  // A, then B and C for prefix_shared
+    std::unique_ptr<BlockPool> pool;   // the paged variants'
+    std::optional<SequenceEngine> engine;  // runs every prefill and decode step
+    std::vector<Seq> seqs;                 // A, then B and C for prefix_shared
     std::optional<NaiveDecoder> naive;
     std::optional<NaiveDecoder> cpu_naive;  // the reference when the decoders run elsewhere
-    std::optional<CachedDecoder> cached;  // runs A's prefill and every batched decode step
     CachedDecoder::AttentionProbe probe;
     std::vector<int> last_attended;  // A's latest row: what it attended and with which weights
     std::vector<float> last_weights;
@@ -151,20 +149,24 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     if (s.variant == Variant::quantized && !m.backend->memory().host_visible())
         throw Error(fmt::format("the quantized cache quantizes on the host: run it on cpu or gpu-host, not {}",
                                 info_.device));
+    // A first cache, made and dropped here: bad parameters throw before the worker starts.
     CacheAndPool a = make_cache(c, spec, m.backend->memory());
-    m.pool = std::move(a.pool);
-    if (m.pool) m.pool->trace = &m.events;
-    a.cache->trace = &m.events;
     info_.cache_name = a.cache->name();
+    m.pool = std::move(a.pool);
+    a.cache.reset();
+    if (m.pool) {
+        m.engine.emplace(*m.backend, *m.pool, spec.model_identity);
+    } else {
+        Memory& memory = m.backend->memory();
+        m.engine.emplace(*m.backend, [c, spec, &memory](int) { return make_cache(c, spec, memory).cache; });
+    }
+    m.engine->decoder().probe = &m.probe;
     info_.exact = is_exact(s.variant);
     info_.total_steps = 1 + (s.variant == Variant::prefix_shared ? 1 : 0) + s.steps;
     info_.kv_bytes_per_token = kv_bytes(c, 1);
     m.seqs.reserve(3);  // A, B, C: run() holds references to them while B and C are added
-    m.seqs.push_back(Seq{0, "A", std::move(a.cache), {}, std::nullopt, true});
     m.naive.emplace(*m.backend);
     if (info_.device != "cpu") m.cpu_naive.emplace(m.lm().model);
-    m.cached.emplace(*m.backend, *m.seqs[0].cache);
-    m.cached->probe = &m.probe;
     worker_ = std::thread([this] { run(); });
 }
 
@@ -207,15 +209,16 @@ void Session::run() {
     Impl& m = *impl_;
     const Config& c = info_.config;
     const Settings& s = info_.settings;
-    Seq& A = m.seqs[0];
+    SequenceEngine& engine = *m.engine;
+    CachedDecoder& cached = engine.decoder();
 
     // Freezes what the panels need after a step.
     auto snapshot = [&](Step& st) {
         for (const Seq& q : m.seqs) {
             SeqView v{q.id, q.name, q.alive, {}, {}};
             if (q.alive) {
-                v.tokens.assign(q.cache->tokens().begin(), q.cache->tokens().end());
-                if (auto* p = dynamic_cast<const PagedCache*>(q.cache.get())) v.table = p->block_table();
+                v.tokens.assign(engine.cache(q.id).tokens().begin(), engine.cache(q.id).tokens().end());
+                v.table.assign(engine.block_table(q.id).begin(), engine.block_table(q.id).end());
             }
             st.seqs.push_back(std::move(v));
         }
@@ -242,24 +245,26 @@ void Session::run() {
         }
         for (const Seq& q : m.seqs) {
             if (!q.alive) continue;
-            const MemoryStats ms = q.cache->memory();
+            const MemoryStats ms = engine.cache(q.id).memory();
             st.kv_used_bytes += ms.used_bytes;
             if (!m.pool) st.kv_reserved_bytes += ms.reserved_bytes;
         }
-        st.length = A.cache->length();
-        if (auto* w = dynamic_cast<const WindowCache*>(A.cache.get()))
+        const Cache& a = engine.cache(m.seqs[0].id);
+        st.length = a.length();
+        if (auto* w = dynamic_cast<const WindowCache*>(&a))
             for (int t = 0; t < st.length; t++) st.resident.push_back(w->resident(t));
-        st.events = std::move(m.events);
-        m.events.clear();
+        st.events = engine.events();
+        engine.clear_events();
         st.attended = m.last_attended;
         st.weights = m.last_weights;
     };
     // A's newest row: the positions it attended (the cache's own list) and the weights.
     std::vector<std::int64_t> slots(std::size_t(c.max_seq));  // [max_seq]
     auto take_probe = [&] {
-        const int pos = A.cache->length() - 1;
+        const Cache& a = engine.cache(m.seqs[0].id);
+        const int pos = a.length() - 1;
         m.last_attended.assign(std::size_t(c.max_seq), -1);
-        const int n = A.cache->attended(pos, slots.data(), m.last_attended.data());
+        const int n = a.attended(pos, slots.data(), m.last_attended.data());
         assert(n == m.probe.n);
         m.last_attended.resize(std::size_t(n));
         m.last_weights.resize(std::size_t(c.n_layers) * c.n_heads * std::size_t(n));  // [n_layers, n_heads, n]
@@ -268,19 +273,20 @@ void Session::run() {
                         m.last_weights.data() + std::size_t(lh) * std::size_t(n));
     };
     auto next_token = [&](Seq& q) {
-        if (!q.sampler) return argmax(q.logits);
-        std::vector<float> scratch = q.logits;  // the sampler works in place
-        return q.sampler->sample(scratch);
+        std::vector<float> logits(engine.logits(q.id).begin(), engine.logits(q.id).end());
+        return q.sampler ? q.sampler->sample(logits) : argmax(logits);  // the sampler works in place
     };
     // Naive decode of q's whole sequence against q's cached logits; q's next token is drawn here.
     auto check = [&](Step& st, Seq& q) {
         q.next = next_token(q);
         const auto t0 = Clock::now();
         const std::uint64_t f0 = m.naive->exec.flops;
-        const std::vector<float>& ln = m.naive->forward(q.cache->tokens());
+        const std::span<const int> tokens = engine.cache(q.id).tokens();
+        const std::span<const float> logits = engine.logits(q.id);
+        const std::vector<float>& ln = m.naive->forward(tokens);
         st.naive_seconds += seconds(t0);
         st.naive_flops += m.naive->exec.flops - f0;
-        const BitComparison cmp = compare_bits(ln, q.logits);
+        const BitComparison cmp = compare_bits(ln, logits);
         Exactness e;
         e.seq = q.id;
         e.bitwise_equal = cmp.equal;
@@ -288,11 +294,11 @@ void Session::run() {
         e.n_differ = cmp.n_differ;
         e.max_abs = cmp.max_abs;
         e.next_token = q.next;
-        e.top_cached = top5(info_, q.logits);
+        e.top_cached = top5(info_, logits);
         e.top_naive = top5(info_, ln);
         if (m.cpu_naive) {
-            const std::vector<float>& ref = m.cpu_naive->forward(q.cache->tokens());
-            const BitComparison n = compare_bits(ref, ln), k = compare_bits(ref, q.logits);
+            const std::vector<float>& ref = m.cpu_naive->forward(tokens);
+            const BitComparison n = compare_bits(ref, ln), k = compare_bits(ref, logits);
             e.cross_device = true;
             e.naive_equals_cpu = n.equal;
             e.cached_equals_cpu = k.equal;
@@ -301,44 +307,35 @@ void Session::run() {
         }
         st.exact.push_back(std::move(e));
     };
+    // A new sequence for the prompt (A's prefill; B's prefix hit and prefill), timed, as one step.
+    auto add = [&](const std::string& name, std::optional<Sampler> sampler) {
+        auto st = std::make_shared<Step>();
+        st->phase = Step::Phase::prefill;
+        st->first_pos = m.seqs.empty() ? 0 : engine.cache(m.seqs[0].id).length();
+        const auto t0 = Clock::now();
+        const std::uint64_t f0 = cached.exec.flops;
+        const int id = engine.add(info_.prompt);
+        st->cached_seconds = seconds(t0);
+        st->cached_flops = cached.exec.flops - f0;
+        m.seqs.push_back(Seq{id, name, std::move(sampler), true});
+        return st;
+    };
     try {
         // Step 0: A's prompt as one prefill.
         {
-            auto st = std::make_shared<Step>();
-            st->phase = Step::Phase::prefill;
+            auto st = add("A", std::nullopt);
             st->label = "prefill A";
-            st->first_pos = 0;
             st->n_new = int(info_.prompt.size());
-            const auto t0 = Clock::now();
-            const std::uint64_t f0 = m.cached->exec.flops;
-            A.logits = m.cached->prefill(info_.prompt);
-            st->cached_seconds = seconds(t0);
-            st->cached_flops = m.cached->exec.flops - f0;
             take_probe();
-            check(*st, A);
+            check(*st, m.seqs[0]);
             snapshot(*st);
             publish(std::move(st));
         }
         // prefix_shared: B asks for the same prompt and maps A's published full blocks.
         if (s.variant == Variant::prefix_shared && !stop_) {
-            auto st = std::make_shared<Step>();
-            Seq b{1,
-                  "B",
-                  std::make_unique<PagedCache>(*m.pool, m.lm().model.w.fingerprint(), 1),
-                  {},
-                  Sampler(c.vocab_size, 0.8f, 0.9f, 11),
-                  true};
-            b.cache->trace = &m.events;
-            CachedDecoder dec(*m.backend, *b.cache);
-            const auto t0 = Clock::now();
-            b.logits = dec.extend(info_.prompt);
-            st->cached_seconds = seconds(t0);
-            st->cached_flops = dec.exec.flops;
-            st->phase = Step::Phase::prefill;
-            st->label = fmt::format("prefill B (prefix hit {})", dec.prefix_hit());
-            st->first_pos = A.cache->length();
-            check(*st, b);
-            m.seqs.push_back(std::move(b));
+            auto st = add("B", Sampler(c.vocab_size, 0.8f, 0.9f, 11));
+            st->label = fmt::format("prefill B (prefix hit {})", engine.prefix_hit(m.seqs.back().id));
+            check(*st, m.seqs.back());
             snapshot(*st);
             publish(std::move(st));
         }
@@ -348,38 +345,27 @@ void Session::run() {
             st->label = "decode";
             // prefix_shared: A forks into C after decode step fork_at; C may be freed later.
             if (s.variant == Variant::prefix_shared && d == s.fork_at + 1 && m.seqs.size() == 2) {
-                Seq cs{2,
-                       "C",
-                       static_cast<PagedCache&>(*A.cache).fork(2),
-                       A.logits,
-                       Sampler(c.vocab_size, 0.8f, 0.9f, 23),
-                       true};
-                cs.cache->trace = &m.events;
+                Seq cs{engine.fork(m.seqs[0].id), "C", Sampler(c.vocab_size, 0.8f, 0.9f, 23), true};
                 cs.next = next_token(cs);  // C draws its own next token from A's logits
                 m.seqs.push_back(std::move(cs));
                 st->label = "fork A -> C, decode";
             }
             if (s.free_fork_at > 0 && d == s.free_fork_at + 1 && m.seqs.size() == 3 && m.seqs[2].alive) {
-                m.seqs[2].cache.reset();
+                engine.free(m.seqs[2].id);
                 m.seqs[2].alive = false;
                 st->label = "free C, decode";
             }
             std::vector<Seq*> live;
-            for (Seq& q : m.seqs)
-                if (q.alive) live.push_back(&q);
+            std::vector<int> ids;
             std::vector<std::vector<int>> toks;
-            std::vector<Cache*> caches;
-            for (Seq* q : live) {
-                toks.push_back({q->next});
-                caches.push_back(q->cache.get());
-            }
-            st->first_pos = A.cache->length();
+            for (Seq& q : m.seqs)
+                if (q.alive) live.push_back(&q), ids.push_back(q.id), toks.push_back({q.next});
+            st->first_pos = engine.cache(m.seqs[0].id).length();
             st->n_new = 1;
             const auto t0 = Clock::now();
-            const std::uint64_t f0 = m.cached->exec.flops;
-            std::vector<float> logits;
+            const std::uint64_t f0 = cached.exec.flops;
             try {
-                logits = m.cached->step(caches, toks);
+                engine.step(ids, toks);
             } catch (const Error& e) {
                 // The pool ran dry (the step changed nothing): stop here and say so.
                 st->note = fmt::format("stopped: {}", e.what());
@@ -388,10 +374,7 @@ void Session::run() {
                 break;
             }
             st->cached_seconds = seconds(t0);
-            st->cached_flops = m.cached->exec.flops - f0;
-            for (std::size_t i = 0; i < live.size(); i++)
-                live[i]->logits.assign(logits.begin() + std::ptrdiff_t(i) * c.vocab_size,
-                                       logits.begin() + std::ptrdiff_t(i + 1) * c.vocab_size);
+            st->cached_flops = cached.exec.flops - f0;
             take_probe();
             for (Seq* q : live) check(*st, *q);
             snapshot(*st);
