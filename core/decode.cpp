@@ -188,7 +188,7 @@ void CachedDecoder::check_cache(const Cache& cache) const {
 
 // A variant that reads rows before a long append would overwrite them (a window's ring) takes
 // the rows in chunks of max_append(); rows are independent, so the logits do not change. So does
-// a long prefill: a step's slot list is [rows, max_n] (run_step), T x T for a whole prompt, so
+// a long prefill: a step's slot list is [rows, max_n] (plan_step), T x T for a whole prompt, so
 // chunks keep it under kMaxSlots (32 MB) at any length.
 // all_rows keeps every row's logits in row_logits_ ([tokens, vocab_size]).
 void CachedDecoder::run_chunks(std::span<const int> tokens, bool all_rows) {

@@ -30,9 +30,7 @@
    - the data: the scores of positions 0..t and the V rows are finite (run_finite). An inf or
      NaN there is a bug kvlab wants to see, and 0 * inf = NaN would show it;
    - both paths use the same kernels, so the same fold (CausalReuse.same_fold_order, true here
-     by construction: attention_row is the one function of both paths). Naive decode in the
-     C++ may also show a row future positions (speculative decoding's `future`); that case is
-     outside this model. *)
+     by construction: attention_row is the one function of both paths). *)
 (* main: add_neg_zero add_zero_right masked_fold row_max_masked exp_sum_masked exp_sum_at_least_one softmax_masked causal_row_is_cached_row naive_equals_cached_f32 *)
 
 From Coq Require Import List Arith Lia Reals Lra Bool ZArith.

@@ -1,6 +1,6 @@
 // Lab 5, reference solution: kvlab's own cached decoder (core/decode.cpp). CachedDecoder::prefill
-// runs its rows as one step (CachedDecoder::run_step: the bookkeeping, the layers, the last row's
-// logits), splitting only where the cache's max_append() requires.
+// runs its rows as one step (plan_step: the bookkeeping; CachedDecoder::execute: the layers, the
+// last row's logits), splitting only where the cache's max_append() requires.
 #include <algorithm>
 
 #include "decode.h"

@@ -1,8 +1,9 @@
 // Lab 5: prefill. Fill in the two TODOs; `lessons/grade 5` grades this file.
 //
 // You run n rows (tokens at positions p0..p0+n-1, p0 = cache.length()) through the model in one
-// step, against the Backend interface (core/backend.h), the way kvlab's CachedDecoder::run_step
-// (core/decode.cpp) does for any batch; write yours without CachedDecoder. One step is:
+// step, against the Backend interface (core/backend.h), the way kvlab's plan_step and
+// CachedDecoder::execute (core/decode.cpp) do for any batch; write yours without CachedDecoder.
+// One step is:
 //
 //   on the host     cache.append(tokens); for each row i, where its K and V go
 //                   (cache.write_slot(p0 + i)) and the slots it reads (cache.attended(p0 + i, ..)),
