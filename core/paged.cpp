@@ -23,13 +23,13 @@ std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
 // ----------------------------------------------------------------------------------------------
 // The pool
 
-std::uint64_t BlockPool::BlockKey::hash() const {
+std::uint64_t BlockKey::hash() const {
     std::uint64_t h = mix(parent, model);
     for (int t : tokens) h = mix(h, std::uint64_t(std::uint32_t(t)));
     return h;
 }
 
-BlockPool::BlockKey BlockPool::key(std::uint64_t parent, std::uint64_t model, std::span<const int> tokens) const {
+BlockKey BlockPool::key(std::uint64_t parent, std::uint64_t model, std::span<const int> tokens) const {
     assert(int(tokens.size()) == block_size_);
     return BlockKey{parent, model, std::vector<int>(tokens.begin(), tokens.end())};
 }
@@ -51,35 +51,26 @@ BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool pr
     storage_ = KVStorage(memory, std::int64_t(n_blocks) * config_.n_layers * per_layer, config_.head_size(), per_layer,
                          block_size);
     assert(storage_.k.size() == std::int64_t(n) && storage_.v.size() == std::int64_t(n));
-    refcount_.assign(n_blocks, 0);
-    published_.assign(n_blocks, 0);
-    keys_.resize(n_blocks);
-    last_used_.assign(n_blocks, 0);
-    owners_.resize(n_blocks);
+    blocks_.resize(std::size_t(n_blocks));
     for (int b = n_blocks - 1; b >= 0; b--) free_.push_back(b);  // block 0 is handed out first
 }
 
-BlockPool::~BlockPool() {
-    for (PagedCache* seq : sequences_) {
-        seq->pool_ = nullptr;
-        seq->table_.clear();
-    }
+int Block::max_rows() const {
+    int m = 0;
+    for (const Holder& h : holders) m = std::max(m, h.rows);
+    return m;
 }
 
 int BlockPool::n_cached() const {
-    int n = 0;
-    for (int b = 0; b < n_blocks_; b++) n += refcount_[b] == 0 && published_[b];
-    return n;
+    return int(
+        std::count_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return !b.ref_cnt() && b.published; }));
 }
 
 int BlockPool::n_used() const {
-    int n = 0;
-    for (int b = 0; b < n_blocks_; b++) n += refcount_[b] > 0;
-    return n;
+    return int(std::count_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.ref_cnt() > 0; }));
 }
 
-int BlockPool::allocate(const PagedCache* owner) {
-    const int seq = owner->seq_id;
+int BlockPool::allocate(int owner, int seq) {
     int block = -1;
     if (!free_.empty()) {
         block = free_.back();
@@ -88,66 +79,79 @@ int BlockPool::allocate(const PagedCache* owner) {
         // Evict the least recently used unreferenced published block (a linear scan: pools here
         // are small; an engine keeps an ordered list).
         for (int b = 0; b < n_blocks_; b++)
-            if (refcount_[b] == 0 && published_[b] && (block < 0 || last_used_[b] < last_used_[block])) block = b;
+            if (!refcount(b) && published(b) && (block < 0 || at(b).last_used < at(block).last_used)) block = b;
         if (block < 0) throw Error("paged cache: no free block (callers check available() first)");
         unpublish(block);
         poison(block, 0);
         event(EventKind::evicted, seq, block);
     }
-    assert(refcount_[block] == 0);
-    refcount_[block] = 1;
-    owners_[block] = {owner};
-    last_used_[block] = ++tick_;
+    assert(refcount(block) == 0);
+    at(block).holders = {{owner, 0}};
+    at(block).last_used = ++tick_;
     event(EventKind::block_allocated, seq, block);
     return block;
 }
 
-void BlockPool::retain(int block, const PagedCache* owner) {
-    refcount_[block]++;
-    owners_[block].push_back(owner);
-    last_used_[block] = ++tick_;
-    event(EventKind::block_shared, owner->seq_id, block);
+void BlockPool::retain(int block, int owner, int seq, int rows) {
+    at(block).holders.push_back({owner, rows});
+    at(block).last_used = ++tick_;
+    event(EventKind::block_shared, seq, block);
 }
 
-void BlockPool::release(int block, const PagedCache* owner) {
-    assert(refcount_[block] > 0);
-    auto& owners = owners_[block];
-    owners.erase(std::find(owners.begin(), owners.end(), owner));
-    last_used_[block] = ++tick_;
-    if (--refcount_[block] == 1 && !published_[block]) {
-        const int rows = owners[0]->rows_in(block);
-        if (rows < block_size_) poison(block, rows);
-    }
-    if (refcount_[block] > 0 || published_[block]) return;
+void BlockPool::poison_unheld(int block, int old_max) {
+    const int rows = at(block).max_rows();
+    if (rows < old_max && !published(block)) poison(block, rows);
+}
+
+void BlockPool::hold(int block, int owner, int rows) {
+    Block& b = at(block);
+    const auto it =
+        std::find_if(b.holders.begin(), b.holders.end(), [&](const Block::Holder& h) { return h.owner == owner; });
+    assert(it != b.holders.end() && rows >= 0 && rows <= block_size_);
+    const int old_max = b.max_rows();
+    it->rows = rows;
+    poison_unheld(block, old_max);
+}
+
+void BlockPool::release(int block, int owner, int seq) {
+    Block& b = at(block);
+    const auto it =
+        std::find_if(b.holders.begin(), b.holders.end(), [&](const Block::Holder& h) { return h.owner == owner; });
+    assert(it != b.holders.end());
+    const int old_max = b.max_rows();
+    b.holders.erase(it);
+    b.last_used = ++tick_;
+    if (b.ref_cnt() > 0) return poison_unheld(block, old_max);
+    if (b.published) return;  // cached: kept for later prefix hits until evicted
     poison(block, 0);
     free_.push_back(block);
-    event(EventKind::freed, owner->seq_id, block);
+    event(EventKind::freed, seq, block);
 }
 
 int BlockPool::lookup(const BlockKey& key) {
     const auto [first, last] = by_hash_.equal_range(key.hash());
     for (auto it = first; it != last; ++it)
-        if (keys_[it->second] == key) return it->second;  // the full key, so a hash collision never hits
+        if (at(it->second).key == key) return it->second;  // the full key, so a hash collision never hits
     return -1;
 }
 
 void BlockPool::publish(int block, BlockKey key) {
-    if (published_[block] || lookup(key) >= 0) return;  // already there (another sequence computed it too)
+    if (published(block) || lookup(key) >= 0) return;  // already there (another sequence computed it too)
     by_hash_.emplace(key.hash(), block);
-    keys_[block] = std::move(key);
-    published_[block] = 1;
+    at(block).key = std::move(key);
+    at(block).published = true;
 }
 
 void BlockPool::unpublish(int block) {
-    if (!published_[block]) return;
-    const auto [first, last] = by_hash_.equal_range(keys_[block].hash());
+    if (!published(block)) return;
+    const auto [first, last] = by_hash_.equal_range(at(block).key.hash());
     for (auto it = first; it != last; ++it)
         if (it->second == block) {
             by_hash_.erase(it);
             break;
         }
-    keys_[block] = BlockKey{};
-    published_[block] = 0;
+    at(block).key = BlockKey{};
+    at(block).published = false;
 }
 
 void BlockPool::poison(int block, int from_slot) {
@@ -191,20 +195,18 @@ MemoryStats BlockPool::memory() const {
 // One sequence
 
 PagedCache::PagedCache(BlockPool& pool, std::uint64_t model_identity, int id)
-    : Cache(pool.config()), pool_(&pool), model_(model_identity) {
+    : Cache(pool.config()), pool_(&pool), pool_alive_(pool.alive()), owner_(pool.join()), model_(model_identity) {
     seq_id = id;
-    pool.sequences_.push_back(this);
 }
 
 PagedCache::~PagedCache() {
-    if (!pool_) return;  // orphaned: its blocks went with the pool
-    for (int block : table_) pool_->release(block, this);
-    auto& live = pool_->sequences_;
-    live.erase(std::find(live.begin(), live.end(), this));
+    if (!*pool_alive_) return;  // orphaned: its blocks went with the pool
+    for (int block : table_) pool_->release(block, owner_, seq_id);
 }
 
 BlockPool& PagedCache::pool() const {
-    if (!pool_) throw Error(fmt::format("paged cache: sequence {}'s block pool was destroyed before it", seq_id));
+    if (!*pool_alive_)
+        throw Error(fmt::format("paged cache: sequence {}'s block pool was destroyed before it", seq_id));
     return *pool_;
 }
 
@@ -230,14 +232,12 @@ int PagedCache::attended(int pos, std::int64_t* slots, int* positions) const {
     return pos + 1;
 }
 
-int PagedCache::rows_in(int block) const {
-    const auto it = std::find(table_.begin(), table_.end(), block);
-    if (it == table_.end()) return 0;
-    const std::int64_t b = it - table_.begin();
-    return int(std::clamp<std::int64_t>(length() - b * pool().block_size(), 0, pool().block_size()));
+int PagedCache::rows_of(int b, int length) const {
+    const int bs = pool().block_size();
+    return std::clamp(length - b * bs, 0, bs);
 }
 
-BlockPool::BlockKey PagedCache::key_of(int b) const {
+BlockKey PagedCache::key_of(int b) const {
     const int bs = pool().block_size();
     return pool().key(b > 0 ? hashes_[b - 1] : 0, model_, tokens().subspan(std::size_t(b) * bs, std::size_t(bs)));
 }
@@ -254,15 +254,18 @@ void PagedCache::reserve(int new_length) {
         throw Error(fmt::format("paged cache: sequence {} needs {} more blocks of {} positions, the pool has {} free",
                                 seq_id, needed, bs, pool().available()));
     // Nothing below throws.
+    BlockPool& pool = this->pool();
     if (cow) {
-        const int shared = table_[b], copy = pool().allocate(this);
-        pool().copy_block(copy, shared);
-        pool().poison(copy, length() % bs);  // rows past our length are not ours
-        pool().release(shared, this);
+        const int shared = table_[b], copy = pool.allocate(owner_, seq_id);
+        pool.copy_block(copy, shared);
+        pool.poison(copy, length() % bs);  // rows past our length are not ours
+        pool.release(shared, owner_, seq_id);
         table_[b] = copy;
-        pool().event(EventKind::copy_on_write, seq_id, copy, shared, length());
+        pool.event(EventKind::copy_on_write, seq_id, copy, shared, length());
     }
-    for (int i = 0; i < n_new; i++) table_.push_back(pool().allocate(this));
+    for (int i = 0; i < n_new; i++) table_.push_back(pool.allocate(owner_, seq_id));
+    // The rows this sequence will hold in each block it writes (all of them ours alone now).
+    for (int blk = b; blk < int(table_.size()); blk++) pool.hold(table_[blk], owner_, rows_of(blk, new_length));
 }
 
 // A row of the latest append in a block another owner can read (forked after the append, or
@@ -270,7 +273,12 @@ void PagedCache::reserve(int new_length) {
 void PagedCache::on_write(int pos) {
     BlockPool& pool = this->pool();
     const int block = table_[std::size_t(pos / pool.block_size())];
-    if (!pool.needs_copy(block)) return;
+    if (!pool.needs_copy(block)) {
+        // The records say whether another owner can read the block; a copy policy that let such a
+        // write through shows in shared_writes(), which must stay 0.
+        if (pool.refcount(block) > 1 || pool.published(block)) pool.count_shared_write();
+        return;
+    }
     throw Error(fmt::format(
         "paged cache: sequence {} cannot rewrite position {}: block {} is {}; roll back to rewrite it", seq_id, pos,
         block, pool.refcount(block) > 1 ? "shared with another sequence" : "in the prefix cache"));
@@ -290,16 +298,14 @@ void PagedCache::release(int n) {
     const int bs = pool().block_size();
     const int keep = (n + bs - 1) / bs;
     while (int(table_.size()) > keep) {
-        pool().release(table_.back(), this);
+        pool().release(table_.back(), owner_, seq_id);
         table_.pop_back();
     }
     hashes_.resize(std::min<std::size_t>(hashes_.size(), std::size_t(n / bs)));
-    // A block cut in the middle: if it is ours alone, its rows past n are forgotten (and it is no
-    // longer full, so no longer a cached prefix); if shared, copy-on-write handles the next write.
-    if (n % bs != 0 && keep <= int(table_.size())) {
-        const int block = table_[keep - 1];
-        if (pool().refcount(block) == 1 && !pool().published(block)) pool().poison(block, n % bs);
-    }
+    // A block cut in the middle holds n % bs of our rows now: those past them read NaN unless
+    // another holder still holds them (copy-on-write handles our next write then), or the block
+    // is published.
+    if (n % bs != 0 && keep <= int(table_.size())) pool().hold(table_[keep - 1], owner_, n % bs);
 }
 
 int PagedCache::attach_prefix(std::span<const int> tokens) {
@@ -320,7 +326,7 @@ int PagedCache::attach_prefix(std::span<const int> tokens) {
     }
     const int hit = int(blocks.size()) * bs;
     if (hit == 0) return 0;
-    for (int block : blocks) pool().retain(block, this);
+    for (int block : blocks) pool().retain(block, owner_, seq_id, bs);
     table_ = std::move(blocks);
     hashes_ = std::move(hashes);
     adopt(tokens.first(hit));
@@ -332,7 +338,8 @@ int PagedCache::attach_prefix(std::span<const int> tokens) {
 std::unique_ptr<PagedCache> PagedCache::fork(int new_seq_id) const {
     auto child = std::make_unique<PagedCache>(pool(), model_, new_seq_id);
     child->trace = trace;
-    for (int block : table_) pool().retain(block, child.get());
+    for (std::size_t b = 0; b < table_.size(); b++)
+        pool().retain(table_[b], child->owner_, new_seq_id, rows_of(int(b), length()));
     child->table_ = table_;
     child->hashes_ = hashes_;
     child->adopt(tokens());
@@ -380,7 +387,7 @@ MemoryStats PagedCache::memory() const {
 }
 
 std::string PagedCache::name() const {
-    if (!pool_) return "paged(pool destroyed)";  // names it in messages
+    if (!*pool_alive_) return "paged(pool destroyed)";  // names it in messages
     return fmt::format("paged(block_size={}{})", pool_->block_size(), pool_->prefix_caching() ? ",prefix" : "");
 }
 

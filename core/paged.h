@@ -36,10 +36,34 @@
 
 namespace kvlab {
 
-class PagedCache;
+// The identity of a full block's contents: what produced its rows.
+struct BlockKey {
+    std::uint64_t parent = 0;  // the previous block's hash (0 for the first block)
+    std::uint64_t model = 0;   // the model's identity
+    std::vector<int> tokens;   // [block_size]
+    std::uint64_t hash() const;
+    bool operator==(const BlockKey&) const = default;
+};
+
+// One block's bookkeeping, plain data (vLLM's KVCacheBlock). Its reference count is how many
+// holders it has; a holder is a sequence (the owner number BlockPool::join gave it) and how many
+// of the block's slots hold that sequence's rows. Slots past every holder's rows read NaN.
+struct Block {
+    struct Holder {
+        int owner = 0;
+        int rows = 0;
+    };
+    std::vector<Holder> holders;
+    bool published = false;       // in the prefix cache under `key` (vLLM: has a block_hash)
+    BlockKey key;                 // set while published
+    std::uint64_t last_used = 0;  // the pool's tick at the last allocate, retain or release (LRU)
+    int ref_cnt() const { return int(holders.size()); }
+    int max_rows() const;  // the most rows any holder holds (0 with none)
+};
 
 class BlockPool {
 public:
+    using BlockKey = kvlab::BlockKey;  // the name lab 8 and older code use
     // Blocks of block_size positions for models of config's shape (n_layers, n_kv_heads,
     // head_size; max_seq bounds every sequence). prefix_caching publishes full blocks.
     BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching = false,
@@ -47,15 +71,16 @@ public:
     BlockPool(const BlockPool&) = delete;
     BlockPool& operator=(const BlockPool&) = delete;
     // Sequences still alive are orphaned: each later use of one throws Error, destroying it is safe.
-    virtual ~BlockPool();
+    virtual ~BlockPool() { *alive_ = false; }
 
     const Config& config() const { return config_; }
     int block_size() const { return block_size_; }
     int n_blocks() const { return n_blocks_; }
     bool prefix_caching() const { return prefix_caching_; }
 
-    int refcount(int block) const { return refcount_[block]; }
-    bool published(int block) const { return published_[block] != 0; }
+    const Block& block(int b) const { return blocks_[std::size_t(b)]; }
+    int refcount(int b) const { return block(b).ref_cnt(); }
+    bool published(int b) const { return block(b).published; }
     int n_free() const { return int(free_.size()); }  // on the free list
     int n_cached() const;                             // unreferenced but published: reclaimable
     int n_used() const;                               // in at least one block table
@@ -81,8 +106,7 @@ public:
     virtual std::int64_t slot(int block, int s) const { return first_slot(block) + s; }
     // Whether a write into `block` must go to a private copy first: another owner can read it
     // (it is shared, or published to the prefix cache).
-    virtual bool needs_copy(int block) const { return refcount_[block] > 1 || published(block); }
-    struct BlockKey;
+    virtual bool needs_copy(int block) const { return refcount(block) > 1 || published(block); }
     // The identity of a full block of `tokens` (block_size of them) after a block whose hash is
     // `parent` (0 for the first), computed by the model `model`.
     virtual BlockKey key(std::uint64_t parent, std::uint64_t model, std::span<const int> tokens) const;
@@ -93,23 +117,23 @@ public:
 
     std::vector<CacheEvent>* trace = nullptr;
 
-    // ---- What a PagedCache asks of its pool.
-    // The identity of a full block's contents.
-    struct BlockKey {
-        std::uint64_t parent = 0;  // the previous block's hash (0 for the first block)
-        std::uint64_t model = 0;   // the model's identity
-        std::vector<int> tokens;   // [block_size]
-        std::uint64_t hash() const;
-        bool operator==(const BlockKey&) const = default;
-    };
-    // A block for seq with refcount 1: from the free list, else the least recently used cached
-    // one (unpublished first). Callers check available() beforehand.
-    int allocate(const PagedCache* owner);
-    void retain(int block, const PagedCache* owner);
-    // At refcount 0 the block stays cached if published, else is freed. At refcount 1 the last
-    // owner's rows past its length are poisoned: a sharer that rolled back inside the block left
-    // them alone while someone else could still read them.
-    void release(int block, const PagedCache* owner);
+    // ---- What a sequence asks of its pool. A sequence is an owner number, never a pointer; `seq`
+    // only names it in events. Callers check available() before allocating: check, then act.
+    int join() { return next_owner_++; }  // a new owner number
+    // false once the pool is destroyed: its sequences hold this to know they are orphaned.
+    std::shared_ptr<const bool> alive() const { return alive_; }
+    // A block for `owner`, holding 0 rows: from the free list, else the least recently used
+    // cached one is evicted. Throws Error when there is neither.
+    int allocate(int owner, int seq);
+    // `owner` maps `block` too (a prefix hit, a fork), holding `rows` of its slots.
+    void retain(int block, int owner, int seq, int rows);
+    // `owner` now holds `rows` of block's slots (it appended, or rolled back); slots no holder
+    // holds any more read NaN, unless the block is published (a full block, kept for hits).
+    void hold(int block, int owner, int rows);
+    // `owner` unmaps `block`. Without holders it stays cached if published, else is freed; with
+    // some, slots none of them holds read NaN (a sharer that rolled back inside the block left
+    // them alone while another could still read them).
+    void release(int block, int owner, int seq);
     int lookup(const BlockKey& key);  // the published block holding key, or -1
     void publish(int block, BlockKey key);
     void unpublish(int block);
@@ -124,18 +148,16 @@ private:
     Config config_;
     int block_size_, n_blocks_;
     bool prefix_caching_;
-    KVStorage storage_;                                   // [n_blocks, n_layers, n_kv_heads, block_size] rows
-    std::vector<int> refcount_;                           // [n_blocks]
-    std::vector<int> free_;                               // free blocks, taken from the back
-    std::vector<char> published_;                         // [n_blocks]
-    std::vector<BlockKey> keys_;                          // [n_blocks] a published block's key
-    std::vector<std::uint64_t> last_used_;                // [n_blocks] tick of the last retain or release
-    std::vector<std::vector<const PagedCache*>> owners_;  // [n_blocks] the sequences mapping each block
-    std::unordered_multimap<std::uint64_t, int> by_hash_;
+    KVStorage storage_;                                    // [n_blocks, n_layers, n_kv_heads, block_size] rows
+    std::vector<Block> blocks_;                            // [n_blocks]
+    std::vector<int> free_;                                // free blocks, taken from the back
+    std::unordered_multimap<std::uint64_t, int> by_hash_;  // published blocks by key hash
     std::uint64_t tick_ = 0;
+    int next_owner_ = 0;
     std::int64_t shared_writes_ = 0, hit_positions_ = 0;
-    std::vector<PagedCache*> sequences_;  // the live sequences over this pool
-    friend class PagedCache;
+    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    Block& at(int b) { return blocks_[std::size_t(b)]; }
+    void poison_unheld(int block, int old_max);  // NaN from max_rows() when it fell below old_max
 };
 
 // One sequence over a pool; its blocks go back when it is destroyed. A pool destroyed first
@@ -158,8 +180,6 @@ public:
     std::unique_ptr<PagedCache> fork(int new_seq_id) const;
     const std::vector<int>& block_table() const { return table_; }
     BlockPool& pool() const;  // throws Error once the pool is gone
-    // How many of block's slots hold this sequence's rows (0 if it does not map the block).
-    int rows_in(int block) const;
 
 protected:
     void reserve(int new_length) override;
@@ -168,9 +188,11 @@ protected:
     void release(int n) override;
 
 private:
-    BlockPool::BlockKey key_of(int b) const;  // the key of logical block b, from the tokens
-    friend class BlockPool;                   // orphans it when it goes
-    BlockPool* pool_;                         // null once the pool is destroyed
+    BlockKey key_of(int b) const;          // the key of logical block b, from the tokens
+    int rows_of(int b, int length) const;  // slots of logical block b a sequence of `length` holds
+    BlockPool* pool_;
+    std::shared_ptr<const bool> pool_alive_;  // false once the pool is destroyed: orphaned
+    int owner_;                               // the pool's number for this sequence
     std::uint64_t model_;
     std::vector<int> table_;             // [ceil(length / block_size)] physical block of each logical block
     std::vector<std::uint64_t> hashes_;  // [length / block_size] hash of each full logical block
