@@ -47,8 +47,9 @@ for p in "${paths[@]}"; do
 done
 
 # One line per function: file, line of its opening brace, name, body lines (tab-separated).
+# (The program is in single quotes: a single quote reaches it as sq.)
 measure() {
-    awk '
+    awk -v sq="'" '
     function reset_header() { header = "" }
     # The line with comments, string and character literals blanked (their braces do not count).
     function strip(s,    out, i, c, n, q) {
@@ -61,7 +62,7 @@ measure() {
             }
             if (c == "/" && substr(s, i + 1, 1) == "/") break
             if (c == "/" && substr(s, i + 1, 1) == "*") { in_comment = 1; i++; continue }
-            if (c == "\"" || (c == "\x27" && substr(s, i - 1, 1) !~ /[0-9A-Fa-f]/)) {
+            if (c == "\"" || (c == sq && substr(s, i - 1, 1) !~ /[0-9A-Fa-f]/)) {
                 q = c
                 for (i++; i <= n && substr(s, i, 1) != q; i++) if (substr(s, i, 1) == "\\") i++
                 out = out q q
