@@ -33,14 +33,22 @@ int run_export(const ExportOptions& o) {
     return 0;
 }
 
-}  // namespace kvlab::cli
+namespace {
 
-int main(int argc, char** argv) {
-    using namespace kvlab::cli;
-    CLI::App app{"kvlab: naive and KV-cached decode of a tiny Llama-style transformer, bitwise equal"};
-    app.require_subcommand(1);
-
+// Every command's options, and its subcommand (true after parsing when it was chosen).
+struct Commands {
     DemoOptions demo;
+    GenerateOptions gen;
+    SpeculateOptions spec;
+    BenchOptions bench;
+    ExportOptions exp;
+    VerifyCommandOptions ver;
+    MemoryOptions mem;
+    PoolOptions pool;
+    CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd;
+};
+
+CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
     auto* demo_cmd = app.add_subcommand("demo", "decode naive and cached side by side, checking bitwise equality");
     add_model_options(demo_cmd, demo.m.model, demo.m.tokenizer, demo.m.seed);
     demo_cmd->add_option("--prompt", demo.prompt, "prompt text (needs a tokenizer)");
@@ -55,8 +63,10 @@ int main(int argc, char** argv) {
                          "or e.g. cpu,gpu-host");
     demo_cmd->add_flag("!--no-graph", demo.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     demo_cmd->add_flag("--json", demo.json, "machine-readable output");
+    return demo_cmd;
+}
 
-    GenerateOptions gen;
+CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
     auto* gen_cmd = app.add_subcommand("generate", "generate text with the cached decoder (greedy by default)");
     add_model_options(gen_cmd, gen.m.model, gen.m.tokenizer, gen.m.seed);
     gen_cmd->add_option("--prompt", gen.prompt, "prompt text (needs a tokenizer)");
@@ -77,8 +87,10 @@ int main(int argc, char** argv) {
     gen_cmd->add_option("--device", gen.device, "cpu, gpu or gpu-host");
     gen_cmd->add_flag("!--no-graph", gen.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     gen_cmd->add_flag("--json", gen.json, "machine-readable output");
+    return gen_cmd;
+}
 
-    SpeculateOptions spec;
+CLI::App* add_speculate(CLI::App& app, SpeculateOptions& spec) {
     auto* spec_cmd = app.add_subcommand(
         "speculate", "greedy speculative decoding against plain greedy decode: acceptance, speedup, bitwise equality");
     add_model_options(spec_cmd, spec.m.model, spec.m.tokenizer, spec.m.seed);
@@ -96,8 +108,10 @@ int main(int argc, char** argv) {
     spec_cmd->add_option("--threads", spec.threads, "threads for the kernels")->check(CLI::Range(1, 256));
     spec_cmd->add_option("--device", spec.device, "cpu, gpu or gpu-host (target and draft both run there)");
     spec_cmd->add_flag("--json", spec.json, "machine-readable output");
+    return spec_cmd;
+}
 
-    BenchOptions bench;
+CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
     auto* bench_cmd = app.add_subcommand("bench", "benchmark cached, naive and llama2.c-style decode");
     bench_cmd->add_option("--shape", bench.shape, "stories15M (default), stories260K, or dim=..,n_layers=..,...");
     bench_cmd->add_option("--model-seed", bench.seed, "seed of the random model");
@@ -115,15 +129,19 @@ int main(int argc, char** argv) {
                      "quantization group of the quantized variants (divides head_size; default <= 16)")
         ->check(CLI::Range(1, 1 << 24));
     bench_cmd->add_flag("--json", bench.json, "machine-readable output");
+    return bench_cmd;
+}
 
-    ExportOptions exp;
+CLI::App* add_export(CLI::App& app, ExportOptions& exp) {
     auto* export_cmd = app.add_subcommand("export", "write a random model as a llama2.c checkpoint");
     export_cmd->add_option("--shape", exp.shape, "stories260K (default), stories15M, or dim=..,n_layers=..,...");
     export_cmd->add_option("--seed", exp.seed, "seed of the random model");
     export_cmd->add_flag("--unshared", exp.unshared, "write a separate classifier (negative vocab_size in the header)");
     export_cmd->add_option("out", exp.out, "output file")->required();
+    return export_cmd;
+}
 
-    VerifyCommandOptions ver;
+CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
     verify_cmd->add_option("variant", ver.variant,
@@ -136,21 +154,27 @@ int main(int argc, char** argv) {
                            "second's naive and cached decode must equal it");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
     verify_cmd->add_flag("--list", ver.list, "list the variants and mutants");
+    return verify_cmd;
+}
 
-    MemoryOptions mem;
-    auto* memory_cmd = app.add_subcommand(
+// Every command but `view` (ViewCommand adds itself), in the order --help lists them.
+void add_commands(CLI::App& app, Commands& c) {
+    c.demo_cmd = add_demo(app, c.demo);
+    c.gen_cmd = add_generate(app, c.gen);
+    c.spec_cmd = add_speculate(app, c.spec);
+    c.bench_cmd = add_bench(app, c.bench);
+    c.export_cmd = add_export(app, c.exp);
+    c.verify_cmd = add_verify(app, c.ver);
+    c.memory_cmd = app.add_subcommand(
         "memory", "KV cache bytes of published model shapes, and the waste of reserving max_seq vs paging");
-    add_memory_options(memory_cmd, mem);
-
-    PoolOptions pool;
-    auto* pool_cmd = app.add_subcommand(
+    add_memory_options(c.memory_cmd, c.mem);
+    c.pool_cmd = app.add_subcommand(
         "pool", "a scripted session over one paged block pool: requests, prefix hits, forks, rollbacks");
-    add_pool_options(pool_cmd, pool);
+    add_pool_options(c.pool_cmd, c.pool);
+}
 
-    ViewCommand view(app);
-    check_numbers(app);
-
-    // CLI11 would call a mistyped command "a missing subcommand"; name it instead.
+// CLI11 would call a mistyped command "a missing subcommand"; name it instead. True when it did.
+bool refused_unknown_command(int argc, char** argv) {
     const std::string first = argc > 1 ? argv[1] : "";
     if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "speculate" &&
         first != "bench" && first != "export" && first != "verify" && first != "memory" && first != "pool" &&
@@ -159,27 +183,25 @@ int main(int argc, char** argv) {
                    "kvlab: error: unknown command '{}' (commands: demo, generate, speculate, bench, verify, memory, "
                    "pool, view, export)\n",
                    kvlab::one_line(argv[1]));
-        return 2;
+        return true;
     }
+    return false;
+}
+
+// Runs the parsed command: its exit code, or 1 after one line on stderr for what it threw.
+int run_command(Commands& c, ViewCommand& view) {
     try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        if (e.get_exit_code() == 0) return app.exit(e);  // --help
-        fmt::print(stderr, "kvlab: error: {} (see kvlab --help)\n", kvlab::one_line(e.what()));
-        return 2;
-    }
-    try {
-        if (*demo_cmd) return run_demo(demo);
-        if (*gen_cmd) return run_generate(gen);
-        if (*spec_cmd) return run_speculate(spec);
-        if (*bench_cmd) {
-            bench.lengths_given = bench_cmd->count("--lengths") > 0;
-            return run_bench(bench);
+        if (*c.demo_cmd) return run_demo(c.demo);
+        if (*c.gen_cmd) return run_generate(c.gen);
+        if (*c.spec_cmd) return run_speculate(c.spec);
+        if (*c.bench_cmd) {
+            c.bench.lengths_given = c.bench_cmd->count("--lengths") > 0;
+            return run_bench(c.bench);
         }
-        if (*export_cmd) return run_export(exp);
-        if (*verify_cmd) return run_verify(ver);
-        if (*memory_cmd) return run_memory(mem);
-        if (*pool_cmd) return run_pool(pool);
+        if (*c.export_cmd) return run_export(c.exp);
+        if (*c.verify_cmd) return run_verify(c.ver);
+        if (*c.memory_cmd) return run_memory(c.mem);
+        if (*c.pool_cmd) return run_pool(c.pool);
         if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
@@ -188,4 +210,28 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "kvlab: error: {}\n", kvlab::one_line(e.what()));
     }
     return 1;
+}
+
+}  // namespace
+
+}  // namespace kvlab::cli
+
+int main(int argc, char** argv) {
+    using namespace kvlab::cli;
+    CLI::App app{"kvlab: naive and KV-cached decode of a tiny Llama-style transformer, bitwise equal"};
+    app.require_subcommand(1);
+    Commands commands;
+    add_commands(app, commands);
+    ViewCommand view(app);
+    check_numbers(app);
+
+    if (refused_unknown_command(argc, argv)) return 2;
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help
+        fmt::print(stderr, "kvlab: error: {} (see kvlab --help)\n", kvlab::one_line(e.what()));
+        return 2;
+    }
+    return run_command(commands, view);
 }

@@ -17,120 +17,157 @@
 
 namespace kvlab::cli {
 
-int run_speculate(const SpeculateOptions& o) {
-    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
-    const Config& c = lm.model.config();
-    // The last emitted token is never run, so it needs no position (as in generate).
-    const std::vector<int> prompt = checked_prompt(lm, o.prompt, o.tokens, "", o.steps, -1);
-    if (o.k < 1) throw Error(fmt::format("--k must be at least 1, not {}", o.k));
+namespace {
 
-    // The draft: the target itself, a random model one layer deep, or a checkpoint.
-    std::optional<Model> draft_model;
-    std::string draft_name;
+// The draft: the target itself (no model of its own), a random model one layer deep, or a checkpoint.
+struct Draft {
+    std::optional<Model> model;
+    std::string name;
+};
+
+Draft load_draft(const SpeculateOptions& o, const Config& c) {
+    Draft d;
     if (o.draft == "self") {
-        draft_name = "self (the target itself)";
+        d.name = "self (the target itself)";
     } else if (o.draft == "random") {
         Config dc = c;
         dc.n_layers = 1;
-        draft_model.emplace(random_model(dc, o.draft_seed));
-        draft_name = fmt::format("random: the target's shape with 1 layer (seed {})", o.draft_seed);
+        d.model.emplace(random_model(dc, o.draft_seed));
+        d.name = fmt::format("random: the target's shape with 1 layer (seed {})", o.draft_seed);
     } else {
-        draft_model.emplace(load_checkpoint(o.draft));
-        draft_name = o.draft;
+        d.model.emplace(load_checkpoint(o.draft));
+        d.name = o.draft;
     }
-    if (draft_model && draft_model->config().vocab_size != c.vocab_size)
+    if (d.model && d.model->config().vocab_size != c.vocab_size)
         throw Error(fmt::format("draft {}: vocab_size {} differs from the target's {}", one_line(o.draft),
-                                draft_model->config().vocab_size, c.vocab_size));
+                                d.model->config().vocab_size, c.vocab_size));
+    return d;
+}
 
+// Plain greedy decode (want) and speculative decode (got) of the same target, and how they compare.
+struct Race {
+    DecodeRun want, got;
+    double plain_s = std::numeric_limits<double>::infinity(), spec_s = plain_s;  // the fastest run of each
+    bool tokens_equal = false;
+    BitComparison cmp;  // of the logits
+    bool equal() const { return tokens_equal && cmp.equal; }
+};
+
+Race race(const SpeculateOptions& o, const Model& model, const Draft& d, const std::vector<int>& prompt) {
     const std::vector<std::string> devices = parse_devices(o.device);
     if (devices.size() != 1) throw Error("speculate: --device takes one device (cpu, gpu or gpu-host)");
-    const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model);
-    const std::unique_ptr<Backend> draft_backend = draft_model ? make_backend(devices[0], *draft_model) : nullptr;
+    const std::unique_ptr<Backend> backend = make_backend(devices[0], model);
+    const std::unique_ptr<Backend> draft_backend = d.model ? make_backend(devices[0], *d.model) : nullptr;
     CachedDecoder plain(*backend), target(*backend), draft(draft_backend ? *draft_backend : *backend);
     plain.exec.n_threads = target.exec.n_threads = draft.exec.n_threads = o.threads;
     SpeculativeDecoder spec(target, draft, o.k);
 
     // Each decode timed `reps` times, alternating; the fastest of each counts.
-    DecodeRun want, got;
-    double plain_s = std::numeric_limits<double>::infinity(), spec_s = plain_s;
-    for (int r = 0; r < o.reps; r++) {
+    Race r;
+    for (int rep = 0; rep < o.reps; rep++) {
         auto t0 = std::chrono::steady_clock::now();
-        want = greedy_decode(plain, prompt, o.steps);
-        plain_s = std::min(plain_s, seconds_since(t0));
+        r.want = greedy_decode(plain, prompt, o.steps);
+        r.plain_s = std::min(r.plain_s, seconds_since(t0));
         t0 = std::chrono::steady_clock::now();
-        got = spec.generate(prompt, o.steps);
-        spec_s = std::min(spec_s, seconds_since(t0));
+        r.got = spec.generate(prompt, o.steps);
+        r.spec_s = std::min(r.spec_s, seconds_since(t0));
     }
-    const bool tokens_equal = got.tokens == want.tokens;
-    const BitComparison cmp = compare_bits(want.logits, got.logits);
-    const bool equal = tokens_equal && cmp.equal;
-    const SpeculativeStats& st = got.stats;
-    const double tokens_per_step = double(o.steps) / st.target_steps;
+    r.tokens_equal = r.got.tokens == r.want.tokens;
+    r.cmp = compare_bits(r.want.logits, r.got.logits);
+    return r;
+}
 
-    // The text, as generate prints it: the prompt echoed (BOS prints nothing), up to a BOS.
+// The text, as generate prints it: the prompt echoed (BOS prints nothing), up to a BOS.
+std::string decoded_text(const LoadedModel& lm, const std::vector<int>& prompt, const std::vector<int>& tokens) {
     auto piece = [&](int prev, int t) { return lm.tokenizer ? token_text(lm, prev, t) : fmt::format("{} ", t); };
     std::string text;
     for (std::size_t i = prompt[0] == Tokenizer::kBos ? 1 : 0; i < prompt.size(); i++)
         text += piece(i ? prompt[i - 1] : Tokenizer::kBos, prompt[i]);
     int prev = prompt.back();
-    for (int t : got.tokens) {
+    for (int t : tokens) {
         if (t == Tokenizer::kBos) break;
         text += piece(prev, t);
         prev = t;
     }
+    return text;
+}
 
-    if (o.json) {
-        nlohmann::json j = {{"model", lm.source},
-                            {"draft", draft_name},
-                            {"k", o.k},
-                            {"steps", o.steps},
-                            {"prompt_tokens", prompt},
-                            {"generated_tokens", got.tokens},
-                            {"text", text},
-                            {"proposed", st.proposed},
-                            {"accepted", st.accepted},
-                            {"acceptance_rate", st.acceptance_rate()},
-                            {"mean_accepted_per_target_step", st.accepted_per_target_step()},
-                            {"tokens_per_target_step", tokens_per_step},
-                            {"target_steps", st.target_steps},
-                            {"plain_steps", want.stats.target_steps},
-                            {"draft_steps", st.draft_steps},
-                            {"plain_seconds", plain_s},
-                            {"speculative_seconds", spec_s},
-                            {"speedup", plain_s / spec_s},
-                            {"tokens_equal", tokens_equal},
-                            {"logits_bitwise_equal", cmp.equal},
-                            {"bitwise_equal", equal}};
-        fmt::print("{}\n", j.dump(2));
-        return equal ? 0 : 1;
-    }
-    fmt::print("{}\n\n", text);
+void print_json(const SpeculateOptions& o, const LoadedModel& lm, const Draft& d, const std::vector<int>& prompt,
+                const Race& r) {
+    const SpeculativeStats& st = r.got.stats;
+    nlohmann::json j = {{"model", lm.source},
+                        {"draft", d.name},
+                        {"k", o.k},
+                        {"steps", o.steps},
+                        {"prompt_tokens", prompt},
+                        {"generated_tokens", r.got.tokens},
+                        {"text", decoded_text(lm, prompt, r.got.tokens)},
+                        {"proposed", st.proposed},
+                        {"accepted", st.accepted},
+                        {"acceptance_rate", st.acceptance_rate()},
+                        {"mean_accepted_per_target_step", st.accepted_per_target_step()},
+                        {"tokens_per_target_step", double(o.steps) / st.target_steps},
+                        {"target_steps", st.target_steps},
+                        {"plain_steps", r.want.stats.target_steps},
+                        {"draft_steps", st.draft_steps},
+                        {"plain_seconds", r.plain_s},
+                        {"speculative_seconds", r.spec_s},
+                        {"speedup", r.plain_s / r.spec_s},
+                        {"tokens_equal", r.tokens_equal},
+                        {"logits_bitwise_equal", r.cmp.equal},
+                        {"bitwise_equal", r.equal()}};
+    fmt::print("{}\n", j.dump(2));
+}
+
+// The text, then the acceptance, steps, time and equality lines.
+void print_report(const SpeculateOptions& o, const LoadedModel& lm, const Draft& d, const std::vector<int>& prompt,
+                  const Race& r) {
+    const SpeculativeStats& st = r.got.stats;
+    const int vocab_size = lm.model.config().vocab_size;
+    fmt::print("{}\n\n", decoded_text(lm, prompt, r.got.tokens));
     fmt::print("model       {}\n", lm.source);
-    fmt::print("draft       {}, k = {}\n", draft_name, o.k);
+    fmt::print("draft       {}, k = {}\n", d.name, o.k);
     if (st.proposed)
         fmt::print("acceptance  {} of {} drafts accepted ({:.1f}%); {:.2f} accepted per target step (mean)\n",
                    st.accepted, st.proposed, 100.0 * st.acceptance_rate(), st.accepted_per_target_step());
     else
         fmt::print("acceptance  no drafts proposed (one token needs no draft)\n");
     fmt::print("steps       target {} steps for {} tokens ({:.2f} tokens a step); plain greedy decode {}; draft {}\n",
-               st.target_steps, o.steps, tokens_per_step, want.stats.target_steps, st.draft_steps);
-    fmt::print("time        plain greedy {:.2f} ms, speculative {:.2f} ms: {:.2f}x speedup (fastest of {} run{} each)\n",
-               1e3 * plain_s, 1e3 * spec_s, plain_s / spec_s, o.reps, o.reps == 1 ? "" : "s");
-    if (equal) {
-        fmt::print("equality    tokens and logits bitwise equal to plain greedy cached decode ({} logit vectors of {} "
-                   "floats)\n",
-                   o.steps, c.vocab_size);
-        return 0;
+               st.target_steps, o.steps, double(o.steps) / st.target_steps, r.want.stats.target_steps, st.draft_steps);
+    fmt::print(
+        "time        plain greedy {:.2f} ms, speculative {:.2f} ms: {:.2f}x speedup (fastest of {} run{} each)\n",
+        1e3 * r.plain_s, 1e3 * r.spec_s, r.plain_s / r.spec_s, o.reps, o.reps == 1 ? "" : "s");
+    if (r.equal()) {
+        fmt::print(
+            "equality    tokens and logits bitwise equal to plain greedy cached decode ({} logit vectors of {} "
+            "floats)\n",
+            o.steps, vocab_size);
+        return;
     }
-    if (!tokens_equal) {
-        const std::size_t i = std::size_t(
-            std::mismatch(want.tokens.begin(), want.tokens.end(), got.tokens.begin()).first - want.tokens.begin());
-        fmt::print("equality    NOT equal: token {} is {}, plain greedy decode's {}\n", i, got.tokens[i], want.tokens[i]);
+    if (!r.tokens_equal) {
+        const std::vector<int>&want = r.want.tokens, &got = r.got.tokens;
+        const std::size_t i = std::size_t(std::mismatch(want.begin(), want.end(), got.begin()).first - want.begin());
+        fmt::print("equality    NOT equal: token {} is {}, plain greedy decode's {}\n", i, got[i], want[i]);
     }
-    if (!cmp.equal)
-        fmt::print("equality    NOT bitwise equal: {} logits differ, the first in token {} (max {} ulp)\n", cmp.n_differ,
-                   cmp.first / c.vocab_size, cmp.max_ulp);
-    return 1;
+    if (!r.cmp.equal)
+        fmt::print("equality    NOT bitwise equal: {} logits differ, the first in token {} (max {} ulp)\n",
+                   r.cmp.n_differ, r.cmp.first / vocab_size, r.cmp.max_ulp);
+}
+
+}  // namespace
+
+int run_speculate(const SpeculateOptions& o) {
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    // The last emitted token is never run, so it needs no position (as in generate).
+    const std::vector<int> prompt = checked_prompt(lm, o.prompt, o.tokens, "", o.steps, -1);
+    if (o.k < 1) throw Error(fmt::format("--k must be at least 1, not {}", o.k));
+    const Draft draft = load_draft(o, lm.model.config());
+    const Race r = race(o, lm.model, draft, prompt);
+    if (o.json)
+        print_json(o, lm, draft, prompt, r);
+    else
+        print_report(o, lm, draft, prompt, r);
+    return r.equal() ? 0 : 1;
 }
 
 }  // namespace kvlab::cli

@@ -163,13 +163,10 @@ private:
     const Where& where_;
 };
 
-}  // namespace
-
-Model load_checkpoint(const std::string& path) {
+// The file's size. Looks before opening: opening a FIFO would block, a directory would "open" and
+// then fail oddly.
+std::int64_t regular_file_size(const std::string& path, const Where& where) {
     namespace fs = std::filesystem;
-    const Where where(path);
-
-    // Look before opening: opening a FIFO would block, a directory would "open" and then fail oddly.
     std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
     if (st.type() == fs::file_type::not_found) throw where("file not found");
@@ -177,59 +174,74 @@ Model load_checkpoint(const std::string& path) {
     if (!fs::is_regular_file(st)) throw where("not a regular file");
     const std::uintmax_t usize = fs::file_size(path, ec);
     if (ec) throw where(fmt::format("cannot read: {}", ec.message()));
-    const auto size = static_cast<std::int64_t>(usize);
+    return static_cast<std::int64_t>(usize);
+}
 
-    Reader in(path, where);
-    std::array<unsigned char, kV1HeaderBytes> head{};  // zero beyond the file's end
-    in.bytes(head.data(), std::min(size, kV1HeaderBytes));
-    auto i32 = [&head](std::int64_t at) {
-        std::int32_t v;
-        std::memcpy(&v, head.data() + at, 4);
-        return v;
-    };
+// The file's first bytes, zero beyond its end: room for either header.
+using HeadBytes = std::array<unsigned char, kV1HeaderBytes>;
+
+std::int32_t int32_at(const HeadBytes& head, std::int64_t at) {
+    std::int32_t v;
+    std::memcpy(&v, head.data() + at, 4);
+    return v;
+}
+
+// What the header says, in either format.
+struct Header {
+    bool v1 = false;             // ak42 version 1; else llama2.c's legacy header
+    std::int64_t bytes = 0;      // the header's size: the first tensor starts here
+    std::int64_t params_at = 0;  // where the seven int32 of the Config start
+    bool shared = true;          // the classifier is the token embedding
+    Config config;
+};
+
+// The format: ak42 version 1 (its version and shared_classifier flag checked), else legacy.
+Header header_format(const HeadBytes& head, std::int64_t size, const Where& where) {
     std::uint32_t magic = 0;
     std::memcpy(&magic, head.data(), 4);
-
-    const bool v1 = size >= 4 && magic == kMagic;
-    std::int64_t header_bytes = 0, params_at = 0;
-    bool shared = true;
-    if (v1) {
+    Header h;
+    h.v1 = size >= 4 && magic == kMagic;
+    if (h.v1) {
         if (size < 8)
             throw where(
                 fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
-        const std::int32_t version = i32(4);
+        const std::int32_t version = int32_at(head, 4);
         if (version == 2) throw where("version 2 (int8) checkpoints are not supported");
         if (version != 1)
             throw where(fmt::format("ak42 version {} is not supported (only version 1, float32)", version));
         if (size < kV1HeaderBytes)
             throw where(
                 fmt::format("is shorter than the {}-byte ak42 header ({})", kV1HeaderBytes, plural_bytes(size)));
-        header_bytes = kV1HeaderBytes;
-        params_at = 8;
+        h.bytes = kV1HeaderBytes;
+        h.params_at = 8;
         const unsigned flag = head[36];
         if (flag > 1) throw where(fmt::format("bad header: shared_classifier flag is {}, expected 0 or 1", flag));
-        shared = flag == 1;
+        h.shared = flag == 1;
     } else {
         if (size < kLegacyHeaderBytes)
             throw where(fmt::format("is shorter than the {}-byte llama2.c header ({})", kLegacyHeaderBytes,
                                     plural_bytes(size)));
-        header_bytes = kLegacyHeaderBytes;
-        params_at = 0;
+        h.bytes = kLegacyHeaderBytes;
+        h.params_at = 0;
     }
+    return h;
+}
 
-    Config c;
-    c.dim = i32(params_at + 0);
-    c.hidden_dim = i32(params_at + 4);
-    c.n_layers = i32(params_at + 8);
-    c.n_heads = i32(params_at + 12);
-    c.n_kv_heads = i32(params_at + 16);
-    c.vocab_size = i32(params_at + 20);
-    c.max_seq = i32(params_at + 24);
-    if (!v1) {
+// The seven int32 of the Config, validated.
+void header_config(const HeadBytes& head, Header& h, const Where& where) {
+    Config& c = h.config;
+    c.dim = int32_at(head, h.params_at + 0);
+    c.hidden_dim = int32_at(head, h.params_at + 4);
+    c.n_layers = int32_at(head, h.params_at + 8);
+    c.n_heads = int32_at(head, h.params_at + 12);
+    c.n_kv_heads = int32_at(head, h.params_at + 16);
+    c.vocab_size = int32_at(head, h.params_at + 20);
+    c.max_seq = int32_at(head, h.params_at + 24);
+    if (!h.v1) {
         // The legacy format's only flag: a negative vocab_size means an unshared classifier.
         if (c.vocab_size == INT_MIN)
             throw where(fmt::format("bad header: vocab_size {} is out of range", c.vocab_size));
-        shared = c.vocab_size > 0;
+        h.shared = c.vocab_size > 0;
         c.vocab_size = std::abs(c.vocab_size);
     }
     try {
@@ -237,23 +249,32 @@ Model load_checkpoint(const std::string& path) {
     } catch (const Error& e) {
         throw where(header_problem(e));
     }
+}
 
-    // validate() bounds the parameter count by kMaxElements and max_seq^2 by it too, so
-    // max_seq <= 2^17 and head_size <= dim <= 2^17: nothing below can overflow int64.
-    const std::int64_t rope_floats = std::int64_t{c.max_seq} * (c.head_size() / 2);  // per table
-    const std::int64_t floats = c.n_params(shared) + (v1 ? 0 : 2 * rope_floats);
-    const std::int64_t expected = header_bytes + 4 * floats;
-    const std::string what = fmt::format("{} ({} classifier)", c.describe(), shared ? "shared" : "separate");
+// Floats in one RoPE table of the legacy format. validate() bounds the parameter count by
+// kMaxElements and max_seq^2 by it too, so max_seq <= 2^17 and head_size <= dim <= 2^17: nothing
+// computed from a valid header can overflow int64.
+std::int64_t rope_floats(const Config& c) { return std::int64_t{c.max_seq} * (c.head_size() / 2); }
+
+// The file must be exactly as long as its header says.
+void check_file_size(const Header& h, std::int64_t size, const Where& where) {
+    const Config& c = h.config;
+    const std::int64_t floats = c.n_params(h.shared) + (h.v1 ? 0 : 2 * rope_floats(c));
+    const std::int64_t expected = h.bytes + 4 * floats;
+    const std::string what = fmt::format("{} ({} classifier)", c.describe(), h.shared ? "shared" : "separate");
     if (size < expected)
         throw where(fmt::format("truncated: expected {} bytes, found {} (header says {})", expected, size, what));
     if (size > expected)
         throw where(fmt::format("has {} trailing byte{}: expected {} bytes, found {} (header says {})", size - expected,
                                 size - expected == 1 ? "" : "s", expected, size, what));
+}
 
-    Weights w(c, shared);
-    const Layout t = layout(c);
-    in.seek(header_bytes);
-    if (v1) {
+// Every tensor, in the file's order for its format.
+Weights read_weights(Reader& in, const Header& h) {
+    Weights w(h.config, h.shared);
+    const Layout t = layout(h.config);
+    in.seek(h.bytes);
+    if (h.v1) {
         for (const Tensor* x :
              {&t.rms_att, &t.rms_ffn, &t.rms_final, &t.emb, &t.wq, &t.wk, &t.wv, &t.wo, &t.w1, &t.w2, &t.w3})
             in.read_tensor(w, *x);
@@ -262,12 +283,27 @@ Model load_checkpoint(const std::string& path) {
              {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
             in.read_tensor(w, *x);
         // The RoPE tables are ours to compute (RopeTable), not to trust from the file.
-        in.skip(2 * rope_floats * 4);
+        in.skip(2 * rope_floats(h.config) * 4);
     }
-    if (shared)
+    if (h.shared)
         w.tie_classifier();
     else
         in.read_tensor(w, t.cls);
+    return w;
+}
+
+}  // namespace
+
+Model load_checkpoint(const std::string& path) {
+    const Where where(path);
+    const std::int64_t size = regular_file_size(path, where);
+    Reader in(path, where);
+    HeadBytes head{};
+    in.bytes(head.data(), std::min(size, kV1HeaderBytes));
+    Header h = header_format(head, size, where);
+    header_config(head, h, where);
+    check_file_size(h, size, where);
+    Weights w = read_weights(in, h);
     if (!in.at_end()) throw where("grew while being read");
     return Model(std::move(w));
 }

@@ -27,6 +27,8 @@ struct Error : std::runtime_error {
 // printable ASCII and whole UTF-8 characters pass unchanged.
 std::string one_line(const std::string& text);
 
+// Option text to numbers. They stay in core, not cli/: core's prompt_tokens (model_loader.h) reads
+// --tokens with parse_int_list, and fuzz/fuzz_options.cpp calls both, and Config::parse, directly.
 // "42" -> 42; anything else is an Error naming `option` (with `hint` after the message).
 int parse_int(const std::string& option, const std::string& text, const std::string& hint = "");
 // "1,2,3" -> {1, 2, 3}; anything else is an Error naming `option`.
