@@ -97,7 +97,23 @@ public:
     int finish(int n_commands);  // prints the summary; the exit status
 
 private:
+    // What one command did: its JSON record, its "what it did" text, its prefix hit, and for a
+    // prefill whether it equals naive decode (nullopt inside: equal).
+    struct Outcome {
+        nlohmann::json record;
+        std::string did;
+        std::optional<int> hit;
+        std::optional<std::optional<std::string>> verdict;
+    };
     void execute(int index, const std::string& text, int width);
+    void apply(const std::vector<std::string>& w, Outcome& out);
+    void add(const std::vector<std::string>& w, Outcome& out);
+    void append(const std::vector<std::string>& w, Outcome& out);
+    void fork(const std::vector<std::string>& w, Outcome& out);
+    void rollback(const std::vector<std::string>& w, Outcome& out);
+    void free(const std::vector<std::string>& w, Outcome& out);
+    void report(int index, const std::string& text, int width, const std::string& op, std::size_t first_event,
+                Outcome& out);
     int find(const std::string& name) const {
         const auto it = ids_.find(name);
         if (it == ids_.end()) throw Error(fmt::format("no sequence named '{}'", one_line(name)));
@@ -155,93 +171,113 @@ std::string Session::table_text(int id) const {
 
 void Session::execute(int index, const std::string& text, int width) {
     const std::vector<std::string> w = split_words(text);
-    const std::string& op = w[0];
-    const std::vector<CacheEvent>& trace = engine_.events();
-    const std::size_t first_event = trace.size();
-    nlohmann::json r = {{"index", index}, {"command", text}, {"op", op}};
-    std::string did;
-    std::optional<int> hit;
-    std::optional<std::optional<std::string>> verdict;  // set for prefills: nullopt inside = naive
+    const std::size_t first_event = engine_.events().size();
+    Outcome out;
+    out.record = {{"index", index}, {"command", text}, {"op", w[0]}};
+    apply(w, out);  // throws before it changes anything
+    report(index, text, width, w[0], first_event, out);
+}
 
-    // Every check before any change: a failed command leaves the pool as it was.
+// Every check before any change: a failed command leaves the pool as it was.
+void Session::apply(const std::vector<std::string>& w, Outcome& out) {
+    const std::string& op = w[0];
     const auto usage = [&](std::size_t n_words, const char* form) {
         const bool list = op == "new" || op == "append";
         if (list ? w.size() < n_words : w.size() != n_words) throw Error(fmt::format("usage: {}", form));
     };
-    const auto token_list = [&] {
-        std::string joined;  // "1, 2,3" is a list too
-        for (std::size_t i = 2; i < w.size(); i++) joined += w[i];
-        return parse_int_list("tokens", joined);
-    };
-    if (op == "new") {
-        usage(3, "new NAME t1,t2,...");
-        check_unused(w[1]);
-        const std::vector<int> tokens = token_list();
-        const int id = engine_.add(tokens);  // refused: the pool is as it was
-        const int h = engine_.prefix_hit(id);
-        verdict = against_naive(id);
-        hit = h;
-        prefilled_ += int(tokens.size()) - h;
-        did = fmt::format("{} (seq {}): prefix hit {} of {}, prefilled {}; table {}", w[1], id, h, tokens.size(),
+    if (op == "new") return usage(3, "new NAME t1,t2,..."), add(w, out);
+    if (op == "append") return usage(3, "append NAME t1,t2,..."), append(w, out);
+    if (op == "fork") return usage(3, "fork NAME NEWNAME"), fork(w, out);
+    if (op == "rollback") return usage(3, "rollback NAME N"), rollback(w, out);
+    if (op == "free") return usage(2, "free NAME"), free(w, out);
+    if (op == "show") {
+        usage(1, "show");
+        out.did =
+            fmt::format("{}, {}", plural(std::int64_t(ids_.size()), "sequence"), plural(pool_.n_blocks(), "block"));
+        if (o_.json) out.record["pool"] = show_json();  // a copy of every block: only when JSON is asked for
+        return;
+    }
+    throw Error(fmt::format("unknown command '{}' (commands: new, append, fork, rollback, free, show)", one_line(op)));
+}
+
+// The words after NAME as one list: "1, 2,3" is a list too.
+std::vector<int> token_list(const std::vector<std::string>& w) {
+    std::string joined;
+    for (std::size_t i = 2; i < w.size(); i++) joined += w[i];
+    return parse_int_list("tokens", joined);
+}
+
+void Session::add(const std::vector<std::string>& w, Outcome& out) {
+    check_unused(w[1]);
+    const std::vector<int> tokens = token_list(w);
+    const int id = engine_.add(tokens);  // refused: the pool is as it was
+    const int h = engine_.prefix_hit(id);
+    out.verdict = against_naive(id);
+    out.hit = h;
+    prefilled_ += int(tokens.size()) - h;
+    out.did = fmt::format("{} (seq {}): prefix hit {} of {}, prefilled {}; table {}", w[1], id, h, tokens.size(),
                           int(tokens.size()) - h, table_text(id));
-        r["sequence"] = w[1];
-        r["prefix_hit"] = h;
-        r["prefilled"] = int(tokens.size()) - h;
-        assert(id == int(names_.size()));
-        names_.push_back(w[1]);
-        ids_.emplace(w[1], id);
-    } else if (op == "append") {
-        usage(3, "append NAME t1,t2,...");
-        const int id = find(w[1]);
-        const std::vector<int> tokens = token_list();
-        const int start = engine_.cache(id).length();
-        engine_.append(id, tokens);  // throws with the cache unchanged
-        verdict = against_naive(id);
-        prefilled_ += int(tokens.size());
-        did = fmt::format("{}: prefilled {} at {}, length {}; table {}", w[1], tokens.size(), start,
+    out.record["sequence"] = w[1];
+    out.record["prefix_hit"] = h;
+    out.record["prefilled"] = int(tokens.size()) - h;
+    assert(id == int(names_.size()));
+    names_.push_back(w[1]);
+    ids_.emplace(w[1], id);
+}
+
+void Session::append(const std::vector<std::string>& w, Outcome& out) {
+    const int id = find(w[1]);
+    const std::vector<int> tokens = token_list(w);
+    const int start = engine_.cache(id).length();
+    engine_.append(id, tokens);  // throws with the cache unchanged
+    out.verdict = against_naive(id);
+    prefilled_ += int(tokens.size());
+    out.did = fmt::format("{}: prefilled {} at {}, length {}; table {}", w[1], tokens.size(), start,
                           engine_.cache(id).length(), table_text(id));
-        r["sequence"] = w[1];
-        r["prefilled"] = tokens.size();
-    } else if (op == "fork") {
-        usage(3, "fork NAME NEWNAME");
-        const int parent = find(w[1]);
-        check_unused(w[2]);
-        const int id = engine_.fork(parent);
-        assert(id == int(names_.size()));
-        names_.push_back(w[2]);
-        ids_.emplace(w[2], id);
-        did = fmt::format("{} (seq {}) maps {}'s {}, length {}; table {}", w[2], id, w[1],
+    out.record["sequence"] = w[1];
+    out.record["prefilled"] = tokens.size();
+}
+
+void Session::fork(const std::vector<std::string>& w, Outcome& out) {
+    const int parent = find(w[1]);
+    check_unused(w[2]);
+    const int id = engine_.fork(parent);
+    assert(id == int(names_.size()));
+    names_.push_back(w[2]);
+    ids_.emplace(w[2], id);
+    out.did = fmt::format("{} (seq {}) maps {}'s {}, length {}; table {}", w[2], id, w[1],
                           plural(std::int64_t(engine_.block_table(parent).size()), "block"), engine_.cache(id).length(),
                           table_text(id));
-        r["sequence"] = w[2];
-        r["parent"] = w[1];
-    } else if (op == "rollback") {
-        usage(3, "rollback NAME N");
-        const int id = find(w[1]);
-        const int n = parse_int("rollback", w[2], " (a number of positions)"), len = engine_.cache(id).length();
-        if (n < 0) throw Error(fmt::format("cannot roll back to {}: positions start at 0", n));
-        if (n > len) throw Error(fmt::format("cannot roll back to {}: '{}' holds only {} positions", n, w[1], len));
-        engine_.rollback(id, n);
-        did = fmt::format("{}: length {} -> {}; table {}", w[1], len, n, table_text(id));
-        r["sequence"] = w[1];
-        r["from_length"] = len;
-    } else if (op == "free") {
-        usage(2, "free NAME");
-        const int id = find(w[1]);
-        did = fmt::format("{}: released {} (published ones stay cached)", w[1],
-                          plural(std::int64_t(engine_.block_table(id).size()), "block"));
-        r["sequence"] = w[1];
-        engine_.free(id);
-        ids_.erase(w[1]);
-    } else if (op == "show") {
-        usage(1, "show");
-        did = fmt::format("{}, {}", plural(std::int64_t(ids_.size()), "sequence"), plural(pool_.n_blocks(), "block"));
-        if (o_.json) r["pool"] = show_json();  // a copy of every block: only when JSON is asked for
-    } else {
-        throw Error(
-            fmt::format("unknown command '{}' (commands: new, append, fork, rollback, free, show)", one_line(op)));
-    }
+    out.record["sequence"] = w[2];
+    out.record["parent"] = w[1];
+}
 
+void Session::rollback(const std::vector<std::string>& w, Outcome& out) {
+    const int id = find(w[1]);
+    const int n = parse_int("rollback", w[2], " (a number of positions)"), len = engine_.cache(id).length();
+    if (n < 0) throw Error(fmt::format("cannot roll back to {}: positions start at 0", n));
+    if (n > len) throw Error(fmt::format("cannot roll back to {}: '{}' holds only {} positions", n, w[1], len));
+    engine_.rollback(id, n);
+    out.did = fmt::format("{}: length {} -> {}; table {}", w[1], len, n, table_text(id));
+    out.record["sequence"] = w[1];
+    out.record["from_length"] = len;
+}
+
+void Session::free(const std::vector<std::string>& w, Outcome& out) {
+    const int id = find(w[1]);
+    out.did = fmt::format("{}: released {} (published ones stay cached)", w[1],
+                          plural(std::int64_t(engine_.block_table(id).size()), "block"));
+    out.record["sequence"] = w[1];
+    engine_.free(id);
+    ids_.erase(w[1]);
+}
+
+// The command's row (or JSON record): the blocks its events moved, the pool after it, and
+// whether its prefill equals naive decode.
+void Session::report(int index, const std::string& text, int width, const std::string& op, std::size_t first_event,
+                     Outcome& out) {
+    const std::vector<CacheEvent>& trace = engine_.events();
+    nlohmann::json& r = out.record;
     Moves m;
     for (std::size_t i = first_event; i < trace.size(); i++) {
         const EventKind k = trace[i].kind;
@@ -264,6 +300,7 @@ void Session::execute(int index, const std::string& text, int width) {
                    {"freed", m.freed},
                    {"evicted", m.evicted}};
     r["pool_after"] = {{"free", pool_.n_free()}, {"cached", pool_.n_cached()}, {"used", pool_.n_used()}};
+    const auto& verdict = out.verdict;
     if (verdict) {
         r["bitwise_equal"] = !*verdict;
         r["difference"] = *verdict ? nlohmann::json(**verdict) : nlohmann::json(nullptr);
@@ -276,13 +313,12 @@ void Session::execute(int index, const std::string& text, int width) {
         records_.push_back(r);
         return;
     }
-
     const std::string logits = !verdict ? "" : *verdict ? "DIFFERS" : "= naive";
     // A long command is cut short to keep the columns.
     const std::string shown = int(text.size()) <= width ? text : text.substr(0, std::size_t(width) - 3) + "...";
     fmt::print("{:>3}  {:<{}} {:>4} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>4}  {:<7}  {}\n", index, shown, width,
-               hit ? std::to_string(*hit) : "-", m.allocated, m.shared, m.copied, m.freed, m.evicted, pool_.n_free(),
-               pool_.n_cached(), pool_.n_used(), logits, did);
+               out.hit ? std::to_string(*out.hit) : "-", m.allocated, m.shared, m.copied, m.freed, m.evicted,
+               pool_.n_free(), pool_.n_cached(), pool_.n_used(), logits, out.did);
     if (verdict && *verdict) fmt::print("     logits differ from naive decode: {}\n", **verdict);
     if (o_.events)
         for (std::size_t i = first_event; i < trace.size(); i++)
