@@ -1,12 +1,10 @@
 # The GPU backend's tests (included from tests/CMakeLists.txt).
-#   test_gpu_kernels   each gpu/kernels.h function, host-launched, equals its CPU kernel
 #   test_gpu_host      gpu-host decoders equal the CPU's, every layout and batched; a planted bug
+# (Each GPU kernel against the CPU's, kernel by kernel: the backend table, test_backend_ops.)
 # With CUDA in the build:
 #   test_gpu_device    the CUDA backend against the CPU on a real device (exit 77, skipped, without one)
 #   ptx_audit          the CUDA backend's PTX keeps the numeric contract
 #   ptx_audit_counter_*  the audit rejects a fixture compiled with nvcc's defaults / --use_fast_math
-kvlab_test(test_gpu_kernels test_gpu_kernels.cpp)
-target_link_libraries(test_gpu_kernels PRIVATE kvlab_gpu)
 kvlab_test(test_gpu_host test_gpu_host.cpp)
 target_link_libraries(test_gpu_host PRIVATE kvlab_gpu)
 

@@ -1,5 +1,7 @@
 // The kernels keep the numeric contract on their own: the fast product equals the textbook
-// one bit for bit, exp_f32 is accurate, and masking adds exact zeros.
+// one bit for bit, exp_f32 is accurate, masking adds exact zeros, and the GPU's softmax (scores
+// recomputed, never stored) gives kernels.cpp's bits on any row. Each backend's kernels against
+// the others and their float64 oracles: tests/test_backend_ops.cpp.
 #include <rapidcheck/catch.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "host_backend.h"
 #include "kernels.h"
 #include "test_util.h"
 
@@ -183,6 +186,36 @@ TEST_CASE("masked scores add exact zeros: a causal row equals the unmasked prefi
         matmul(ex, part.data(), hs, prefix.data(), n, v.data(), hs, 1, n, hs);
         if (auto diff = first_difference(full, part)) RC_FAIL(*diff);
     });
+}
+
+TEST_CASE(
+    "softmax by recomputed scores (gpu/kernels.h) equals kernels.cpp softmax bit for bit on -inf and huge and "
+    "denormal inputs",
+    "[kernels][softmax]") {
+    // Any row, not only those attention forms: ordinary values (multiples of 2^-18 in [-4, 4))
+    // mixed with zeros, denormals, huge values, infinities and exp's edges.
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> special = {0.0f,   -0.0f, 1e-40f, -3e-42f, 1.4e-45f, 1e-30f, -2e-38f, 1e15f,
+                                        -7e14f, inf,   -inf,   3e38f,   -3.4e38f, 88.8f,  -104.0f, -87.5f};
+    rc::prop("softmax over 1-40 values", [&] {
+        const int n = *full_range(1, 41);
+        const std::vector<float> x = *rc::gen::container<std::vector<float>>(  // [n]
+            std::size_t(n),
+            rc::gen::weightedOneOf<float>({{6, rc::gen::map(rc::gen::inRange(-(1 << 20), 1 << 20),
+                                                            [](int i) { return float(i) / float(1 << 18); })},
+                                           {1, rc::gen::elementOf(special)}}));
+        std::vector<float> a(x.size()), b = x;
+        gpu::host::softmax(a.data(), x.data(), n);
+        softmax(b.data(), n);
+        if (auto diff = first_difference(a, b)) RC_FAIL(fmt::format("softmax n = {}: {}", n, *diff));
+    });
+    // A masked row as naive attention builds it: exact zeros after the first entry.
+    const std::vector<float> masked = {0.25f, -inf, -inf, -inf};
+    std::vector<float> a(4), b = masked;
+    gpu::host::softmax(a.data(), masked.data(), 4);
+    softmax(b.data(), 4);
+    CHECK(!first_difference(a, b));
+    CHECK(a == std::vector<float>{1.0f, 0.0f, 0.0f, 0.0f});
 }
 
 TEST_CASE("ulp_distance counts representable floats between two values", "[kernels][ulp]") {
