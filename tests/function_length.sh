@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Function length check (issue 18: "no function in core or cli is over about 80 lines"):
+# Function length check: no function in core/ or cli/ is over about 80 lines, so each reads top to bottom:
 #   function_length.sh [--max N] [--allow FILE] PATH...   (or --list: every function and its length)
 # Each PATH is a C++ file, or a folder whose *.cpp, *.h, *.cu files are read. Prints each function
 # whose body is more than N lines (default 80) as "file:line: name is L lines, over N", where line
