@@ -6,6 +6,7 @@
 #include <exception>
 #include <limits>
 
+#include "cache_factory.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "common.h"
@@ -126,8 +127,10 @@ int main(int argc, char** argv) {
     VerifyCommandOptions ver;
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
-    verify_cmd->add_option("variant", ver.variant,
-                           "a variant or mutant (see --list), or all, exact, approximate, mutants");
+    verify_cmd->add_option(
+        "variant", ver.variant,
+        "a cache variant (" + kvlab::variant_names(kvlab::all_variants()) +
+            "), a preset, scenario or planted bug (see --list), or all, exact, approximate, mutants");
     verify_cmd->add_option("--cases", ver.cases, "generated cases per property")->check(CLI::Range(1, 1000000));
     verify_cmd->add_option("--seed", ver.seed, "RapidCheck seed: the same seed draws the same cases");
     verify_cmd->add_option("--device", ver.device,
@@ -135,7 +138,7 @@ int main(int argc, char** argv) {
                            "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "
                            "second's naive and cached decode must equal it");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
-    verify_cmd->add_flag("--list", ver.list, "list the variants and mutants");
+    verify_cmd->add_flag("--list", ver.list, "list the variants, their parameters, the scenarios and planted bugs");
 
     MemoryOptions mem;
     auto* memory_cmd = app.add_subcommand(

@@ -300,17 +300,18 @@ TEST_CASE("kvlab speculate on stories260K: the target as draft accepts every dra
     CHECK(std::string(kvlab::test::kLlama2cExpected).rfind(text, 0) == 0);
 }
 
-TEST_CASE("kvlab verify: exact variants pass, the window differs past S + W, every mutant is caught", "[cli][verify]") {
+TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + window, every mutant is caught",
+          "[cli][verify]") {
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("mutants caught 12 of 12 (kill rate 100%)") != std::string::npos);
-    CHECK(r.out.find("bitwise equal while T <= S + W; differs beyond") != std::string::npos);
-    const Run j = run_kvlab("verify prefix --cases 20 --json");
+    CHECK(r.out.find("bitwise equal while T <= sinks + window; differs beyond") != std::string::npos);
+    const Run j = run_kvlab("verify prefix-shared --cases 20 --json");
     REQUIRE(j.exit_code == 0);
     const auto json = nlohmann::json::parse(j.out);
     CHECK(json["all_ok"] == true);
-    CHECK(json["rows"][0]["variant"] == "prefix");
+    CHECK(json["rows"][0]["variant"] == "prefix-shared");
     CHECK(json["rows"][0]["cases"] == 20);
     // One mutant alone: caught, so its row is as promised.
     CHECK(run_kvlab("verify cow-no-copy --cases 20").exit_code == 0);
