@@ -109,11 +109,15 @@ int main(int argc, char** argv) {
     bench_cmd->add_option("--device", bench.device,
                           "cpu (default), or gpu / gpu-host: per-step microseconds of cached decode with and without "
                           "graph replay, naive decode, prefill, and bytes read per step (default T = 64,256,1024)");
-    bench_cmd->add_option("--block-size", bench.block_size, "positions per block of the paged variant (default 16)")
+    bench_cmd
+        ->add_option("--block-size", bench.block_size,
+                     "positions per block, for " + kvlab::variant_names(kvlab::variants_with("block_size")) +
+                         " (default min(16, max_seq))")
         ->check(CLI::Range(1, 1 << 24));
     bench_cmd
         ->add_option("--group", bench.group,
-                     "quantization group of the quantized variants (divides head_size; default <= 16)")
+                     "quantization group, for " + kvlab::variant_names(kvlab::variants_with("group")) +
+                         " (divides head_size; default: its largest divisor up to 16)")
         ->check(CLI::Range(1, 1 << 24));
     bench_cmd->add_flag("--json", bench.json, "machine-readable output");
 

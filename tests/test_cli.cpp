@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cache_factory.h"
 #include "checkpoint.h"
 #include "cli_util.h"
 #include "test_util.h"
@@ -204,10 +205,16 @@ TEST_CASE("kvlab bench on a tiny shape: all decoders bitwise equal", "[cli][benc
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j["all_bitwise_equal"] == true);
     CHECK(j["rows"].size() == 3);
-    // The variant table: every exact variant equal to the contiguous cache, bit for bit.
-    REQUIRE(j["variants"].size() == 7);
-    for (const auto& v : j["variants"])
+    // The variant table: a row per registry setting, in its order; every exact one equal to the
+    // contiguous cache, bit for bit.
+    const std::vector<kvlab::VariantSetting> settings = kvlab::variant_settings();
+    REQUIRE(j["variants"].size() == settings.size());
+    for (std::size_t i = 0; i < settings.size(); i++) {
+        const auto& v = j["variants"][i];
+        CHECK(v["variant"] == settings[i].name);
+        CHECK(v["exact"] == kvlab::is_exact(settings[i].variant));
         if (v["exact"] == true) CHECK(v["bitwise_equal_contiguous"] == true);
+    }
     // B shares 24 of its 32 tokens with A: whole blocks of 16 of them come from the cache.
     CHECK(j["prefix_cache"]["positions_not_recomputed"] == 16);
 }
