@@ -324,6 +324,36 @@ TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + wi
     CHECK(run_kvlab("verify cow-no-copy --cases 20").exit_code == 0);
 }
 
+// One vocabulary: every registry variant, and nothing else, by its registry name wherever the
+// CLI lists variants.
+TEST_CASE("kvlab verify --list, verify, bench and view --help list the registry's variants", "[cli][variants]") {
+    const Run list = run_kvlab("verify --list");
+    REQUIRE(list.exit_code == 0);
+    for (const kvlab::VariantInfo& v : kvlab::variant_table()) {
+        INFO(v.name);
+        CHECK(list.out.find("\n" + std::string(v.name) + ": " + std::string(v.summary)) != std::string::npos);
+        for (const kvlab::VariantParam& p : v.params)
+            CHECK(list.out.find(std::string(p.name) + ": " + std::string(p.meaning)) != std::string::npos);
+    }
+    for (const kvlab::VariantSetting& s : kvlab::variant_settings())
+        if (s.preset) CHECK(list.out.find("its row: " + s.name + "\n") != std::string::npos);
+    for (const char* scenario : {"\nfork ", "\nrollback ", "\nbatch ", "\nstale ", "\nspeculate ", "\ncow-no-copy "})
+        CHECK(list.out.find(scenario) != std::string::npos);
+    // The old name of prefix-shared is no row.
+    CHECK(list.out.find("\nprefix ") == std::string::npos);
+    CHECK(list.out.find("\nprefix:") == std::string::npos);
+    const Run verify = run_kvlab("verify --help");
+    CHECK(verify.out.find(kvlab::variant_names(kvlab::all_variants())) != std::string::npos);
+    const Run bench = run_kvlab("bench --help");
+    CHECK(bench.out.find(kvlab::variant_names(kvlab::variants_with("block_size"))) != std::string::npos);
+    // The viewer's list: the variants whose entry says what the viewer runs.
+    const Run view = run_kvlab("view --help");
+    if (view.exit_code == 0) {
+        CHECK(view.out.find(kvlab::variant_names(kvlab::viewer_variants())) != std::string::npos);
+    }
+    check_refused("verify prefix --cases 1", "unknown variant 'prefix'");
+}
+
 TEST_CASE("kvlab memory: Llama 2 7B at fp16 holds 512 KiB per token, 2 GiB at 4096", "[cli][memory]") {
     const Run r = run_kvlab("memory --json --model llama2-7b --precision fp16");
     REQUIRE(r.exit_code == 0);
