@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "approx_metrics.h"
@@ -36,7 +35,8 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) { r
 
 // One cache variant at context length T: decode step time relative to the contiguous cache.
 struct VariantRow {
-    std::string name;
+    std::string name;   // the registry's: the variant, or "<variant>-<preset>"
+    std::string cache;  // the cache's own description, with its parameters
     bool exact;
     double decode_s = 0;
     MemoryStats memory;
@@ -44,32 +44,34 @@ struct VariantRow {
     double max_abs = 0;  // otherwise: the largest logit error
 };
 
+// The table's rows: every setting in the registry (core/cache_factory.h), at its defaults or
+// preset, with --block-size and --group where the variant has that parameter. The yardstick,
+// contiguous-head, is the registry's first.
+std::vector<std::pair<VariantSetting, CacheSpec>> bench_specs(const Config& c, const BenchOptions& o) {
+    std::vector<std::pair<VariantSetting, CacheSpec>> out;
+    for (const VariantSetting& s : variant_settings()) {
+        CacheSpec spec = default_spec(s.variant, c);
+        const VariantInfo& info = variant_info(s.variant);
+        if (const VariantParam* p = find_param(info, "block_size")) p->set(spec, o.block_size);
+        if (const VariantParam* p = find_param(info, "group")) p->set(spec, o.group);
+        if (s.preset) apply_settings(spec, s.preset->settings);
+        out.emplace_back(s, spec);
+    }
+    return out;
+}
+
 // Decode one token at context length T on each variant, interleaved round by round so a noisy
 // neighbour slows them alike, each round starting at another variant; each sample is the mean
 // of `inner` steps (truncate, decode).
 std::vector<VariantRow> bench_variants(const Model& model, std::span<const int> tokens, const BenchOptions& o) {
     const Config& c = model.config();
     const int T = int(tokens.size()), reps = o.reps, threads = o.threads;
-    // The table's rows, in order; the first (contiguous, head-major) is the yardstick.
-    const Variant kinds[] = {Variant::contiguous_head, Variant::contiguous_seq, Variant::growing, Variant::paged,
-                             Variant::quantized,       Variant::quantized,      Variant::window};
-    std::vector<CacheSpec> specs(std::size(kinds));
-    for (std::size_t i = 0; i < specs.size(); i++) specs[i].variant = kinds[i];
-    specs[2].initial_capacity = 16;
-    specs[3].block_size = o.block_size;
-    specs[4].quant = QuantSpec{8, QuantSpec::Axis::per_channel, o.group};
-    specs[5].quant = QuantSpec{4, QuantSpec::Axis::per_channel, o.group};
-    specs[6].sinks = 4, specs[6].window = std::max(1, T / 2 - 4), specs[6].chunk = 8;
-    struct Entry {
-        CacheAndPool cp;
-        bool exact;
-        Cache& cache() const { return *cp.cache; }
-    };
-    std::vector<Entry> variants;
-    for (const CacheSpec& spec : specs) variants.push_back({make_cache(c, spec), is_exact(spec.variant)});
+    const auto specs = bench_specs(c, o);
+    std::vector<CacheAndPool> variants;
+    for (const auto& [setting, spec] : specs) variants.push_back(make_cache(c, spec));
     std::vector<std::unique_ptr<CachedDecoder>> decoders;
     for (auto& v : variants) {
-        decoders.push_back(std::make_unique<CachedDecoder>(model, v.cache(), threads));
+        decoders.push_back(std::make_unique<CachedDecoder>(model, *v.cache, threads));
         if (T > 1) decoders.back()->prefill(tokens.first(T - 1));
     }
     std::vector<std::vector<double>> samples(variants.size());
@@ -80,7 +82,7 @@ std::vector<VariantRow> bench_variants(const Model& model, std::span<const int> 
             const std::size_t i = (j + std::size_t(r)) % variants.size();  // no variant always goes first
             const auto t0 = std::chrono::steady_clock::now();
             for (int k = 0; k < inner; k++) {
-                variants[i].cache().truncate(T - 1);
+                variants[i].cache->truncate(T - 1);
                 logits[i] = decoders[i]->decode(tokens[T - 1]);
             }
             samples[i].push_back(seconds_since(t0) / inner);
@@ -88,9 +90,13 @@ std::vector<VariantRow> bench_variants(const Model& model, std::span<const int> 
     std::vector<VariantRow> rows;
     for (std::size_t i = 0; i < variants.size(); i++) {
         std::sort(samples[i].begin(), samples[i].end());
-        VariantRow row{variants[i].cache().name(),          variants[i].exact,
-                       samples[i][samples[i].size() / 2],   variants[i].cache().memory(),
-                       bitwise_equal(logits[i], logits[0]), 0};
+        VariantRow row{specs[i].first.name,
+                       variants[i].cache->name(),
+                       is_exact(specs[i].first.variant),
+                       samples[i][samples[i].size() / 2],
+                       variants[i].cache->memory(),
+                       bitwise_equal(logits[i], logits[0]),
+                       0};
         row.max_abs = compare_logits(logits[0], logits[i]).max_abs;
         rows.push_back(row);
     }
@@ -224,8 +230,7 @@ int run_bench(const BenchOptions& options) {
         if (T < 1 || T > c.max_seq)
             throw Error(fmt::format("--lengths: T = {} is outside [1, max_seq = {}]", T, c.max_seq));
     // Bad variant parameters are refused before anything runs (the constructors say why).
-    BlockPool(c, o.block_size, 1);
-    QuantizedCache(c, QuantSpec{8, QuantSpec::Axis::per_channel, o.group});
+    for (const auto& [setting, spec] : bench_specs(c, o)) (void)make_cache(c, spec);
     const Model model = random_model(c, o.seed);
     std::vector<int> tokens(lengths.back());
     SplitMix64 rng(o.seed + 1);
@@ -286,6 +291,7 @@ int run_bench(const BenchOptions& options) {
                                  {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive}});
         for (const auto& v : variants)
             j["variants"].push_back({{"variant", v.name},
+                                     {"cache", v.cache},
                                      {"T", T_var},
                                      {"decode_tokens_per_second", 1.0 / v.decode_s},
                                      {"relative_to_contiguous", variants[0].decode_s / v.decode_s},
@@ -320,14 +326,15 @@ int run_bench(const BenchOptions& options) {
             "naive tok/s: one full forward over T tokens, what naive decode pays per token.\n");
         fmt::print("\ncache variants, one decode step at T = {} (interleaved, median of {} x 8 steps):\n", T_var,
                    o.reps);
-        fmt::print("{:<52} {:>12} {:>14} {:>12} {:>12}  {}\n", "variant", "decode tok/s", "vs contiguous", "reserved",
-                   "used", "logits vs contiguous");
+        fmt::print("{:<20} {:>12} {:>14} {:>12} {:>12}  {:<34}  {}\n", "variant", "decode tok/s", "vs contiguous",
+                   "reserved", "used", "logits vs contiguous", "cache");
         for (const auto& v : variants)
-            fmt::print("{:<52} {:>12.1f} {:>13.2f}x {:>10.2f}MB {:>10.2f}MB  {}\n", v.name, 1.0 / v.decode_s,
+            fmt::print("{:<20} {:>12.1f} {:>13.2f}x {:>10.2f}MB {:>10.2f}MB  {:<34}  {}\n", v.name, 1.0 / v.decode_s,
                        variants[0].decode_s / v.decode_s, v.memory.reserved_bytes / 1e6, v.memory.used_bytes / 1e6,
                        v.equal   ? "bitwise equal"
                        : v.exact ? "DIFFER"
-                                 : fmt::format("approximate, max |dlogit| {:.3g}", v.max_abs));
+                                 : fmt::format("approximate, max |dlogit| {:.3g}", v.max_abs),
+                       v.cache);
         fmt::print(
             "\nprefix cache: a {}-token prompt sharing all but its last {} tokens with an earlier request\n"
             "  {} positions served from cached blocks, {} recomputed; prefill {:.2f} ms with the cache, {:.2f} ms "

@@ -6,6 +6,7 @@
 #include <exception>
 #include <limits>
 
+#include "cache_factory.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "common.h"
@@ -122,11 +123,15 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
     bench_cmd->add_option("--device", bench.device,
                           "cpu (default), or gpu / gpu-host: per-step microseconds of cached decode with and without "
                           "graph replay, naive decode, prefill, and bytes read per step (default T = 64,256,1024)");
-    bench_cmd->add_option("--block-size", bench.block_size, "positions per block of the paged variant (default 16)")
+    bench_cmd
+        ->add_option("--block-size", bench.block_size,
+                     "positions per block, for " + kvlab::variant_names(kvlab::variants_with("block_size")) +
+                         " (default min(16, max_seq))")
         ->check(CLI::Range(1, 1 << 24));
     bench_cmd
         ->add_option("--group", bench.group,
-                     "quantization group of the quantized variants (divides head_size; default <= 16)")
+                     "quantization group, for " + kvlab::variant_names(kvlab::variants_with("group")) +
+                         " (divides head_size; default: its largest divisor up to 16)")
         ->check(CLI::Range(1, 1 << 24));
     bench_cmd->add_flag("--json", bench.json, "machine-readable output");
     return bench_cmd;
@@ -144,8 +149,10 @@ CLI::App* add_export(CLI::App& app, ExportOptions& exp) {
 CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
-    verify_cmd->add_option("variant", ver.variant,
-                           "a variant or mutant (see --list), or all, exact, approximate, mutants");
+    verify_cmd->add_option(
+        "variant", ver.variant,
+        "a cache variant (" + kvlab::variant_names(kvlab::all_variants()) +
+            "), a preset, scenario or planted bug (see --list), or all, exact, approximate, mutants");
     verify_cmd->add_option("--cases", ver.cases, "generated cases per property")->check(CLI::Range(1, 1000000));
     verify_cmd->add_option("--seed", ver.seed, "RapidCheck seed: the same seed draws the same cases");
     verify_cmd->add_option("--device", ver.device,
@@ -153,7 +160,7 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
                            "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "
                            "second's naive and cached decode must equal it");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
-    verify_cmd->add_flag("--list", ver.list, "list the variants and mutants");
+    verify_cmd->add_flag("--list", ver.list, "list the variants, their parameters, the scenarios and planted bugs");
     return verify_cmd;
 }
 

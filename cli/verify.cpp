@@ -4,20 +4,43 @@
 #include "verify.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
+#include "cache_factory.h"
 #include "commands.h"
 #include "common.h"
 #include "device.h"
 
 namespace kvlab::cli {
 
-int run_verify(const VerifyCommandOptions& o) {
-    if (o.list) {
-        for (const std::string& name : verify_names()) fmt::print("{}\n", name);
-        return 0;
+namespace {
+
+// Every name `kvlab verify` takes: the groups, the registry's variants as describe() gives them
+// (parameters, presets), then the scenarios and planted bugs, one a line.
+int print_list() {
+    std::vector<std::string> groups;
+    std::vector<VerifyEntry> others;
+    for (VerifyEntry& e : verify_list()) {
+        if (e.kind == "group") groups.push_back(e.name);
+        if (e.kind != "group" && !e.registry) others.push_back(std::move(e));
     }
+    fmt::print(
+        "groups: {}\n\ncache variants (core/cache_factory.cpp's registry; a variant's name runs all its rows):\n",
+        fmt::join(groups, ", "));
+    for (const VariantInfo& v : variant_table()) fmt::print("{}", describe(v));
+    fmt::print("\nscenarios and planted bugs:\n");
+    std::size_t w_name = 0;
+    for (const VerifyEntry& e : others) w_name = std::max(w_name, e.name.size());
+    for (const VerifyEntry& e : others) fmt::print("{:<{}}  {:<6}  {}\n", e.name, w_name, e.kind, e.about);
+    return 0;
+}
+
+}  // namespace
+
+int run_verify(const VerifyCommandOptions& o) {
+    if (o.list) return print_list();
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<VerifyRow> rows = verify(o.variant, VerifyOptions{o.cases, o.seed, o.device});
     const double seconds = seconds_since(t0);

@@ -1,10 +1,10 @@
 // fuzz_decode: cached decode against naive decode on fuzzed small checkpoints (P1 and P2 of the
 // README, on weights nobody chose).
 //
-// Input: u8 cache variant (one of the exact ones: contiguous-head, contiguous-seq, growing, paged,
-// prefix-shared), u8 block size (1 + b % 8), u8 prompt length P (1 + b % 8), u8 decode steps D
-// (b % 8), P + D token bytes (each taken mod vocab_size), then a llama2.c checkpoint. Seeds: tiny
-// `kvlab export` checkpoints behind a few headers (fuzz/make_seeds.cpp).
+// Input: u8 cache variant (one of the registry's exact ones, core/cache_factory.h, at its defaults),
+// u8 block size (1 + b % 8, for the variants with one), u8 prompt length P (1 + b % 8), u8 decode
+// steps D (b % 8), P + D token bytes (each taken mod vocab_size), then a llama2.c checkpoint.
+// Seeds: tiny `kvlab export` checkpoints behind a few headers (fuzz/make_seeds.cpp).
 // Checks, after the prefill and after every decode step:
 //   - the cached decoder's logits equal naive decode of the whole sequence bit for bit;
 //   - they equal a second cached decoder fed one token at a time (prefill == stepwise decode).
@@ -33,9 +33,6 @@ using namespace kvlab;
 
 namespace {
 
-constexpr Variant kExact[] = {Variant::contiguous_head, Variant::contiguous_seq, Variant::growing, Variant::paged,
-                              Variant::prefix_shared};
-
 bool all_finite(const std::vector<float>& v) {
     return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
@@ -54,10 +51,10 @@ void expect_same(const std::vector<float>& want, const std::vector<float>& got, 
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     static fuzz::MemFile file("decode-model");
+    static const std::vector<Variant> exact = exact_variants();
     fuzz::Input in(data, size);
-    CacheSpec spec;
-    spec.variant = kExact[in.u8() % std::size(kExact)];
-    spec.block_size = 1 + in.u8() % 8;
+    const Variant variant = exact[in.u8() % exact.size()];
+    const int block_size = 1 + in.u8() % 8;
     const int P = 1 + in.u8() % 8, D = in.u8() % 8;
     std::vector<int> tokens(std::size_t(P + D));
     for (int& t : tokens) t = in.u8();
@@ -69,6 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (std::int64_t{c.max_seq} * c.head_size() > (std::int64_t{1} << 16) || c.max_seq < P) return 0;
         tokens.resize(std::size_t(std::min(P + D, c.max_seq)));
         for (int& t : tokens) t %= c.vocab_size;
+        CacheSpec spec = default_spec(variant, c);
+        if (const VariantParam* p = find_param(variant_info(variant), "block_size")) p->set(spec, block_size);
         spec.model_identity = m.w.fingerprint();
 
         NaiveDecoder naive(m, 1);

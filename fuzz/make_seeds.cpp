@@ -8,7 +8,7 @@
 //   tokenizer    small vocabularies with merges, and MODELS_DIR/tok512.bin when present, each with
 //                a few prompts, behind fuzz_tokenizer's header
 //   pool_script  the README's scripts and a few more, behind fuzz_pool_script's header
-//   options      one seed per parser of fuzz_options
+//   options      one seed per parser of fuzz_options, and one per cache variant in the registry
 // Each seed is one file, named by what it is.
 #include <bit>
 #include <cstdint>
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_factory.h"
 #include "checkpoint.h"
 #include "tokenizer.h"
 
@@ -185,16 +186,17 @@ int main(int argc, char** argv) {
     }
 
     // options: the parser's index, then its text (memory: its fixed fields first).
-    const std::vector<std::pair<int, std::string>> options = {
+    std::vector<std::pair<int, std::string>> options = {
         {0, "dim=64,n_layers=2"},
         {0, "dim=16,hidden_dim=32,n_layers=1,n_heads=4,n_kv_heads=2,vocab_size=32,max_seq=16"},
         {1, "-2147483648"},
         {2, "1,403,407"},
-        {3, "paged"},
         {4, "cpu,gpu-host"},
         {5, "bf16"},
         {5, "llama2-7b"},
     };
+    // Every variant's name, from the registry (so no list of them is kept here or in the dictionary).
+    for (const VariantInfo& v : variant_table()) options.emplace_back(3, std::string(v.name));
     k = 0;
     for (const auto& [which, text] : options)
         write(seeds / "options" / ("option-" + std::to_string(k++)), std::string(1, char(which)) + text);

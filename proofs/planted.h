@@ -63,7 +63,7 @@ inline constexpr std::array<MutantInfo, 12> kMutants{{
     {Mutant::gqa_modulo, "gqa-modulo", "GQA maps head h to h % n_kv_heads instead of h / group", "contiguous-head"},
     {Mutant::slot_wrong_block, "slot-wrong-block", "slot computed with block_size - 1", "paged"},
     {Mutant::stale_prefix, "stale-prefix", "a stale cache reused after a prompt edit", "stale"},
-    {Mutant::hash_ignores_model, "hash-ignores-model", "prefix hash ignores the model's identity", "prefix"},
+    {Mutant::hash_ignores_model, "hash-ignores-model", "prefix hash ignores the model's identity", "prefix-shared"},
     {Mutant::cow_no_copy, "cow-no-copy", "copy-on-write does not copy a shared partial block", "fork"},
     {Mutant::batch_mixes_blocks, "batch-mixes-blocks", "a batch reads another sequence's blocks", "batch"},
     {Mutant::rollback_keeps_length, "rollback-keeps-length", "rollback forgets to restore the length", "rollback"},

@@ -20,7 +20,6 @@
 #include "planted.h"
 #include "property.h"
 #include "speculative.h"
-#include "window_cache.h"
 
 namespace kvlab {
 
@@ -100,50 +99,99 @@ void expect_memory_consistent(const Cache& cache, const std::string& what) {
         fail(fmt::format("{}: used bytes {} at length {}", what, m.used_bytes, cache.length()));
 }
 
-// A cache of one of the exact single-sequence variants, its parameters drawn, with the planted
-// bug in its pool or wrapped around it.
+// A value of parameter p drawn from the registry's property values (given those drawn before).
+int draw_value(const VariantParam& p, const Config& c, const CacheSpec& spec) {
+    const std::vector<int> values = p.property(c, spec);
+    return values[draw(std::size_t{0}, values.size() - 1)];
+}
+
+// Whether a preset's settings ("bits=8,key_axis=1") fix parameter `name`.
+bool preset_sets(const VariantPreset* preset, std::string_view name) {
+    if (!preset) return false;
+    for (std::string_view rest = preset->settings; !rest.empty();) {
+        const std::size_t comma = std::min(rest.find(','), rest.size());
+        if (rest.substr(0, rest.substr(0, comma).find('=')) == name) return true;
+        rest.remove_prefix(std::min(comma + 1, rest.size()));
+    }
+    return false;
+}
+
+// A setting's spec with every parameter its preset leaves free drawn from the registry.
+CacheSpec draw_spec(const VariantSetting& s, const Config& c) {
+    CacheSpec spec = setting_spec(s, c);
+    for (const VariantParam& p : variant_info(s.variant).params)
+        if (!preset_sets(s.preset, p.name)) p.set(spec, draw_value(p, c, spec));
+    return spec;
+}
+
+// What a setting's property draws, from the registry: "block_size 1..max_seq, n_blocks ...".
+std::string drawn_text(const VariantSetting& s) {
+    std::string text;
+    for (const VariantParam& p : variant_info(s.variant).params)
+        if (!preset_sets(s.preset, p.name))
+            text += fmt::format("{}{} {}", text.empty() ? "" : ", ", p.name, p.property_text);
+    return text;
+}
+
+// A cache of a variant, its parameters drawn, with the planted bug in its pool or wrapped around it.
 struct CacheUnderTest {
+    CacheSpec spec;
     std::unique_ptr<BlockPool> pool;  // paged: declared first, so that it outlives the cache
     std::unique_ptr<Cache> cache;
     std::unique_ptr<Cache> wrapper;  // a planted cache wrapper around `cache`, or null
     Cache& operator*() { return wrapper ? *wrapper : *cache; }
     Cache* operator->() { return &**this; }
 };
-CacheUnderTest cache_under_test(std::string_view variant, const Config& c, Mutant mutant, Memory& memory) {
-    CacheSpec spec;
-    spec.variant = *parse_variant(variant);
+CacheUnderTest cache_under_test(const VariantSetting& s, const Config& c, Mutant mutant, Memory& memory) {
     CacheUnderTest u;
-    if (spec.variant == Variant::paged) {
-        const int bs = draw(1, c.max_seq);
-        u.pool = planted_pool(mutant, c, bs, (c.max_seq + bs - 1) / bs + draw(0, 2), false, memory);
-        u.cache = std::make_unique<PagedCache>(*u.pool);
-    } else {
-        if (spec.variant == Variant::growing) spec.initial_capacity = draw(1, c.max_seq);
-        u.cache = make_cache(c, spec, memory).cache;
-    }
+    u.spec = draw_spec(s, c);
+    const PoolMaker planted = [mutant](const Config& pc, int bs, int n, bool prefix_caching, Memory& m) {
+        return planted_pool(mutant, pc, bs, n, prefix_caching, m);
+    };
+    CacheAndPool cp = make_cache(c, u.spec, memory, planted);
+    u.pool = std::move(cp.pool);
+    u.cache = std::move(cp.cache);
     u.wrapper = planted_cache(mutant, *u.cache);
     return u;
 }
+CacheUnderTest cache_under_test(Variant v, const Config& c, Mutant mutant, Memory& memory) {
+    return cache_under_test(variant_settings(v).front(), c, mutant, memory);
+}
 
 // ----------------------------------------------------------------------------------------------
-// Exact variants
+// Any variant, from the registry
 
-// Prefill a prompt, decode the rest one token at a time; naive decode agrees at every step.
-void decode_property(std::string_view variant, const Devices& devices, Mutant mutant) {
+// Prefill a prompt, decode the rest one token at a time; naive decode agrees at every step where
+// the variant is exact (all of them for an exact one; with everywhere, beyond its regime too,
+// which an approximate variant must fail).
+void decode_property(const VariantSetting& s, const Devices& devices, Mutant mutant, bool everywhere = false) {
+    const VariantInfo& info = variant_info(s.variant);
     const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     Oracle oracle(m, devices, mutant);
-    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory());
+    CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory());
     const auto cached = oracle.cached(*u);
-    const std::string what = fmt::format("{}, {}, prompt {} of {}", u->name(), c.describe(), prompt, tokens.size());
+    const std::int64_t limit = info.exact ? c.max_seq : info.exact_up_to(u.spec);
+    const std::string what =
+        fmt::format("{}, {}, prompt {} of {}", describe(u.spec), c.describe(), prompt, tokens.size());
+    auto check = [&](int T, const std::vector<float>& logits) {
+        if (T > limit && !everywhere) return;
+        const std::vector<float>& ref = oracle.naive(std::span(tokens).first(T), what);
+        if (auto diff = first_difference(ref, logits); diff && info.exact)
+            fail(fmt::format("{}: logits differ from naive at T = {}, {}", what, T, *diff));
+        else if (diff)
+            fail(fmt::format("{}: first differs at T = {} = {} + {}, {}", what, T, info.exact_limit, T - limit, *diff));
+    };
     const std::span<const int> all(tokens);
-    oracle.expect_naive(all.first(prompt), cached->prefill(all.first(prompt)), what);
-    for (int T = prompt + 1; T <= int(tokens.size()); T++)
-        oracle.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
-    expect_memory_consistent(*u, what);
+    check(prompt, cached->prefill(all.first(prompt)));
+    for (int T = prompt + 1; T <= int(tokens.size()); T++) check(T, cached->decode(tokens[T - 1]));
+    if (info.exact) expect_memory_consistent(*u, what);
 }
+
+// ----------------------------------------------------------------------------------------------
+// Properties of their own: prefix-shared's later request, and the scenarios
 
 // Request A runs; request B shares a prefix with it (none, part, all of A, or a block multiple)
 // and maps A's cached blocks; a third request from another model never hits.
@@ -152,7 +200,8 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model ma = random_model(c, seed), mb = random_model(c, seed + 1);
     const std::uint64_t ida = ma.w.fingerprint(), idb = mb.w.fingerprint();
-    const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
+    const VariantParam& block_size = *find_param(variant_info(Variant::prefix_shared), "block_size");
+    const int bs = draw_value(block_size, c, {}), per_seq = (c.max_seq + bs - 1) / bs;
     Oracle oracle_a(ma, devices, mutant), oracle_b(mb, devices, mutant);
     // Room for all three: nothing is evicted here.
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 3 * per_seq, true, oracle_a.memory());
@@ -165,7 +214,7 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     b.insert(b.end(), suffix.begin(), suffix.end());
     const int prompt_b = draw(1, int(b.size()));
     const bool free_a = *rc::gen::arbitrary<bool>();
-    const std::string what = fmt::format("paged(block_size={},prefix), {}, A {} tokens, B shares {} of {} (prompt {})",
+    const std::string what = fmt::format("prefix-shared(block_size={}), {}, A {} tokens, B shares {} of {} (prompt {})",
                                          bs, c.describe(), la, k, b.size(), prompt_b);
 
     auto seq_a = std::make_unique<PagedCache>(*pool, ida, 0);
@@ -238,8 +287,8 @@ void fork_property(const Devices& devices, Mutant mutant) {
 // Decode, roll back any number of positions, decode other tokens, repeat; every step equals
 // naive decode of the tokens that were kept.
 void rollback_property(const Devices& devices, Mutant mutant) {
-    static const char* const kVariants[] = {"contiguous-head", "contiguous-seq", "growing", "paged"};
-    const std::string_view variant = kVariants[draw(0, 3)];
+    const std::vector<Variant> exact = exact_variants();
+    const Variant variant = exact[draw(std::size_t{0}, exact.size() - 1)];
     const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     Oracle oracle(m, devices, mutant);
@@ -247,7 +296,7 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     const auto cached = oracle.cached(*u);
     std::vector<int> kept;
     const int rounds = draw(1, 3);
-    std::string what = fmt::format("{}, {}", u->name(), c.describe());
+    std::string what = fmt::format("{}, {}", describe(u.spec), c.describe());
     for (int r = 0; r <= rounds; r++) {
         if (r > 0) {
             const int n = draw(0, int(kept.size()));
@@ -319,8 +368,8 @@ void stale_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_config(2, 2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     Oracle oracle(m, devices, mutant);
-    CacheUnderTest u =
-        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, oracle.memory());
+    CacheUnderTest u = cache_under_test(*rc::gen::arbitrary<bool>() ? Variant::contiguous_head : Variant::paged, c,
+                                        mutant, oracle.memory());
     const auto cached = oracle.cached(*u);
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
     const int i = draw(0, int(prompt.size()) - 1);
@@ -362,8 +411,8 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     const int P = int(prompt.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token needs no position
     Oracle oracle(target, devices, mutant);
-    CacheUnderTest u =
-        cache_under_test(*rc::gen::arbitrary<bool>() ? "contiguous-head" : "paged", c, mutant, oracle.memory());
+    CacheUnderTest u = cache_under_test(*rc::gen::arbitrary<bool>() ? Variant::contiguous_head : Variant::paged, c,
+                                        mutant, oracle.memory());
     const auto cached = oracle.cached(*u);
     // The draft runs on the tested device too: on the target's backend when it is the target.
     const std::unique_ptr<Backend> draft_backend = draft_model ? devices.make(devices.tested, *draft_model) : nullptr;
@@ -410,76 +459,57 @@ void speculate_property(const Devices& devices, Mutant mutant) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Approximate variants
+// The quantized variant: within a stated error bound
 
-// StreamingLLM: sinks S and window W. exact_regime_only compares only while T <= S + W.
-void window_property(const Devices& devices, bool exact_regime_only) {
-    const Config c = draw_config();
-    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const int sinks = draw(0, 3), window = draw(1, 4), chunk = draw(0, 3);
-    Oracle oracle(m, devices, Mutant::none);
-    WindowCache cache(c, sinks, window, chunk, oracle.memory());
-    CachedDecoder cached(oracle.backend(), cache);
-    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const int prompt = draw(1, int(tokens.size()));
-    const std::span<const int> all(tokens);
-    const std::string what = fmt::format("window S = {}, W = {} (chunk {}), {}", sinks, window, chunk, c.describe());
-    auto check = [&](int T, const std::vector<float>& logits) {
-        if (exact_regime_only && T > sinks + window) return;
-        const std::vector<float>& ref = oracle.naive(all.first(T), what);
-        if (auto diff = first_difference(ref, logits))
-            fail(fmt::format("{}: first differs at T = {} = S + W + {}, {}", what, T, T - sinks - window, *diff));
-    };
-    check(prompt, cached.prefill(all.first(prompt)));
-    for (int T = prompt + 1; T <= int(tokens.size()); T++) check(T, cached.decode(tokens[T - 1]));
-}
-
-struct QuantVariant {
-    const char* name;
+// The bounds we state and test, by bits: the largest |logit error|, and the largest
+// KL(exact || quantized) of the next-token distribution.
+struct QuantBound {
     int bits;
-    QuantSpec::Axis key_axis;
-    double max_abs_bound;  // largest |logit error| we state and test
-    double kl_bound;       // largest KL(exact || quantized) of the next-token distribution
+    double max_abs, kl;
 };
-const QuantVariant kQuantVariants[] = {
-    {"quant-int8-kivi", 8, QuantSpec::Axis::per_channel, 0.2, 1e-3},
-    {"quant-int8-token", 8, QuantSpec::Axis::per_token, 0.2, 1e-3},
-    {"quant-int4-kivi", 4, QuantSpec::Axis::per_channel, 2.5, 0.15},
-    {"quant-int4-token", 4, QuantSpec::Axis::per_token, 2.5, 0.15},
-};
+constexpr QuantBound kQuantBounds[] = {{8, 0.2, 1e-3}, {4, 2.5, 0.15}};
+
+const QuantBound& quant_bound(const CacheSpec& spec) {
+    for (const QuantBound& b : kQuantBounds)
+        if (b.bits == spec.quant.bits) return b;
+    throw Error(fmt::format("verify: no error bound stated for {}-bit codes", spec.quant.bits));
+}
 
 // The quantized cache quantizes on the host (quantized_cache.h): its rows run on the tested
 // device when that one's memory is the host's, else on the CPU.
 std::string quant_device(const Devices& devices) { return devices.tested == "gpu" ? "cpu" : devices.tested; }
 
-// Quantized decode against exact cached decode (which equals naive): with bound, the error
-// stays within it; without, the logits are required bitwise equal (and are not).
-void quant_property(const QuantVariant& v, const Devices& devices, bool bound, ErrorSummary* summary) {
-    // Error bounds only mean something for one family of models: random models of stories260K's
-    // shape (head_size 8), context up to 32. Tiny models of every shape are for exactness.
+// Error bounds only mean something for one family of models: random models of stories260K's
+// shape (head_size 8), context up to 32. Tiny models of every shape are for exactness.
+Config quant_config() {
     Config c = stories260k_shape();
     c.max_seq = 32;
+    return c;
+}
+
+// Quantized decode against exact cached decode (which equals naive): with bound, the error
+// stays within it; without, the logits are required bitwise equal (and are not).
+void quant_property(const VariantSetting& s, const Devices& devices, bool bound, ErrorSummary* summary) {
+    const Config c = quant_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    QuantSpec spec;
-    spec.bits = v.bits;
-    spec.key_axis = v.key_axis;
-    spec.group = *rc::gen::elementOf(std::vector<int>{2, 4, 8});
-    QuantizedCache cache(c, spec);
+    const CacheSpec spec = draw_spec(s, c);
+    const QuantBound& b = quant_bound(spec);
+    const CacheAndPool cp = make_cache(c, spec);
     const std::unique_ptr<Backend> backend = devices.make(quant_device(devices), m);
-    CachedDecoder exact(*backend), quant(*backend, cache);
+    CachedDecoder exact(*backend), quant(*backend, *cp.cache);
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
     const std::span<const int> all(tokens);
     auto check = [&](int T, const std::vector<float>& ref, const std::vector<float>& got) {
         const LogitError e = compare_logits(ref, got);
         if (summary) summary->add(e);
-        const std::string what = fmt::format("{}, {} tokens, prompt {}", cache.name(), tokens.size(), prompt);
+        const std::string what = fmt::format("{}, {} tokens, prompt {}", cp.cache->name(), tokens.size(), prompt);
         if (!bound) {
             if (auto diff = first_difference(ref, got))
                 fail(fmt::format("{}: first differs at T = {}, {}", what, T, *diff));
-        } else if (!(e.max_abs <= v.max_abs_bound && e.kl <= v.kl_bound)) {
+        } else if (!(e.max_abs <= b.max_abs && e.kl <= b.kl)) {
             fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
-                             e.max_abs, v.max_abs_bound, e.kl, v.kl_bound));
+                             e.max_abs, b.max_abs, e.kl, b.kl));
         }
     };
     check(prompt, exact.prefill(all.first(prompt)), quant.prefill(all.first(prompt)));
@@ -488,34 +518,58 @@ void quant_property(const QuantVariant& v, const Devices& devices, bool bound, E
 }
 
 // ----------------------------------------------------------------------------------------------
-// Running a property
+// The checks
 
 struct Check {
-    std::string name, kind, parameters;
+    std::string name, kind, parameters, about;
+    std::optional<VariantSetting> setting;             // a registry variant's row; none: a scenario
     std::function<void(const Devices&, Mutant)> body;  // exact checks: the property, with a mutant or none
 };
 
-const std::vector<Check>& exact_checks() {
-    static const std::vector<Check> checks = [] {
+// The registry's variants, a row per setting (variant_settings): decode_property over the
+// parameters the registry says to draw. Two have properties of their own: prefix-shared, whose
+// point is a later request mapping the first's blocks, and quantized, never exact but within a
+// stated bound (run_quant).
+Check variant_check(const VariantSetting& s) {
+    const VariantInfo& info = variant_info(s.variant);
+    Check check{s.name, info.exact ? "exact" : "approximate", drawn_text(s), std::string(info.summary), s, {}};
+    if (check.parameters.empty()) check.parameters = "prompt 1..T, then decode to T <= max_seq";
+    if (s.variant == Variant::prefix_shared) {
+        check.parameters += "; shared prefix none/part/all/k*block_size, other model";
+        check.body = prefix_property;
+    } else if (s.variant == Variant::quantized) {
+        check.parameters = fmt::format("stories260K shape, max_seq 32; {}", check.parameters);
+    } else {
+        check.body = [s](const Devices& d, Mutant m) { decode_property(s, d, m); };
+    }
+    if (s.preset) check.about = fmt::format("{}: {}", info.name, s.preset->about);
+    return check;
+}
+
+const std::vector<Check>& checks() {
+    static const std::vector<Check> all = [] {
         std::vector<Check> v;
-        const std::string decode = "prompt 1..T, then decode to T <= max_seq";
-        for (const char* name : {"contiguous-head", "contiguous-seq"})
-            v.push_back({name, "exact", decode,
-                         [name](const Devices& d, Mutant m) { decode_property(name, d, m); }});
-        v.push_back({"growing", "exact", "initial capacity 1..max_seq",
-                     [](const Devices& d, Mutant m) { decode_property("growing", d, m); }});
-        v.push_back({"paged", "exact", "block_size 1..max_seq, 0-2 spare blocks",
-                     [](const Devices& d, Mutant m) { decode_property("paged", d, m); }});
-        v.push_back({"prefix", "exact", "shared prefix none/part/all/k*block_size, other model", prefix_property});
-        v.push_back({"fork", "exact", "fork anywhere into 1-3 children, interleaved", fork_property});
-        v.push_back({"rollback", "exact", "4 layouts, 1-3 rollbacks of any length", rollback_property});
-        v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins", batch_property});
-        v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back", stale_property});
+        for (const VariantSetting& s : variant_settings())
+            if (is_exact(s.variant)) v.push_back(variant_check(s));
+        v.push_back({"fork", "exact", "paged: fork anywhere into 1-3 children, interleaved",
+                     "children share the parent's blocks; a shared partial block is copied on first write",
+                     std::nullopt, fork_property});
+        v.push_back({"rollback", "exact", "any exact variant, 1-3 rollbacks of any length",
+                     "decode, roll back any number of positions, decode other tokens", std::nullopt,
+                     rollback_property});
+        v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins",
+                     "sequences of different lengths stepped together over one pool", std::nullopt, batch_property});
+        v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
+                     "a cache continued with an edited prompt refuses; rolled back, it continues exactly", std::nullopt,
+                     stale_property});
         v.push_back({"speculate", "exact", "draft another model/shape/the target, k 1..4, contiguous-head or paged",
+                     "greedy speculative decoding emits plain greedy decode's tokens and logits", std::nullopt,
                      speculate_property});
+        for (const VariantSetting& s : variant_settings())
+            if (!is_exact(s.variant)) v.push_back(variant_check(s));
         return v;
     }();
-    return checks;
+    return all;
 }
 
 VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
@@ -526,8 +580,10 @@ VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o
 
 VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptions& o) {
     const std::string_view target = info.check;
-    const auto& checks = exact_checks();
-    const auto it = std::find_if(checks.begin(), checks.end(), [&](const Check& c) { return c.name == target; });
+    const auto& all = checks();
+    const auto it = std::find_if(all.begin(), all.end(), [&](const Check& c) { return c.name == target; });
+    if (it == all.end() || it->kind != "exact")
+        throw Error(fmt::format("verify: {}'s check '{}' is not an exact check", info.name, target));
     const PropertyOutcome r = check_property([&] { it->body(d, info.mutant); }, o.cases, o.seed);
     return {std::string(info.name),
             "mutant",
@@ -539,26 +595,33 @@ VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptio
             ""};
 }
 
-VerifyRow run_window(const Devices& d, const VerifyOptions& o) {
-    const PropertyOutcome inside = check_property([&] { window_property(d, true); }, o.cases, o.seed);
-    const PropertyOutcome everywhere = check_property([&] { window_property(d, false); }, o.cases, o.seed);
-    VerifyRow row{"window", "approximate", "sinks S 0-3, window W 1-4, chunk 0-3", inside.cases, "", false, "", ""};
+// Exact while T is inside the variant's regime, and shown to differ beyond it.
+VerifyRow run_regime(const Check& check, const Devices& d, const VerifyOptions& o) {
+    const VariantSetting& s = *check.setting;
+    const std::string_view limit = variant_info(s.variant).exact_limit;
+    const PropertyOutcome inside = check_property([&] { decode_property(s, d, Mutant::none); }, o.cases, o.seed);
+    const PropertyOutcome everywhere =
+        check_property([&] { decode_property(s, d, Mutant::none, true); }, o.cases, o.seed);
+    VerifyRow row{check.name, check.kind, check.parameters, inside.cases, "", false, "", ""};
     row.ok = inside.passed && !everywhere.passed;
-    row.result = !inside.passed      ? "FAILED inside T <= S + W"
-                 : everywhere.passed ? "never differed (expected to beyond S + W)"
-                                     : "bitwise equal while T <= S + W; differs beyond";
+    row.result = !inside.passed      ? fmt::format("FAILED inside T <= {}", limit)
+                 : everywhere.passed ? fmt::format("never differed (expected to beyond {})", limit)
+                                     : fmt::format("bitwise equal while T <= {}; differs beyond", limit);
     row.counterexample = inside.passed ? everywhere.counterexample : inside.counterexample;
     return row;
 }
 
-VerifyRow run_quant(const QuantVariant& v, const Devices& d, const VerifyOptions& o) {
+VerifyRow run_quant(const Check& check, const Devices& d, const VerifyOptions& o) {
+    const VariantSetting& s = *check.setting;
     ErrorSummary summary;
-    const PropertyOutcome within = check_property([&] { quant_property(v, d, true, &summary); }, o.cases, o.seed);
-    const PropertyOutcome equal = check_property([&] { quant_property(v, d, false, nullptr); }, o.cases, o.seed);
-    const std::string where = quant_device(d) == d.tested ? "" : fmt::format(" (on {}: quantizing is host-side)", quant_device(d));
-    VerifyRow row{v.name,
-                  "approximate",
-                  fmt::format("stories260K shape; |dlogit| <= {}, KL <= {}{}", v.max_abs_bound, v.kl_bound, where),
+    const PropertyOutcome within = check_property([&] { quant_property(s, d, true, &summary); }, o.cases, o.seed);
+    const PropertyOutcome equal = check_property([&] { quant_property(s, d, false, nullptr); }, o.cases, o.seed);
+    const QuantBound& b = quant_bound(setting_spec(s, quant_config()));
+    const std::string where =
+        quant_device(d) == d.tested ? "" : fmt::format(" (on {}: quantizing is host-side)", quant_device(d));
+    VerifyRow row{check.name,
+                  check.kind,
+                  fmt::format("{}; |dlogit| <= {}, KL <= {}{}", check.parameters, b.max_abs, b.kl, where),
                   within.cases,
                   "",
                   false,
@@ -572,14 +635,40 @@ VerifyRow run_quant(const QuantVariant& v, const Devices& d, const VerifyOptions
     return row;
 }
 
+VerifyRow run_check(const Check& check, const Devices& d, const VerifyOptions& o) {
+    if (check.kind == "exact") return run_exact(check, d, o);
+    return check.setting->variant == Variant::quantized ? run_quant(check, d, o) : run_regime(check, d, o);
+}
+
+// Whether `which` (a name verify() accepts) selects the check.
+bool selects(std::string_view which, const Check& c) {
+    return which == "all" || which == c.name || which == c.kind ||
+           (c.setting && which == to_string(c.setting->variant));
+}
+
 }  // namespace
 
+std::vector<VerifyEntry> verify_list() {
+    std::vector<VerifyEntry> list{{"all", "group", "every row below"},
+                                  {"exact", "group", "the exact rows"},
+                                  {"approximate", "group", "the approximate rows"},
+                                  {"mutants", "group", "every planted bug"}};
+    for (const VariantInfo& v : variant_table()) {
+        const std::string kind = v.exact ? "exact" : "approximate";
+        list.push_back({std::string(v.name), kind, fmt::format("{}; {}", v.summary, v.regime), true});
+        for (const VariantSetting& s : variant_settings(v.id))
+            if (s.preset) list.push_back({s.name, kind, std::string(s.preset->about), true});
+    }
+    for (const Check& c : checks())
+        if (!c.setting) list.push_back({c.name, c.kind, c.about});
+    for (const MutantInfo& m : kMutants)
+        list.push_back({std::string(m.name), "mutant", fmt::format("{} (caught by: {})", m.bug, m.check)});
+    return list;
+}
+
 std::vector<std::string> verify_names() {
-    std::vector<std::string> names{"all", "exact", "approximate", "mutants"};
-    for (const Check& c : exact_checks()) names.push_back(c.name);
-    names.push_back("window");
-    for (const QuantVariant& q : kQuantVariants) names.push_back(q.name);
-    for (const MutantInfo& m : kMutants) names.push_back(std::string(m.name));
+    std::vector<std::string> names;
+    for (const VerifyEntry& e : verify_list()) names.push_back(e.name);
     return names;
 }
 
@@ -595,15 +684,11 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
     Devices d{devices.front(), devices.back(), o.make_backend};
     if (!d.make) d.make = [](std::string_view device, const Model& m) { return make_backend(device, m); };
     if (const std::string why = d.tested == "gpu" ? gpu_unavailable() : ""; !why.empty()) throw Error(why);
-    const bool all = which == "all";
     std::vector<VerifyRow> rows;
-    for (const Check& c : exact_checks())
-        if (all || which == "exact" || which == c.name) rows.push_back(run_exact(c, d, o));
-    if (all || which == "approximate" || which == "window") rows.push_back(run_window(d, o));
-    for (const QuantVariant& q : kQuantVariants)
-        if (all || which == "approximate" || which == q.name) rows.push_back(run_quant(q, d, o));
+    for (const Check& c : checks())
+        if (selects(which, c)) rows.push_back(run_check(c, d, o));
     for (const MutantInfo& m : kMutants)
-        if (all || which == "mutants" || which == m.name) rows.push_back(run_mutant(m, d, o));
+        if (which == "all" || which == "mutants" || which == m.name) rows.push_back(run_mutant(m, d, o));
     return rows;
 }
 

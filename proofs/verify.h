@@ -6,13 +6,18 @@
 // described in one line. The same checks run with each planted bug (planted.h) put in from the
 // outside: every one must be caught.
 //
+// The variants and what they promise come from the registry (core/cache_factory.h): a row per
+// variant, or per preset (`quantized-int8-kivi`), its parameters drawn from the ranges the
+// registry gives. Scenarios that are no single variant (fork, rollback, batch, stale,
+// speculate) are the suite's own.
+//
 //   exact        must be bitwise equal at every step
-//   approximate  bitwise equal inside their exact regime (a window while T <= S + W) and shown
-//                to differ outside it; quantized caches within a stated error bound
+//   approximate  bitwise equal inside their exact regime (a window while T <= sinks + window)
+//                and shown to differ outside it; quantized caches within a stated error bound
 //   mutant       a correct check run on a planted bug: it must fail
 //
-// `kvlab verify` prints these rows; tests/test_verify.cpp asserts them. To verify a variant of
-// your own, see "Verifying a cache variant of your own" in the README.
+// `kvlab verify` prints these rows; tests/test_verify.cpp asserts them. To add a variant, see
+// "Adding a cache variant" in the README.
 #pragma once
 
 #include <cstdint>
@@ -39,19 +44,26 @@ struct VerifyOptions {
 };
 
 struct VerifyRow {
-    std::string name;            // the variant, or the mutant
+    std::string name;            // the variant (or preset), the scenario, or the mutant
     std::string kind;            // "exact", "approximate" or "mutant"
     std::string parameters;      // what the generator ranges over
     int cases = 0;               // cases run (a failing property stops at its first failure)
-    std::string result;          // "bitwise equal", "differs outside T <= S + W", "caught", ...
+    std::string result;          // "bitwise equal", "bitwise equal while T <= sinks + window; differs beyond", ...
     bool ok = false;             // the result is the one the variant promises
     std::string counterexample;  // the shrunk failing case, in one line ("" when none)
     std::string figures;         // measured figures (quantized error), "" when none
 };
 
-// The names verify() accepts: every variant and every mutant, plus "all", "exact",
-// "approximate" and "mutants".
-std::vector<std::string> verify_names();
+// A name verify() accepts: a group ("all", "exact", "approximate", "mutants"), a registry variant
+// (its rows), a preset's or a scenario's row, or a planted bug.
+struct VerifyEntry {
+    std::string name;
+    std::string kind;       // "group", "exact", "approximate" or "mutant"
+    std::string about;      // one line
+    bool registry = false;  // a registry variant or preset: describe() (cache_factory.h) says more
+};
+std::vector<VerifyEntry> verify_list();
+std::vector<std::string> verify_names();  // verify_list()'s names
 // Runs the named checks; throws Error for an unknown name.
 std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& options);
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cache_factory.h"
 #include "checkpoint.h"
 #include "cli_util.h"
 #include "test_util.h"
@@ -204,10 +205,16 @@ TEST_CASE("kvlab bench on a tiny shape: all decoders bitwise equal", "[cli][benc
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j["all_bitwise_equal"] == true);
     CHECK(j["rows"].size() == 3);
-    // The variant table: every exact variant equal to the contiguous cache, bit for bit.
-    REQUIRE(j["variants"].size() == 7);
-    for (const auto& v : j["variants"])
+    // The variant table: a row per registry setting, in its order; every exact one equal to the
+    // contiguous cache, bit for bit.
+    const std::vector<kvlab::VariantSetting> settings = kvlab::variant_settings();
+    REQUIRE(j["variants"].size() == settings.size());
+    for (std::size_t i = 0; i < settings.size(); i++) {
+        const auto& v = j["variants"][i];
+        CHECK(v["variant"] == settings[i].name);
+        CHECK(v["exact"] == kvlab::is_exact(settings[i].variant));
         if (v["exact"] == true) CHECK(v["bitwise_equal_contiguous"] == true);
+    }
     // B shares 24 of its 32 tokens with A: whole blocks of 16 of them come from the cache.
     CHECK(j["prefix_cache"]["positions_not_recomputed"] == 16);
 }
@@ -300,20 +307,51 @@ TEST_CASE("kvlab speculate on stories260K: the target as draft accepts every dra
     CHECK(std::string(kvlab::test::kLlama2cExpected).rfind(text, 0) == 0);
 }
 
-TEST_CASE("kvlab verify: exact variants pass, the window differs past S + W, every mutant is caught", "[cli][verify]") {
+TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + window, every mutant is caught",
+          "[cli][verify]") {
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("mutants caught 12 of 12 (kill rate 100%)") != std::string::npos);
-    CHECK(r.out.find("bitwise equal while T <= S + W; differs beyond") != std::string::npos);
-    const Run j = run_kvlab("verify prefix --cases 20 --json");
+    CHECK(r.out.find("bitwise equal while T <= sinks + window; differs beyond") != std::string::npos);
+    const Run j = run_kvlab("verify prefix-shared --cases 20 --json");
     REQUIRE(j.exit_code == 0);
     const auto json = nlohmann::json::parse(j.out);
     CHECK(json["all_ok"] == true);
-    CHECK(json["rows"][0]["variant"] == "prefix");
+    CHECK(json["rows"][0]["variant"] == "prefix-shared");
     CHECK(json["rows"][0]["cases"] == 20);
     // One mutant alone: caught, so its row is as promised.
     CHECK(run_kvlab("verify cow-no-copy --cases 20").exit_code == 0);
+}
+
+// One vocabulary: every registry variant, and nothing else, by its registry name wherever the
+// CLI lists variants.
+TEST_CASE("kvlab verify --list, verify, bench and view --help list the registry's variants", "[cli][variants]") {
+    const Run list = run_kvlab("verify --list");
+    REQUIRE(list.exit_code == 0);
+    for (const kvlab::VariantInfo& v : kvlab::variant_table()) {
+        INFO(v.name);
+        CHECK(list.out.find("\n" + std::string(v.name) + ": " + std::string(v.summary)) != std::string::npos);
+        for (const kvlab::VariantParam& p : v.params)
+            CHECK(list.out.find(std::string(p.name) + ": " + std::string(p.meaning)) != std::string::npos);
+    }
+    for (const kvlab::VariantSetting& s : kvlab::variant_settings())
+        if (s.preset) CHECK(list.out.find("its row: " + s.name + "\n") != std::string::npos);
+    for (const char* scenario : {"\nfork ", "\nrollback ", "\nbatch ", "\nstale ", "\nspeculate ", "\ncow-no-copy "})
+        CHECK(list.out.find(scenario) != std::string::npos);
+    // The old name of prefix-shared is no row.
+    CHECK(list.out.find("\nprefix ") == std::string::npos);
+    CHECK(list.out.find("\nprefix:") == std::string::npos);
+    const Run verify = run_kvlab("verify --help");
+    CHECK(verify.out.find(kvlab::variant_names(kvlab::all_variants())) != std::string::npos);
+    const Run bench = run_kvlab("bench --help");
+    CHECK(bench.out.find(kvlab::variant_names(kvlab::variants_with("block_size"))) != std::string::npos);
+    // The viewer's list: the variants whose entry says what the viewer runs.
+    const Run view = run_kvlab("view --help");
+    if (view.exit_code == 0) {
+        CHECK(view.out.find(kvlab::variant_names(kvlab::viewer_variants())) != std::string::npos);
+    }
+    check_refused("verify prefix --cases 1", "unknown variant 'prefix'");
 }
 
 TEST_CASE("kvlab memory: Llama 2 7B at fp16 holds 512 KiB per token, 2 GiB at 4096", "[cli][memory]") {

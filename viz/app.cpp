@@ -1,5 +1,6 @@
 #include "app.h"
 
+#include <fmt/format.h>
 #include <imgui.h>
 
 #include <algorithm>
@@ -20,6 +21,20 @@ float advanced(float cursor, float speed, float dt, int last) {
     if (std::isnan(cursor)) cursor = 0;
     const float next = cursor + speed * dt;
     return std::clamp(std::isnan(next) ? cursor : next, 0.0f, hi);
+}
+
+// The variant combo's help: each variant's registry summary and what the viewer runs with it.
+const std::string& variants_help() {
+    static const std::string help = [] {
+        std::string s;
+        for (Variant v : kVariants) {
+            const VariantInfo& info = variant_info(v);
+            s += fmt::format("{}{} ({}): {}. Here: {}.", s.empty() ? "" : "\n", info.name,
+                             info.exact ? "exact" : "approximate", info.summary, info.viewer);
+        }
+        return s;
+    }();
+    return help;
 }
 
 }  // namespace
@@ -157,21 +172,17 @@ void App::draw_controls() {
         "decode.");
 
     // The combo lists kVariants by their names; `variant` is an index into it.
-    const char* names[std::size(kVariants)];
+    std::vector<const char*> names(kVariants.size());
     int variant = 0;
     for (std::size_t i = 0; i < std::size(kVariants); i++) {
         names[i] = to_string(kVariants[i]).data();  // the names are string literals: NUL-terminated
         if (kVariants[i] == edited_.variant) variant = int(i);
     }
     ImGui::SetNextItemWidth(-80);
-    ImGui::Combo("variant", &variant, names, int(std::size(names)));
+    ImGui::Combo("variant", &variant, names.data(), int(names.size()));
     edited_.variant = kVariants[std::size_t(variant)];
     ImGui::SameLine();
-    help_marker(
-        "contiguous-head: one array per tensor reserved for max_seq.\npaged: blocks of block_size positions "
-        "from a pool, mapped by a block table.\nprefix-shared: request B reuses A's full prompt blocks; A "
-        "forks into C (copy-on-write).\nquantized: int8/int4 codes with a scale per group (approximate).\n"
-        "window: attention sinks plus the last W positions (approximate past sinks + W).");
+    help_marker(variants_help().c_str());
     switch (edited_.variant) {
         case Variant::paged:
         case Variant::prefix_shared:

@@ -22,15 +22,9 @@
 
 namespace kvlab::viz {
 
-// The variants the viewer runs (core/cache_factory.h names them):
-//   contiguous-head  one head-major array per tensor, reserved for max_seq
-//   paged            one sequence over a block pool
-//   prefix-shared    requests A and B with the same prompt over a pool with prefix caching (B maps
-//                    A's full blocks); A forks into C partway through decode (copy-on-write)
-//   quantized        int8 or int4 codes with per-group scales (approximate)
-//   window           attention sinks plus a sliding window (approximate beyond sinks + window)
-inline constexpr Variant kVariants[] = {Variant::contiguous_head, Variant::paged, Variant::prefix_shared,
-                                        Variant::quantized, Variant::window};
+// The variants the viewer runs, in the registry's order: those whose registry entry says what
+// the viewer runs with them (core/cache_factory.h: VariantInfo::viewer).
+inline const std::vector<Variant> kVariants = viewer_variants();
 
 // What a session runs; the controls edit a copy and restart the session with it.
 struct Settings {
