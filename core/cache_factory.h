@@ -5,7 +5,7 @@
 // property test draws from), its presets, whether the viewer runs it, and how to build it.
 // `kvlab bench` (its variant rows), `kvlab verify` (a row per variant and preset, `--list`),
 // `kvlab view` (its variant list and labels), fuzz/fuzz_decode.cpp (the exact ones) and the
-// README's variant table (tests/test_variants.cpp compares it) all read the table. Adding a
+// variant table of docs/variants.md (tests/test_variants.cpp compares it) all read the table. Adding a
 // variant is an enumerator in Variant plus an entry, and its Cache subclass.
 //
 // One vocabulary: the names below are the only ones, in every command, message and document.

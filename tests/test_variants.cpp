@@ -1,6 +1,6 @@
 // The cache variant registry (core/cache_factory.h): adding a variant is one entry plus its code.
 // Every entry builds for several shapes at its defaults and presets, is exact where it says, keeps
-// its parameters' stated bounds, has `kvlab verify` rows that pass, and has its row in the README's
+// its parameters' stated bounds, has `kvlab verify` rows that pass, and has its row in docs/variants.md's
 // variant table. Nothing here names a variant: a new entry is checked as soon as it is in the table.
 #include <fmt/format.h>
 
@@ -39,7 +39,7 @@ std::string read_file(const std::string& path) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// The README's variant table, generated from the registry and compared row by row.
+// The variant table of docs/variants.md, generated from the registry and compared row by row.
 
 std::string table_row(const VariantInfo& v) {
     std::string params;
@@ -227,15 +227,15 @@ TEST_CASE("every variant and preset has kvlab verify rows that keep its promise"
     }
 }
 
-TEST_CASE("the README's variant table is the registry's, row for row", "[variants][docs]") {
-    const std::string readme = read_file(KVLAB_SOURCE_DIR "/README.md");
+TEST_CASE("the variant table of docs/variants.md is the registry's, row for row", "[variants][docs]") {
+    const std::string readme = read_file(KVLAB_SOURCE_DIR "/docs/variants.md");
     const std::vector<std::string> problems = table_problems(readme);
     if (!problems.empty()) {
         // The whole table, unwrapped, to paste.
-        std::ofstream out("README-variant-table.md");
+        std::ofstream out("variant-table.md");
         out << kTableHeader << "\n|---|---|---|---|\n";
         for (const VariantInfo& v : variant_table()) out << table_row(v) << "\n";
-        UNSCOPED_INFO("the registry's table is in " << (std::filesystem::current_path() / "README-variant-table.md"));
+        UNSCOPED_INFO("the registry's table is in " << (std::filesystem::current_path() / "variant-table.md"));
     }
     for (const std::string& p : problems) UNSCOPED_INFO(p);
     CHECK(problems.empty());
