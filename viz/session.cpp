@@ -112,8 +112,7 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
 
     // A's cache (with its pool when paged), checked here so that bad settings fail before the
     // worker starts. Every event goes to one trace, split into steps as they are published.
-    CacheSpec spec;
-    spec.variant = s.variant;
+    CacheSpec spec = default_spec(s.variant, c);  // the registry's defaults; the viewer's settings below
     spec.model_identity = m.lm().model.w.fingerprint();
     switch (s.variant) {
         case Variant::paged:
