@@ -218,31 +218,27 @@ int run_bench_device(const BenchOptions& o) {
     return 0;
 }
 
-int run_bench(const BenchOptions& options) {
-    if (options.device != "cpu") return run_bench_device(options);
-    const Config c = shape_from_string(options.shape);
-    BenchOptions o = options;
-    if (o.block_size == 0) o.block_size = std::min(16, c.max_seq);
-    if (o.group == 0) o.group = default_quant_group(c);
+// The context lengths of --lengths, ascending, each within max_seq.
+std::vector<int> bench_lengths(const Config& c, const BenchOptions& o) {
     std::vector<int> lengths = parse_int_list("--lengths", o.lengths);
     std::sort(lengths.begin(), lengths.end());
     for (int T : lengths)
         if (T < 1 || T > c.max_seq)
             throw Error(fmt::format("--lengths: T = {} is outside [1, max_seq = {}]", T, c.max_seq));
-    // Bad variant parameters are refused before anything runs (the constructors say why).
-    for (const auto& [setting, spec] : bench_specs(c, o)) (void)make_cache(c, spec);
-    const Model model = random_model(c, o.seed);
-    std::vector<int> tokens(lengths.back());
-    SplitMix64 rng(o.seed + 1);
-    for (int& t : tokens) t = int(rng.next() % std::uint64_t(c.vocab_size));
+    return lengths;
+}
 
+// Per context length T: prefill of T tokens, one decode step at T (cached, llama2.c-style and
+// naive), and whether their logits agree bit for bit.
+std::vector<Row> bench_lengths_rows(const Model& model, std::span<const int> tokens, std::span<const int> lengths,
+                                    const BenchOptions& o) {
     CachedDecoder cached(model, o.threads);
     NaiveDecoder naive(model, o.threads);
     SequentialDotDecoder seqdot(model);  // one thread, as llama2.c's run.c
     std::vector<Row> rows;
     std::vector<float> lc, ls, ln;
     for (int T : lengths) {
-        const std::span<const int> prefix(tokens.data(), T);
+        const std::span<const int> prefix = tokens.first(std::size_t(T));
         Row r{T, 0, 0, 0, 0, false, false};
         r.prefill_s = median_seconds(o.reps, [&] {
             cached.reset();
@@ -265,85 +261,119 @@ int run_bench(const BenchOptions& options) {
         r.seqdot_eq_naive = bitwise_equal(ls, ln);
         rows.push_back(r);
     }
+    return rows;
+}
 
-    const int T_var = lengths.back();
-    const std::vector<VariantRow> variants = bench_variants(model, std::span<const int>(tokens).first(T_var), o);
-    const int suffix = std::min(32, std::max(1, T_var / 4));
-    const PrefixRow prefix = bench_prefix(model, std::span<const int>(tokens).first(T_var), suffix, o.reps, o.threads);
-
-    bool all_equal = prefix.equal;
-    for (const auto& r : rows) all_equal = all_equal && r.cached_eq_naive && r.seqdot_eq_naive;
-    for (const auto& v : variants) all_equal = all_equal && (v.equal || !v.exact);
-    if (o.json) {
-        nlohmann::json j;
-        j["shape"] = c.describe();
-        j["threads"] = o.threads;
-        j["reps"] = o.reps;
-        for (const auto& r : rows)
-            j["rows"].push_back({{"T", r.T},
-                                 {"prefill_tokens_per_second", r.T / r.prefill_s},
-                                 {"cached_decode_tokens_per_second", 1.0 / r.cached_s},
-                                 {"seqdot_decode_tokens_per_second", 1.0 / r.seqdot_s},
-                                 {"naive_decode_tokens_per_second", 1.0 / r.naive_s},
-                                 {"cached_vs_seqdot", r.seqdot_s / r.cached_s},
-                                 {"cached_vs_naive", r.naive_s / r.cached_s},
-                                 {"cached_bitwise_equal_naive", r.cached_eq_naive},
-                                 {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive}});
-        for (const auto& v : variants)
-            j["variants"].push_back({{"variant", v.name},
-                                     {"cache", v.cache},
-                                     {"T", T_var},
-                                     {"decode_tokens_per_second", 1.0 / v.decode_s},
-                                     {"relative_to_contiguous", variants[0].decode_s / v.decode_s},
-                                     {"exact", v.exact},
-                                     {"bitwise_equal_contiguous", v.equal},
-                                     {"max_abs_logit_error", v.max_abs},
-                                     {"reserved_bytes", v.memory.reserved_bytes},
-                                     {"used_bytes", v.memory.used_bytes}});
-        j["prefix_cache"] = {{"prompt", prefix.prompt},
-                             {"positions_not_recomputed", prefix.hit},
-                             {"prefill_seconds_with", prefix.with_s},
-                             {"prefill_seconds_without", prefix.without_s},
-                             {"bitwise_equal", prefix.equal}};
-        j["all_bitwise_equal"] = all_equal;
-        fmt::print("{}\n", j.dump(2));
-    } else {
-        fmt::print("kvlab bench: random model, {}\n", c.describe());
-        fmt::print(
-            "{} thread(s) for cached, naive and prefill; the llama2.c-style decoder runs on one; "
-            "median of {} runs each\n\n",
-            o.threads, o.reps);
-        fmt::print("{:>5} {:>14} {:>14} {:>14} {:>10} {:>14} {:>10}  {}\n", "T", "prefill tok/s", "cached tok/s",
-                   "seqdot tok/s", "vs seqdot", "naive tok/s", "vs naive", "logits at T");
-        for (const auto& r : rows)
-            fmt::print("{:>5} {:>14.1f} {:>14.1f} {:>14.1f} {:>9.1f}x {:>14.2f} {:>9.1f}x  {}\n", r.T,
-                       r.T / r.prefill_s, 1.0 / r.cached_s, 1.0 / r.seqdot_s, r.seqdot_s / r.cached_s, 1.0 / r.naive_s,
-                       r.naive_s / r.cached_s,
-                       r.cached_eq_naive && r.seqdot_eq_naive ? "cached = seqdot = naive, bitwise" : "DIFFER");
-        fmt::print(
-            "\ncached tok/s: one decode step at context length T (T-1 positions cached).\n"
-            "seqdot: llama2.c-style decode (weights [out][in], one sequential dot per output).\n"
-            "naive tok/s: one full forward over T tokens, what naive decode pays per token.\n");
-        fmt::print("\ncache variants, one decode step at T = {} (interleaved, median of {} x 8 steps):\n", T_var,
-                   o.reps);
-        fmt::print("{:<20} {:>12} {:>14} {:>12} {:>12}  {:<34}  {}\n", "variant", "decode tok/s", "vs contiguous",
-                   "reserved", "used", "logits vs contiguous", "cache");
-        for (const auto& v : variants)
-            fmt::print("{:<20} {:>12.1f} {:>13.2f}x {:>10.2f}MB {:>10.2f}MB  {:<34}  {}\n", v.name, 1.0 / v.decode_s,
-                       variants[0].decode_s / v.decode_s, v.memory.reserved_bytes / 1e6, v.memory.used_bytes / 1e6,
-                       v.equal   ? "bitwise equal"
-                       : v.exact ? "DIFFER"
-                                 : fmt::format("approximate, max |dlogit| {:.3g}", v.max_abs),
-                       v.cache);
-        fmt::print(
-            "\nprefix cache: a {}-token prompt sharing all but its last {} tokens with an earlier request\n"
-            "  {} positions served from cached blocks, {} recomputed; prefill {:.2f} ms with the cache, {:.2f} ms "
-            "without ({:.1f}x, {:.0f}% saved); logits {}\n",
-            prefix.prompt, suffix, prefix.hit, prefix.prompt - prefix.hit, prefix.with_s * 1e3, prefix.without_s * 1e3,
-            prefix.without_s / prefix.with_s, 100.0 * (1.0 - prefix.with_s / prefix.without_s),
-            prefix.equal ? "bitwise equal" : "DIFFER");
+// Everything one bench run measured.
+struct BenchResult {
+    std::vector<Row> rows;
+    std::vector<VariantRow> variants;  // at T_var, the longest length
+    PrefixRow prefix;
+    int T_var = 0, suffix = 0;
+    bool all_equal() const {
+        bool eq = prefix.equal;
+        for (const auto& r : rows) eq = eq && r.cached_eq_naive && r.seqdot_eq_naive;
+        for (const auto& v : variants) eq = eq && (v.equal || !v.exact);
+        return eq;
     }
-    if (!all_equal) {
+};
+
+void print_bench_json(const Config& c, const BenchOptions& o, const BenchResult& b) {
+    nlohmann::json j;
+    j["shape"] = c.describe();
+    j["threads"] = o.threads;
+    j["reps"] = o.reps;
+    for (const auto& r : b.rows)
+        j["rows"].push_back({{"T", r.T},
+                             {"prefill_tokens_per_second", r.T / r.prefill_s},
+                             {"cached_decode_tokens_per_second", 1.0 / r.cached_s},
+                             {"seqdot_decode_tokens_per_second", 1.0 / r.seqdot_s},
+                             {"naive_decode_tokens_per_second", 1.0 / r.naive_s},
+                             {"cached_vs_seqdot", r.seqdot_s / r.cached_s},
+                             {"cached_vs_naive", r.naive_s / r.cached_s},
+                             {"cached_bitwise_equal_naive", r.cached_eq_naive},
+                             {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive}});
+    for (const auto& v : b.variants)
+        j["variants"].push_back({{"variant", v.name},
+                                 {"cache", v.cache},
+                                 {"T", b.T_var},
+                                 {"decode_tokens_per_second", 1.0 / v.decode_s},
+                                 {"relative_to_contiguous", b.variants[0].decode_s / v.decode_s},
+                                 {"exact", v.exact},
+                                 {"bitwise_equal_contiguous", v.equal},
+                                 {"max_abs_logit_error", v.max_abs},
+                                 {"reserved_bytes", v.memory.reserved_bytes},
+                                 {"used_bytes", v.memory.used_bytes}});
+    j["prefix_cache"] = {{"prompt", b.prefix.prompt},
+                         {"positions_not_recomputed", b.prefix.hit},
+                         {"prefill_seconds_with", b.prefix.with_s},
+                         {"prefill_seconds_without", b.prefix.without_s},
+                         {"bitwise_equal", b.prefix.equal}};
+    j["all_bitwise_equal"] = b.all_equal();
+    fmt::print("{}\n", j.dump(2));
+}
+
+void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult& b) {
+    fmt::print("kvlab bench: random model, {}\n", c.describe());
+    fmt::print(
+        "{} thread(s) for cached, naive and prefill; the llama2.c-style decoder runs on one; "
+        "median of {} runs each\n\n",
+        o.threads, o.reps);
+    fmt::print("{:>5} {:>14} {:>14} {:>14} {:>10} {:>14} {:>10}  {}\n", "T", "prefill tok/s", "cached tok/s",
+               "seqdot tok/s", "vs seqdot", "naive tok/s", "vs naive", "logits at T");
+    for (const auto& r : b.rows)
+        fmt::print("{:>5} {:>14.1f} {:>14.1f} {:>14.1f} {:>9.1f}x {:>14.2f} {:>9.1f}x  {}\n", r.T, r.T / r.prefill_s,
+                   1.0 / r.cached_s, 1.0 / r.seqdot_s, r.seqdot_s / r.cached_s, 1.0 / r.naive_s, r.naive_s / r.cached_s,
+                   r.cached_eq_naive && r.seqdot_eq_naive ? "cached = seqdot = naive, bitwise" : "DIFFER");
+    fmt::print(
+        "\ncached tok/s: one decode step at context length T (T-1 positions cached).\n"
+        "seqdot: llama2.c-style decode (weights [out][in], one sequential dot per output).\n"
+        "naive tok/s: one full forward over T tokens, what naive decode pays per token.\n");
+    fmt::print("\ncache variants, one decode step at T = {} (interleaved, median of {} x 8 steps):\n", b.T_var, o.reps);
+    fmt::print("{:<20} {:>12} {:>14} {:>12} {:>12}  {:<34}  {}\n", "variant", "decode tok/s", "vs contiguous",
+               "reserved", "used", "logits vs contiguous", "cache");
+    for (const auto& v : b.variants)
+        fmt::print("{:<20} {:>12.1f} {:>13.2f}x {:>10.2f}MB {:>10.2f}MB  {:<34}  {}\n", v.name, 1.0 / v.decode_s,
+                   b.variants[0].decode_s / v.decode_s, v.memory.reserved_bytes / 1e6, v.memory.used_bytes / 1e6,
+                   v.equal   ? "bitwise equal"
+                   : v.exact ? "DIFFER"
+                             : fmt::format("approximate, max |dlogit| {:.3g}", v.max_abs),
+                   v.cache);
+    const PrefixRow& p = b.prefix;
+    fmt::print(
+        "\nprefix cache: a {}-token prompt sharing all but its last {} tokens with an earlier request\n"
+        "  {} positions served from cached blocks, {} recomputed; prefill {:.2f} ms with the cache, {:.2f} ms "
+        "without ({:.1f}x, {:.0f}% saved); logits {}\n",
+        p.prompt, b.suffix, p.hit, p.prompt - p.hit, p.with_s * 1e3, p.without_s * 1e3, p.without_s / p.with_s,
+        100.0 * (1.0 - p.with_s / p.without_s), p.equal ? "bitwise equal" : "DIFFER");
+}
+
+int run_bench(const BenchOptions& options) {
+    if (options.device != "cpu") return run_bench_device(options);
+    const Config c = shape_from_string(options.shape);
+    BenchOptions o = options;
+    if (o.block_size == 0) o.block_size = std::min(16, c.max_seq);
+    if (o.group == 0) o.group = default_quant_group(c);
+    const std::vector<int> lengths = bench_lengths(c, o);
+    // Bad variant parameters are refused before anything runs (the constructors say why).
+    for (const auto& [setting, spec] : bench_specs(c, o)) (void)make_cache(c, spec);
+    const Model model = random_model(c, o.seed);
+    std::vector<int> tokens(lengths.back());
+    SplitMix64 rng(o.seed + 1);
+    for (int& t : tokens) t = int(rng.next() % std::uint64_t(c.vocab_size));
+
+    BenchResult b;
+    b.rows = bench_lengths_rows(model, tokens, lengths, o);
+    b.T_var = lengths.back();
+    const std::span<const int> longest = std::span<const int>(tokens).first(std::size_t(b.T_var));
+    b.variants = bench_variants(model, longest, o);
+    b.suffix = std::min(32, std::max(1, b.T_var / 4));
+    b.prefix = bench_prefix(model, longest, b.suffix, o.reps, o.threads);
+    if (o.json)
+        print_bench_json(c, o, b);
+    else
+        print_bench_text(c, o, b);
+    if (!b.all_equal()) {
         fmt::print(stderr, "kvlab: error: the decoders' logits are not bitwise equal\n");
         return 1;
     }
