@@ -290,8 +290,9 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
     // it was before the step: host bookkeeping never runs ahead of the rows.
     try {
         // A backend that captures steps as graphs replays them with the same arguments: slot
-        // lists are then sized for the longest sequence, and the probe (a download per layer) is off.
-        const bool capture = backend_->capturing() && !probe;
+        // lists are then sized for the longest sequence. A watched step (a download per layer) is
+        // not captured.
+        const bool capture = backend_->capturing() && !observer;
         StepPlan plan = plan_step(c, caches, tokens, start, all_rows_, capture ? c.max_seq : 1);
         if (transform) transform(plan);
         return execute(plan);
@@ -356,7 +357,7 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
     const Config& c = b.config();
     p.check(c);
     const int n = p.rows(), n_out = int(p.out_rows.size()), dim = c.dim;
-    const bool capture = b.capturing() && !probe;
+    const bool capture = b.capturing() && !observer;
     upload(tokens_, memory, std::span<const int>(p.tokens));
     upload(positions_, memory, std::span<const int>(p.positions));
     upload(kv_, memory, std::span<const RowKV>(p.kv));
@@ -366,13 +367,9 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
     ensure(out_x_, memory, std::int64_t(n_out) * dim);
     ensure(normed_, memory, std::int64_t(n_out) * dim);
     ensure(logits_dev_, memory, std::int64_t(n_out) * c.vocab_size);
-    // The probe watches the first sequence's last row.
-    const int probe_row = probe ? p.seqs[0].first_row + p.seqs[0].n_rows - 1 : -1;
-    if (probe) {
-        ensure(probe_dev_, memory, std::int64_t(c.n_heads) * p.max_n);
-        probe->weights.assign(std::size_t(c.n_layers) * c.n_heads * c.max_seq, 0.0f);  // [n_layers, n_heads, max_seq]
-        probe->n = p.kv[std::size_t(probe_row)].n;
-    }
+    const int watched = observer ? observer->watch(p) : -1;  // the row whose weights the observer sees
+    assert(watched < n);
+    if (watched >= 0) ensure(probe_dev_, memory, std::int64_t(c.n_heads) * p.max_n);
     // Layer l's rows are in storage: each cache's hook (host bookkeeping: quantize, publish).
     auto stored = [&](int l) {
         for (const StepPlan::Sequence& seq : p.seqs)
@@ -387,8 +384,8 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
             b.store_kv(exec, kv_.data(), n, l, act_.k.data(), act_.v.data());
             if (!capture) stored(l);
             b.attention(exec, act_.att.data(), act_.q.data(), kv_.data(), n, l, slots_.data(), p.max_n, kv_head_.data(),
-                        probe_row, probe ? probe_dev_.data() : nullptr);
-            if (probe) probe_layer(l, p.max_n);
+                        watched, watched >= 0 ? probe_dev_.data() : nullptr);
+            if (watched >= 0) observe_layer(l, p.max_n, p.kv[std::size_t(watched)].n);
             attention_output_and_ffn(b, exec, l, act_);
         }
         // logits[o] = rmsnorm(x[out_rows[o]]) · wcls, every output row in one product.
@@ -418,12 +415,31 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
     return logits_;
 }
 
-void CachedDecoder::probe_layer(int l, int max_n) {
-    const Config& c = backend_->config();
-    for (int h = 0; h < c.n_heads; h++)
-        backend_->memory().download(probe->weights.data() + (std::size_t(l) * c.n_heads + h) * c.max_seq,
-                                    probe_dev_.data() + std::int64_t(h) * max_n,
-                                    std::int64_t(sizeof(float)) * probe->n);
+void CachedDecoder::observe_layer(int l, int max_n, int n) {
+    const int n_heads = backend_->config().n_heads;
+    probe_host_.resize(std::size_t(n_heads) * n);  // [n_heads, n]
+    for (int h = 0; h < n_heads; h++)
+        backend_->memory().download(probe_host_.data() + std::size_t(h) * n,
+                                    probe_dev_.data() + std::int64_t(h) * max_n, std::int64_t(sizeof(float)) * n);
+    observer->attention_weights(l, n, probe_host_);
+}
+
+int AttentionProbe::watch(const StepPlan& plan) {
+    // The model's n_heads is the head map's length; n_layers and max_seq are the cache's (the
+    // decoder checked they are the model's).
+    const Config& c = plan.seqs.at(0).cache->config();
+    const int row = plan.seqs[0].first_row + plan.seqs[0].n_rows - 1;
+    n_heads_ = int(plan.kv_head.size()), max_seq_ = c.max_seq;
+    n = plan.kv[std::size_t(row)].n;
+    weights.assign(std::size_t(c.n_layers) * n_heads_ * max_seq_, 0.0f);  // [n_layers, n_heads, max_seq]
+    return row;
+}
+
+void AttentionProbe::attention_weights(int l, int count, std::span<const float> w) {
+    assert(count == n && w.size() == std::size_t(n_heads_) * count);  // [n_heads, n]
+    for (int h = 0; h < n_heads_; h++)
+        std::copy_n(w.data() + std::size_t(h) * count, count,
+                    weights.data() + (std::size_t(l) * n_heads_ + h) * std::size_t(max_seq_));
 }
 
 }  // namespace kvlab

@@ -80,6 +80,30 @@ struct StepPlan {
 StepPlan plan_step(const Config& c, std::span<Cache* const> caches, std::span<const std::vector<int>> tokens,
                    std::span<const int> start, bool all_rows, int min_n = 1);
 
+// Watches cached steps from outside the decoder: after each layer's attention, the softmax
+// weights of one row of the step. Watching changes no logit (the weights are copied after the
+// kernel is done with them); a watched step is not captured as a graph.
+class StepObserver {
+public:
+    virtual ~StepObserver() = default;
+    // The row of `plan` to watch, or -1 for none.
+    virtual int watch(const StepPlan& plan) = 0;
+    // Layer l's weights of the watched row: [n_heads, n], head h's n weights from h * n.
+    virtual void attention_weights(int l, int n, std::span<const float> weights) = 0;
+};
+
+// The viewer's observer: the weights of the first sequence's last row, every layer.
+class AttentionProbe final : public StepObserver {
+public:
+    int n = 0;                   // positions that row attended
+    std::vector<float> weights;  // [n_layers, n_heads, max_seq]: the first n of each run are set
+    int watch(const StepPlan& plan) override;
+    void attention_weights(int l, int n, std::span<const float> w) override;
+
+private:
+    int n_heads_ = 0, max_seq_ = 0;
+};
+
 class NaiveDecoder {
 public:
     // Runs on `backend` (it must outlive the decoder).
@@ -154,14 +178,9 @@ public:
     // bugs this way (proofs/planted.h), from outside the decoder.
     std::function<void(StepPlan&)> transform;
 
-    // For the viewer: when set, each call copies the attention weights (softmax output) of the
-    // first sequence's last row here. Copying reads the scores after the kernel is done with
-    // them, so the logits are the same with or without a probe.
-    struct AttentionProbe {
-        int n = 0;                   // positions that row attended
-        std::vector<float> weights;  // [n_layers, n_heads, max_seq]: the first n of each run are set
-    };
-    AttentionProbe* probe = nullptr;
+    // Sees every step's attention weights when set (the viewer's AttentionProbe); must outlive
+    // the steps it watches.
+    StepObserver* observer = nullptr;
 
 private:
     void check_cache(const Cache& cache) const;
@@ -169,7 +188,8 @@ private:
     void run_chunks(std::span<const int> tokens, bool all_rows);
     // Runs a plan: the layer loop, then the logits of its out_rows ([n_out, vocab_size]).
     const std::vector<float>& execute(const StepPlan& plan);
-    void probe_layer(int l, int max_n);  // copies layer l's attention weights into *probe
+    // Hands layer l's weights of the watched row (n positions) to the observer.
+    void observe_layer(int l, int max_n, int n);
     std::unique_ptr<Backend> own_backend_;
     Backend* backend_;
     std::unique_ptr<Cache> own_cache_;  // the default cache, when none was given
@@ -184,7 +204,8 @@ private:
     Buffer<float> out_x_;              // [n_out, dim] the residual rows of out_rows
     Buffer<float> normed_;             // [n_out, dim]
     Buffer<float> logits_dev_;         // [n_out, vocab_size]
-    Buffer<float> probe_dev_;          // [n_heads, max_n]
+    Buffer<float> probe_dev_;          // [n_heads, max_n] the watched row's weights, on the backend
+    std::vector<float> probe_host_;    // [n_heads, n] the same, handed to the observer
     std::vector<float> logits_;        // [n_out, vocab_size]: each sequence's last row, or every row (all_rows_)
     std::vector<float> row_logits_;    // [tokens, vocab_size] prefill_rows' result, over its chunks
     bool all_rows_ = false;            // set by prefill_rows: classify every row of the step

@@ -66,7 +66,7 @@ public:
     // Every event of the pool and the sequences, in order; consumers slice it per call.
     const std::vector<CacheEvent>& events() const { return events_; }
     void clear_events() { events_.clear(); }
-    // The decoder every call runs on: its Exec counts FLOPs, its probe watches attention.
+    // The decoder every call runs on: its Exec counts FLOPs, its observer watches attention.
     CachedDecoder& decoder();
     int next_id() const { return next_id_; }
 

@@ -265,7 +265,9 @@ public:
     void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) override {
         tick(), cpu_.rope(ex, vec, rows, n_heads, positions);
     }
-    void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override { tick(), cpu_.silu_mul(ex, h1, h3, n); }
+    void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override {
+        tick(), cpu_.silu_mul(ex, h1, h3, n);
+    }
     void add(Exec& ex, float* x, const float* y, std::int64_t n) override { tick(), cpu_.add(ex, x, y, n); }
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
                           const int* kv_head) override {
@@ -303,7 +305,8 @@ TEST_CASE("a step that fails at any kernel call leaves every cache as it was, an
         NaiveDecoder naive(m);
         std::vector<int> ta = gen_tokens(c), tb = gen_tokens(c);
         RC_PRE(ta.size() >= 2 && tb.size() >= 2);
-        const std::size_t pa = *rc::gen::inRange<std::size_t>(1, ta.size()), pb = *rc::gen::inRange<std::size_t>(1, tb.size());
+        const std::size_t pa = *rc::gen::inRange<std::size_t>(1, ta.size()),
+                          pb = *rc::gen::inRange<std::size_t>(1, tb.size());
         Cache* const both[] = {&a, &b};
         const std::vector<std::vector<int>> first{{ta.begin(), ta.begin() + std::ptrdiff_t(pa)},
                                                   {tb.begin(), tb.begin() + std::ptrdiff_t(pb)}};
@@ -360,8 +363,8 @@ TEST_CASE("the viewer's attention probe changes no logit and copies the last row
         const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
         const Model m = random_model(c, seed);
         CachedDecoder plain(m), probed(m);
-        CachedDecoder::AttentionProbe probe;
-        probed.probe = &probe;
+        AttentionProbe probe;
+        probed.observer = &probe;
         for (int T = prompt_len; T <= int(tokens.size()); T++) {
             const std::span<const int> fresh = T == prompt_len ? std::span<const int>(tokens.data(), prompt_len)
                                                                : std::span<const int>(&tokens[T - 1], 1);
@@ -382,4 +385,64 @@ TEST_CASE("the viewer's attention probe changes no logit and copies the last row
             }
         }
     });
+}
+
+namespace {
+
+// An observer from outside core: watches one chosen row of each step and keeps what it saw.
+class WatchRow final : public StepObserver {
+public:
+    explicit WatchRow(int row) : row_(row) {}
+    int watch(const StepPlan& plan) override {
+        seen.clear();
+        attended = row_ < plan.rows() ? plan.kv[std::size_t(row_)].n : -1;
+        return row_ < plan.rows() ? row_ : -1;
+    }
+    void attention_weights(int l, int n, std::span<const float> w) override {
+        RC_ASSERT(n == attended);
+        seen.push_back({w.begin(), w.end()});
+        (void)l;
+    }
+    int attended = -1;
+    std::vector<std::vector<float>> seen;  // [n_layers][n_heads * n]
+
+private:
+    int row_;
+};
+
+}  // namespace
+
+// The observer property; `transform` (planted) edits the watched decoder's plans.
+void check_observer(const std::function<void(StepPlan&)>& transform) {
+    const auto [c, seed, tokens, prompt_len] = kvlab::test::gen_decode_case();
+    const Model m = random_model(c, seed);
+    const int row = *rc::gen::inRange(0, prompt_len);
+    CachedDecoder plain(m), watched(m);
+    WatchRow observer(row);
+    watched.observer = &observer;
+    watched.transform = transform;
+    const std::span<const int> prompt(tokens.data(), std::size_t(prompt_len));
+    RC_ASSERT(!first_difference(plain.prefill(prompt), watched.prefill(prompt)));
+    RC_ASSERT(observer.attended == row + 1);
+    RC_ASSERT(int(observer.seen.size()) == c.n_layers);
+    for (const std::vector<float>& layer : observer.seen)
+        for (int h = 0; h < c.n_heads; h++) {
+            double sum = 0;
+            for (int t = 0; t <= row; t++) sum += layer[std::size_t(h) * (row + 1) + t];
+            RC_ASSERT(std::abs(sum - 1.0) <= 1e-6 * (row + 1));
+        }
+}
+
+TEST_CASE("a step observer sees the row it watches, every layer, and changes no logit", "[probe]") {
+    rc::prop("row i of a prefill attends positions 0..i; its weights sum to 1", [] { check_observer(nullptr); });
+}
+
+TEST_CASE("step observer counter-test: a step whose rows all attend the first position only is caught",
+          "[probe][counter]") {
+    const auto first_only = [](StepPlan& p) {
+        for (RowKV& r : p.kv) r.n = 1;
+    };
+    const auto failure = kvlab::test::run_to_failure([&] { check_observer(first_only); });
+    REQUIRE(failure);
+    CHECK(failure->description.find("RC_ASSERT") != std::string::npos);
 }

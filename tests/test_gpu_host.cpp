@@ -113,8 +113,8 @@ void check_gpu_host_decode(Layout layout, MatmulFn planted = nullptr) {
     NaiveDecoder cpu_naive(cpu), host_naive(host);
     CachedDecoder cpu_cached(cpu, *cpu_cache.cache), host_cached(host, *host_cache.cache);
     // The probe (softmax weights of the last row) must agree too; it changes no logit.
-    CachedDecoder::AttentionProbe cpu_probe, host_probe;
-    if (layout == Layout::head_major) cpu_cached.probe = &cpu_probe, host_cached.probe = &host_probe;
+    AttentionProbe cpu_probe, host_probe;
+    if (layout == Layout::head_major) cpu_cached.observer = &cpu_probe, host_cached.observer = &host_probe;
     const int exact_until = layout == Layout::window ? k.sinks + k.window : c.max_seq;
     const std::string where = fmt::format("{} cache, {}, model seed {}", layout_name(layout), c.describe(), seed);
     for (int T = prompt_len; T <= int(tokens.size()); T++) {
@@ -131,7 +131,7 @@ void check_gpu_host_decode(Layout layout, MatmulFn planted = nullptr) {
         expect_equal(lhc, lcc, "gpu-host cached vs cpu cached");
         expect_equal(lhn, lcn, "gpu-host naive vs cpu naive");
         if (T <= exact_until) expect_equal(lhc, lhn, "gpu-host cached vs gpu-host naive");
-        if (cpu_cached.probe) {
+        if (cpu_cached.observer) {
             RC_ASSERT(host_probe.n == cpu_probe.n);
             expect_equal(host_probe.weights, cpu_probe.weights, "gpu-host probe vs cpu probe");
         }

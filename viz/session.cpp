@@ -74,7 +74,7 @@ struct Session::Impl {
     std::vector<Seq> seqs;                 // A, then B and C for prefix_shared
     std::optional<NaiveDecoder> naive;
     std::optional<NaiveDecoder> cpu_naive;  // the reference when the decoders run elsewhere
-    CachedDecoder::AttentionProbe probe;
+    AttentionProbe probe;
     std::vector<int> last_attended;  // A's latest row: what it attended and with which weights
     std::vector<float> last_weights;
 };
@@ -159,7 +159,7 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
         Memory& memory = m.backend->memory();
         m.engine.emplace(*m.backend, [c, spec, &memory](int) { return make_cache(c, spec, memory).cache; });
     }
-    m.engine->decoder().probe = &m.probe;
+    m.engine->decoder().observer = &m.probe;
     info_.exact = is_exact(s.variant);
     info_.total_steps = 1 + (s.variant == Variant::prefix_shared ? 1 : 0) + s.steps;
     info_.kv_bytes_per_token = kv_bytes(c, 1);
