@@ -68,7 +68,6 @@ public:
     void clear_events() { events_.clear(); }
     // The decoder every call runs on: its Exec counts FLOPs, its observer watches attention.
     CachedDecoder& decoder();
-    int next_id() const { return next_id_; }
 
 private:
     struct Seq {
