@@ -161,6 +161,9 @@ int main(int argc, char** argv) {
         write(seeds / "tokenizer" / ("small2-" + std::to_string(k)), tokenizer_seed(265, k % 2, true, text, small2));
         k++;
     }
+    // A vocabulary where BOS merges with the dummy prefix, as run.c lets it.
+    write(seeds / "tokenizer" / "bos-merges",
+          tokenizer_seed(262, true, false, "x", tokenizer_bytes(small_vocab({" ", "x", "\n<s>\n "}))));
     // Too small for byte fallback: encode must refuse, not index past the vocabulary.
     write(seeds / "tokenizer" / "tiny",
           tokenizer_seed(3, true, true, "xyz", tokenizer_bytes(small_vocab({})).substr(0, 4 + 3 * 8 + 5 + 5 + 6)));
