@@ -21,9 +21,15 @@
 // memory. Position t of a sequence is slot table[t / block_size] * (n_layers * n_kv_heads *
 // block_size) + t % block_size; the kernels read those slots, whatever the device.
 //
+// The pool is two parts: BlockPool holds the rows and does what a sequence asks; its BlockManager
+// keeps the books (who maps what, the free blocks, the prefix cache) and makes every decision.
+// A manager is a narrow interface of eleven calls, so another one (lab 8's) runs under the same
+// caches and sequence engine.
+//
 // kvlab <-> vLLM: refcount = ref_cnt, published = has a block_hash (vLLM's "cached"), cached
 // (unreferenced and published) = an eviction candidate in free_block_queue, BlockKey::hash =
-// hash_block_tokens (parent hash, token ids, extra keys: here the model's identity).
+// hash_block_tokens (parent hash, token ids, extra keys: here the model's identity),
+// BlockManager = vLLM's BlockPool, BlockPool = the KV cache tensors plus what a request asks.
 #pragma once
 
 #include <cstdint>
@@ -45,29 +51,79 @@ struct BlockKey {
     bool operator==(const BlockKey&) const = default;
 };
 
-// One block's bookkeeping, plain data (vLLM's KVCacheBlock). Its reference count is how many
-// holders it has; a holder is a sequence (the owner number BlockPool::join gave it) and how many
-// of the block's slots hold that sequence's rows. Slots past every holder's rows read NaN.
-struct Block {
-    struct Holder {
-        int owner = 0;
-        int rows = 0;
-    };
-    std::vector<Holder> holders;
-    bool published = false;       // in the prefix cache under `key` (vLLM: has a block_hash)
-    BlockKey key;                 // set while published
-    std::uint64_t last_used = 0;  // the pool's tick at the last allocate, retain or release (LRU)
-    int ref_cnt() const { return int(holders.size()); }
-    int max_rows() const;  // the most rows any holder holds (0 with none)
+// The bookkeeping of a pool's blocks 0..n_blocks-1 (vLLM's BlockPool, nano-vllm's BlockManager):
+// how many block tables map each block, which are free, the prefix cache and what it evicts.
+// BlockPool keeps the rows and asks its manager these questions and no others. Core's manager is
+// RefCountManager (below); lab 8's students write their own, and kvlab's engine runs on it.
+class BlockManager {
+public:
+    virtual ~BlockManager() = default;
+    virtual int n_blocks() const = 0;
+    // Blocks allocate() can hand out: free ones, and cached ones (published, mapped by nobody).
+    virtual int available() const = 0;
+    // A block mapped by one table: a free one, else a cached one evicted (`evicted` is then set,
+    // and the block is no longer published). Callers check available() first.
+    virtual int allocate(bool& evicted) = 0;
+    virtual void retain(int block) = 0;  // one more table maps it (a prefix hit, a fork)
+    // One table fewer maps it. Returns true when the block is free again: mapped by nobody and
+    // not published (a published one stays cached, for later prefix hits, until evicted).
+    virtual bool release(int block) = 0;
+    virtual int refcount(int block) const = 0;  // how many tables map it
+    virtual bool published(int block) const = 0;
+    // The prefix cache. A full block's hash covers its whole key: the parent's hash, its tokens
+    // and the model; so it names everything before it too.
+    virtual std::uint64_t hash(const BlockKey& key) const = 0;
+    virtual int lookup(const BlockKey& key) const = 0;         // the published block holding key, or -1
+    virtual void publish(int block, const BlockKey& key) = 0;  // nothing if key is published already
+    // Whether a write into `block` must go to a private copy first: another table maps it, or it
+    // is published (a prefix hit may map it).
+    virtual bool needs_copy(int block) const = 0;
 };
 
+// Core's manager: plain records, a free list, a hash index, and least recently used eviction.
+class RefCountManager final : public BlockManager {
+public:
+    // One block's bookkeeping (vLLM's KVCacheBlock).
+    struct Block {
+        int ref_cnt = 0;
+        bool published = false;       // in the prefix cache under `key` (vLLM: has a block_hash)
+        BlockKey key;                 // set while published
+        std::uint64_t last_used = 0;  // the tick of the last allocate, retain or release (LRU)
+    };
+    explicit RefCountManager(int n_blocks);
+
+    int n_blocks() const override { return int(blocks_.size()); }
+    int available() const override;
+    int allocate(bool& evicted) override;
+    void retain(int block) override;
+    bool release(int block) override;
+    int refcount(int block) const override { return at(block).ref_cnt; }
+    bool published(int block) const override { return at(block).published; }
+    std::uint64_t hash(const BlockKey& key) const override { return key.hash(); }
+    int lookup(const BlockKey& key) const override;
+    void publish(int block, const BlockKey& key) override;
+    bool needs_copy(int block) const override { return refcount(block) > 1 || published(block); }
+    const Block& at(int block) const { return blocks_[std::size_t(block)]; }
+
+private:
+    std::vector<Block> blocks_;                            // [n_blocks]
+    std::vector<int> free_;                                // free blocks, taken from the back
+    std::unordered_multimap<std::uint64_t, int> by_hash_;  // published blocks by key hash
+    std::uint64_t tick_ = 0;
+    void unpublish(int block);
+};
+
+// Blocks and their rows. The rows live in one KVStorage; which block is free, shared or cached
+// is its manager's to say. The pool itself remembers only which sequence holds how many rows of
+// each block, to poison (NaN) the rows nobody holds any more.
 class BlockPool {
 public:
-    using BlockKey = kvlab::BlockKey;  // the name lab 8 and older code use
+    using BlockKey = kvlab::BlockKey;
     // Blocks of block_size positions for models of config's shape (n_layers, n_kv_heads,
-    // head_size; max_seq bounds every sequence). prefix_caching publishes full blocks.
+    // head_size; max_seq bounds every sequence). prefix_caching publishes full blocks. Without a
+    // manager, the pool keeps its books with a RefCountManager.
     BlockPool(const Config& config, int block_size, int n_blocks, bool prefix_caching = false,
-              Memory& memory = host_memory());
+              Memory& memory = host_memory(), std::unique_ptr<BlockManager> manager = nullptr);
     BlockPool(const BlockPool&) = delete;
     BlockPool& operator=(const BlockPool&) = delete;
     // Sequences still alive are orphaned: each later use of one throws Error, destroying it is safe.
@@ -77,14 +133,14 @@ public:
     int block_size() const { return block_size_; }
     int n_blocks() const { return n_blocks_; }
     bool prefix_caching() const { return prefix_caching_; }
+    const BlockManager& manager() const { return *manager_; }
 
-    const Block& block(int b) const { return blocks_[std::size_t(b)]; }
-    int refcount(int b) const { return block(b).ref_cnt(); }
-    bool published(int b) const { return block(b).published; }
-    int n_free() const { return int(free_.size()); }  // on the free list
-    int n_cached() const;                             // unreferenced but published: reclaimable
-    int n_used() const;                               // in at least one block table
-    int available() const { return n_free() + n_cached(); }
+    int refcount(int b) const { return manager_->refcount(b); }
+    bool published(int b) const { return manager_->published(b); }
+    int n_free() const;    // mapped by nobody and not published
+    int n_cached() const;  // mapped by nobody but published: reclaimable
+    int n_used() const;    // in at least one block table
+    int available() const { return manager_->available(); }
     std::int64_t block_bytes() const { return kv_bytes(config_, block_size_); }
     // Writes that went into a block some other owner could read (shared, or published): the
     // invariant is that there are none.
@@ -104,9 +160,8 @@ public:
     // verification suite can plant a bug in one of them from outside (proofs/planted.h).
     // The slot of row s of a block (the storage row of layer 0, KV head 0).
     virtual std::int64_t slot(int block, int s) const { return first_slot(block) + s; }
-    // Whether a write into `block` must go to a private copy first: another owner can read it
-    // (it is shared, or published to the prefix cache).
-    virtual bool needs_copy(int block) const { return refcount(block) > 1 || published(block); }
+    // Whether a write into `block` must go to a private copy first (the manager's answer).
+    virtual bool needs_copy(int block) const { return manager_->needs_copy(block); }
     // The identity of a full block of `tokens` (block_size of them) after a block whose hash is
     // `parent` (0 for the first), computed by the model `model`.
     virtual BlockKey key(std::uint64_t parent, std::uint64_t model, std::span<const int> tokens) const;
@@ -122,21 +177,21 @@ public:
     int join() { return next_owner_++; }  // a new owner number
     // false once the pool is destroyed: its sequences hold this to know they are orphaned.
     std::shared_ptr<const bool> alive() const { return alive_; }
-    // A block for `owner`, holding 0 rows: from the free list, else the least recently used
-    // cached one is evicted. Throws Error when there is neither.
+    // A block for `owner`, holding 0 rows (the manager's choice; an evicted one is poisoned).
+    // Throws Error when the manager hands out a block some sequence still holds.
     int allocate(int owner, int seq);
     // `owner` maps `block` too (a prefix hit, a fork), holding `rows` of its slots.
     void retain(int block, int owner, int seq, int rows);
     // `owner` now holds `rows` of block's slots (it appended, or rolled back); slots no holder
     // holds any more read NaN, unless the block is published (a full block, kept for hits).
     void hold(int block, int owner, int rows);
-    // `owner` unmaps `block`. Without holders it stays cached if published, else is freed; with
-    // some, slots none of them holds read NaN (a sharer that rolled back inside the block left
-    // them alone while another could still read them).
+    // `owner` unmaps `block`. A block the manager frees reads NaN; with holders left, slots none
+    // of them holds read NaN (a sharer that rolled back inside the block left them alone while
+    // another could still read them).
     void release(int block, int owner, int seq);
-    int lookup(const BlockKey& key);  // the published block holding key, or -1
-    void publish(int block, BlockKey key);
-    void unpublish(int block);
+    std::uint64_t hash(const BlockKey& key) const { return manager_->hash(key); }
+    int lookup(const BlockKey& key) const { return manager_->lookup(key); }  // the published block, or -1
+    void publish(int block, const BlockKey& key) { manager_->publish(block, key); }
     void poison(int block, int from_slot);  // NaN in slots from_slot..block_size-1, every layer and head
     // The whole of block `from` (every layer and head) into block `to`: a copy-on-write, on the device.
     void copy_block(int to, int from);
@@ -145,18 +200,22 @@ public:
     void count_prefix_hit(int positions) { hit_positions_ += positions; }
 
 private:
+    // One sequence's hold on a block: its owner number, and how many of the block's slots hold its rows.
+    struct Holder {
+        int owner = 0;
+        int rows = 0;
+    };
     Config config_;
     int block_size_, n_blocks_;
     bool prefix_caching_;
-    KVStorage storage_;                                    // [n_blocks, n_layers, n_kv_heads, block_size] rows
-    std::vector<Block> blocks_;                            // [n_blocks]
-    std::vector<int> free_;                                // free blocks, taken from the back
-    std::unordered_multimap<std::uint64_t, int> by_hash_;  // published blocks by key hash
-    std::uint64_t tick_ = 0;
+    std::unique_ptr<BlockManager> manager_;
+    KVStorage storage_;                         // [n_blocks, n_layers, n_kv_heads, block_size] rows
+    std::vector<std::vector<Holder>> holders_;  // [n_blocks] the sequences holding rows of each block
     int next_owner_ = 0;
     std::int64_t shared_writes_ = 0, hit_positions_ = 0;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-    Block& at(int b) { return blocks_[std::size_t(b)]; }
+    Holder& holder(int block, int owner);
+    int max_rows(int block) const;               // the most rows any holder holds (0 with none)
     void poison_unheld(int block, int old_max);  // NaN from max_rows() when it fell below old_max
 };
 
