@@ -82,8 +82,7 @@ void engine_property(const EnginePoolMaker& make_pool, EngineCoverage* coverage)
     // Small blocks half the time: full blocks are what prefix hits share.
     const int bs = draw(1, *rc::gen::arbitrary<bool>() ? std::min(3, c.max_seq) : c.max_seq);
     const int per_seq = (c.max_seq + bs - 1) / bs;
-    const std::unique_ptr<BlockPool> pool =
-        make_pool(c, bs, draw(1, 3 * per_seq), /*prefix_caching=*/draw(0, 3) > 0);
+    const std::unique_ptr<BlockPool> pool = make_pool(c, bs, draw(1, 3 * per_seq), /*prefix_caching=*/draw(0, 3) > 0);
     CpuBackend backend(m);
     NaiveDecoder naive(m);
     SequenceEngine engine(backend, *pool, m.w.fingerprint());

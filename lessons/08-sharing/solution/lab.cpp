@@ -1,56 +1,73 @@
-// Lab 8, reference solution. The hash is kvlab's own (core/paged.cpp, BlockPool::BlockKey::hash);
-// the rest is what PagedCache::attach_prefix, fork, reserve and BlockPool::release do, over the
-// lab's Pool instead of kvlab's BlockPool.
-#include <cassert>
-
+// Lab 8, reference solution. The hash is kvlab's own (BlockKey::hash, core/paged.cpp); the rest
+// is what core's RefCountManager does, with a hash map of its own instead of full-key compares.
 #include "lab.h"
-#include "paged.h"
 
 namespace kvlab::lab08 {
 
-std::uint64_t block_hash(std::uint64_t parent, std::span<const int> tokens, std::uint64_t model) {
-    return BlockPool::BlockKey{parent, model, {tokens.begin(), tokens.end()}}.hash();
+LabManager::LabManager(int n_blocks)
+    : refcount_(std::size_t(n_blocks), 0),
+      published_(std::size_t(n_blocks), 0),
+      hash_of_(std::size_t(n_blocks), 0),
+      last_used_(std::size_t(n_blocks), 0) {
+    for (int b = n_blocks - 1; b >= 0; b--) free_.push_back(b);  // block 0 is handed out first
 }
 
-int map_prefix(Pool& pool, Sequence& seq, std::span<const int> prompt) {
-    assert(seq.table.empty() && seq.hashes.empty());
-    const std::size_t bs = std::size_t(pool.block_size());
-    // Whole blocks, and never the last token: it must run to give the request its logits.
-    for (std::size_t b = 0; (b + 1) * bs < prompt.size(); b++) {
-        const std::uint64_t h = block_hash(b ? seq.hashes.back() : 0, prompt.subspan(b * bs, bs), seq.model);
-        const int block = pool.lookup(h);
-        if (block < 0) break;  // a chain: once a block misses, no later one can be this prefix's
-        pool.refcount[std::size_t(block)]++;
-        seq.table.push_back(block);
-        seq.hashes.push_back(h);
+std::uint64_t LabManager::hash(const BlockKey& key) const { return key.hash(); }
+
+int LabManager::lookup(const BlockKey& key) const {
+    const auto it = by_hash_.find(hash(key));
+    return it == by_hash_.end() ? -1 : it->second;
+}
+
+void LabManager::publish(int block, const BlockKey& key) {
+    const std::uint64_t h = hash(key);
+    if (published(block) || by_hash_.count(h)) return;  // another sequence computed the same block first
+    by_hash_.emplace(h, block);
+    hash_of_[std::size_t(block)] = h;
+    published_[std::size_t(block)] = 1;
+}
+
+void LabManager::retain(int block) {
+    refcount_[std::size_t(block)]++;
+    last_used_[std::size_t(block)] = ++tick_;
+}
+
+bool LabManager::release(int block) {
+    const std::size_t b = std::size_t(block);
+    refcount_[b]--;
+    last_used_[b] = ++tick_;
+    if (refcount_[b] > 0 || published_[b]) return false;  // still mapped, or cached for later hits
+    free_.push_back(block);
+    return true;
+}
+
+int LabManager::available() const {
+    int n = int(free_.size());
+    for (int b = 0; b < n_blocks(); b++) n += refcount_[std::size_t(b)] == 0 && published_[std::size_t(b)];
+    return n;
+}
+
+int LabManager::allocate(bool& evicted) {
+    int block = -1;
+    evicted = free_.empty();
+    if (!evicted) {
+        block = free_.back();
+        free_.pop_back();
+    } else {
+        // The least recently used cached block.
+        for (int b = 0; b < n_blocks(); b++)
+            if (refcount_[std::size_t(b)] == 0 && published_[std::size_t(b)] &&
+                (block < 0 || last_used_[std::size_t(b)] < last_used_[std::size_t(block)]))
+                block = b;
+        if (block < 0) throw Error("lab 8: no block to allocate (none free, none cached)");
+        by_hash_.erase(hash_of_[std::size_t(block)]);  // a later lookup must not find its old rows
+        published_[std::size_t(block)] = 0;
     }
-    return int(seq.table.size() * bs);
+    refcount_[std::size_t(block)] = 1;
+    last_used_[std::size_t(block)] = ++tick_;
+    return block;
 }
 
-Sequence fork(Pool& pool, const Sequence& parent) {
-    for (int block : parent.table) pool.refcount[std::size_t(block)]++;
-    return parent;
-}
-
-void before_append(Pool& pool, Sequence& seq) {
-    const int bs = pool.block_size(), len = int(seq.tokens.size());
-    // A full block is never written again (the next row opens a new block): only a partial last
-    // block can be shared and written.
-    if (len % bs == 0) return;
-    int& last = seq.table.back();
-    if (pool.refcount[std::size_t(last)] == 1) return;
-    const int copy = pool.allocate();
-    pool.copy_rows(copy, last, len % bs);
-    pool.refcount[std::size_t(last)]--;  // still >= 1: the other owners keep it
-    last = copy;
-}
-
-void free_sequence(Pool& pool, Sequence& seq) {
-    for (int block : seq.table)
-        if (--pool.refcount[std::size_t(block)] == 0 && !pool.published(block)) pool.free_list.push_back(block);
-    seq.table.clear();
-    seq.hashes.clear();
-    seq.tokens.clear();
-}
+bool LabManager::needs_copy(int block) const { return refcount(block) > 1 || published(block); }
 
 }  // namespace kvlab::lab08

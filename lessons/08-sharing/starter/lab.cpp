@@ -1,56 +1,74 @@
 // Lab 8: sharing. Fill in the five TODOs; `lessons/grade 8` grades this file.
 //
-// The pool (lab.h, given) hands out blocks of block_size positions; a sequence's block table
-// maps its logical block b (positions b*block_size ..) to a physical block. What you keep right:
-//   pool.refcount[block]  = how many block tables map the block
-//   pool.free_list        = blocks nobody maps and no hash names (allocate() takes from the back)
-// Given: pool.allocate(), pool.lookup(hash), pool.published(block), pool.copy_rows(to, from, n).
-// The grader's cache (grade.cpp, SharedCache) calls your functions at these moments:
-//   a new request        map_prefix(pool, seq, prompt), then it appends the rest of the prompt
-//   before an append     before_append(pool, seq), then it allocates blocks for the new positions
-//   a block fills        seq.hashes.push_back(block_hash(parent, its tokens, seq.model)), and
-//                        the block is published under that hash (pool.publish)
-//   fork / free          fork(pool, parent) / free_sequence(pool, seq)
-#include "grader.h"
+// kvlab's block pool (core/paged.h, BlockPool) keeps the rows and asks your LabManager (lab.h)
+// for every decision. When the engine (core/sequence_engine.h) does something, the pool calls:
+//   a new request     lookup(key) block by block along the prompt (the key of block b chains on
+//                     hash(key of block b - 1)), retain(block) for each block found, then
+//                     allocate() for the blocks its other positions need
+//   a block fills     hash(its key), and publish(block, key) when prefix caching is on
+//   an append         needs_copy(block) for the partial block it writes into: if so,
+//                     allocate() a copy, and release(block) the shared one
+//   fork              retain(block) for each of the parent's blocks
+//   rollback, free    release(block) for each block given up
+//   before any of it  available(): a call that would need more blocks is refused first
 #include "lab.h"
+
+#include "grader.h"
 
 namespace kvlab::lab08 {
 
-// TODO 1 (the hash chain): mix parent, model and every token, in order, into 64 bits. Blocks
-// with the same tokens after different prefixes, or of different models, must not collide.
-std::uint64_t block_hash(std::uint64_t parent, std::span<const int> tokens, std::uint64_t model) {
-    (void)parent, (void)tokens, (void)model;
-    throw lessons::NotImplemented("block_hash");
+// Given: every block starts free.
+LabManager::LabManager(int n_blocks)
+    : refcount_(std::size_t(n_blocks), 0),
+      published_(std::size_t(n_blocks), 0),
+      hash_of_(std::size_t(n_blocks), 0),
+      last_used_(std::size_t(n_blocks), 0) {
+    for (int b = n_blocks - 1; b >= 0; b--) free_.push_back(b);  // block 0 is handed out first
 }
 
-// TODO 2 (a prefix hit): walk prompt block by block (whole blocks, at most prompt.size() - 1
-// positions), chaining each block's hash on the previous one's; stop at the first hash the pool
-// does not know. Each block found gets one owner more and goes into seq.table, its hash into
-// seq.hashes. Return the positions mapped.
-int map_prefix(Pool& pool, Sequence& seq, std::span<const int> prompt) {
-    (void)pool, (void)seq, (void)prompt;
-    throw lessons::NotImplemented("map_prefix");
+// TODO 1 (the hash chain): mix key.parent, key.model and every token of key.tokens, in order,
+// into 64 bits. Blocks with the same tokens after different prefixes, or of different models,
+// must not collide.
+std::uint64_t LabManager::hash(const BlockKey& key) const {
+    (void)key;
+    throw lessons::NotImplemented("LabManager::hash");
 }
 
-// TODO 3 (fork): the child maps the parent's blocks; count the new owner of each.
-Sequence fork(Pool& pool, const Sequence& parent) {
-    (void)pool, (void)parent;
-    throw lessons::NotImplemented("fork");
+// TODO 2 (the prefix cache): by_hash_ and hash_of_; publishing a hash twice keeps the first.
+int LabManager::lookup(const BlockKey& key) const {
+    (void)key;
+    throw lessons::NotImplemented("LabManager::lookup");
 }
 
-// TODO 4 (copy on write): the next row goes to position seq.tokens.size(). When it lands in a
-// partially filled block that other tables map too, copy that block's rows into a fresh block
-// and put the copy in seq.table instead.
-void before_append(Pool& pool, Sequence& seq) {
-    (void)pool, (void)seq;
-    throw lessons::NotImplemented("before_append");
+void LabManager::publish(int block, const BlockKey& key) {
+    (void)block, (void)key;
+    throw lessons::NotImplemented("LabManager::publish");
 }
 
-// TODO 5 (free): one owner fewer for each block; unmapped and unpublished blocks go back on the
-// free list. Leave seq empty.
-void free_sequence(Pool& pool, Sequence& seq) {
-    (void)pool, (void)seq;
-    throw lessons::NotImplemented("free_sequence");
+// TODO 3 (owners): refcount_, and a block nobody maps goes on the free list unless published.
+// Both count as a use for eviction (last_used_).
+void LabManager::retain(int block) {
+    (void)block;
+    throw lessons::NotImplemented("LabManager::retain");
+}
+
+bool LabManager::release(int block) {
+    (void)block;
+    throw lessons::NotImplemented("LabManager::release");
+}
+
+// TODO 4 (allocation): from the free list, else evict the least recently used cached block.
+int LabManager::available() const { throw lessons::NotImplemented("LabManager::available"); }
+
+int LabManager::allocate(bool& evicted) {
+    (void)evicted;
+    throw lessons::NotImplemented("LabManager::allocate");
+}
+
+// TODO 5 (copy on write): may another table read what is written into this block?
+bool LabManager::needs_copy(int block) const {
+    (void)block;
+    throw lessons::NotImplemented("LabManager::needs_copy");
 }
 
 }  // namespace kvlab::lab08

@@ -1,4 +1,4 @@
-# expect: a shared block
-# The next row goes into the shared partial block (proofs/planted.h: cow_no_copy): a fork and its
+# expect: went into a block another sequence or a prefix hit could read
+# No copy, however many tables map the block (proofs/planted.h: cow_no_copy): a fork and its
 # parent overwrite each other's next rows.
-s|    if (pool.refcount\[std::size_t(last)\] == 1) return;|    return;  // the mistake: no copy, however many tables map the block|
+s|bool LabManager::needs_copy(int block) const { return refcount(block) > 1 \|\| published(block); }|bool LabManager::needs_copy(int) const { return false; /* the mistake */ }|
