@@ -40,7 +40,8 @@ cmake --build build -j "$(nproc)"
 if [ "$mode" = demo ]; then
   ./build/kvlab demo
 else
-  ctest --test-dir build --output-on-failure -j "$(nproc)"
+  # -LE slow: the exhaustive checks (all 2^32 fp32 inputs) run on request, `ctest -L slow`.
+  ctest --test-dir build --output-on-failure -j "$(nproc)" -LE slow
 
   # Hardening (README "Fuzzing and sanitizers"): the suite again, built by clang with
   # AddressSanitizer and UndefinedBehaviorSanitizer into build-san, then the fuzz targets for
@@ -56,7 +57,7 @@ else
     # Mesa's driver stays mapped, so LeakSanitizer still scans its globals (tests/lsan.supp says why).
     driver=$(ls /usr/lib/*/dri/swrast_dri.so 2>/dev/null | head -1)
     if [ -n "$driver" ]; then export LD_PRELOAD="$driver"; fi
-    ctest --test-dir build-san --output-on-failure -j "$(nproc)" -E '^(limits|proofs)[:,] '
+    ctest --test-dir build-san --output-on-failure -j "$(nproc)" -LE slow -E '^(limits|proofs)[:,] '
   )
   fuzz/run.sh build-san "${KVLAB_FUZZ_SECONDS:-60}"
 fi
