@@ -221,6 +221,13 @@ void check_eviction() {
     free(run(y, "Y"), "Y");
     free(run(x, "X"), "X");  // X's blocks are used again: Y's are now the least recently used
     free(run(z, "Z"), "Z");  // Z needs m + 1 blocks: the free one, and m evicted
+    // Y's first block was evicted for Z: the prefix cache no longer knows its key.
+    const BlockKey y0{0, s.model.w.fingerprint(), std::vector<int>(y.begin(), y.begin() + bs)};
+    if (const int stale = pool->lookup(y0); stale >= 0)
+        fail(
+            fmt::format("{}: Y's first block was evicted for Z, yet lookup of its key still finds block {} (an "
+                        "evicted block leaves the prefix cache: published, and the hash index)",
+                        log, stale));
     const int again = add(x, "X");
     if (s.engine.prefix_hit(again) != m * bs)
         fail(fmt::format(
