@@ -4,11 +4,13 @@
 // and the bytes must be what the cache promises; your window inside kvlab's WindowCache, which
 // must be bitwise exact while T <= S + W and must differ from naive decode for some T > S + W.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "approx_metrics.h"
+#include "format_oracle.h"
 #include "cpu_backend.h"
 #include "decode.h"
 #include "grader.h"
@@ -406,6 +408,33 @@ void measure() {
     run(w, "yours: window S = 4, W = 16 (held: ring)");
 }
 
+// ----------------------------------------------------------------------------------------------
+// Float formats: each conversion against the oracle, on inputs around the format's own values
+// (midpoints and their neighbours, the overflow edge, subnormals, infinities, NaN) and random
+// fp32 bit patterns.
+
+template <class Convert>
+void check_format(const FloatFormat& f, const char* name, Convert convert) {
+    static const proofs::FormatTable table = proofs::format_table(f);
+    static const std::vector<float> edges = proofs::format_edge_inputs(table);
+    for (int i = 0; i < 32; i++) {
+        const float x = draw(0, 1) ? edges[std::size_t(draw(0, int(edges.size()) - 1))]
+                                   : std::bit_cast<float>(*rc::gen::arbitrary<std::uint32_t>());
+        const std::uint32_t got = convert(x), want = proofs::oracle_encode(f, table, x);
+        if (got == want) continue;
+        fail(fmt::format("{}({} = fp32 0x{:08x}) gave 0x{:x}, which is {}; expected 0x{:x}, which is {}{}", name, x,
+                         std::bit_cast<std::uint32_t>(x), got, decode_float(f, got), want, decode_float(f, want),
+                         std::isfinite(x) && std::fabs(x) > decode_float(f, f.max_finite())
+                             ? " (past the largest finite value: saturate)"
+                             : ""));
+    }
+}
+
+void check_bf16() { check_format(kBf16, "to_bf16", [](float x) { return std::uint32_t(lab09::to_bf16(x)); }); }
+void check_fp8() {
+    check_format(kFp8E4M3, "to_fp8_e4m3", [](float x) { return std::uint32_t(lab09::to_fp8_e4m3(x)); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -418,6 +447,8 @@ int main(int argc, char** argv) {
         {"window: sinks 0..S-1 and the last W positions", 1, check_window_positions},
         {"window: bitwise equal to naive while T <= S + W", 2, check_window_exact},
         {"window: differs from naive for some T > S + W", 1, check_window_differs, 100, "beyond S + W"},
+        {"bf16: fp32 rounds to the nearest code, ties to even, as the oracle says", 1, check_bf16},
+        {"fp8-e4m3: fp32 rounds to the nearest code, saturating at 448", 1, check_fp8},
     };
     const int status = lessons::grade(lab, argc, argv);
     if (status == 0) measure();

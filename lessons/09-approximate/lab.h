@@ -1,7 +1,9 @@
 // Lab 9: approximate caches. You write the int8/int4 quantizer of a KIVI cache (keys per channel,
-// values per token, a scale and a minimum per group) and the positions a StreamingLLM window
-// with attention sinks reads; the grader plugs both into kvlab's caches (core/quantized_cache.h,
-// core/window_cache.h) and holds the results to stated bounds.
+// values per token, a scale and a minimum per group), the positions a StreamingLLM window with
+// attention sinks reads, and the conversions of fp32 to two float formats engines store K and V
+// in (bf16, fp8-e4m3); the grader plugs the first two into kvlab's caches (core/quantized_cache.h,
+// core/window_cache.h) and holds the results to stated bounds, and checks the third against an
+// oracle (proofs/format_oracle.h).
 #pragma once
 
 #include <cstdint>
@@ -37,5 +39,13 @@ void dequantize(const QuantBlock& q, int rows, int cols, Axis axis, int group, i
 // the last `window` positions, in increasing order, written to positions[0..n); returns n
 // (at most pos + 1). sinks >= 0, window >= 1.
 int window_positions(int pos, int sinks, int window, int* positions);
+
+// Float formats (core/NUMERICS.md, "KV formats"): fp32 -> the format's code. Round to nearest,
+// ties to the even code; subnormals kept; -0 stays -0, and so does a negative value that rounds
+// to zero; a finite value past the largest finite one saturates to it (sign kept); an infinity
+// stays infinite in bf16 and is NaN in fp8-e4m3, which has no infinity; a NaN becomes the quiet
+// NaN 0x7fc0 (bf16) or 0x7f (fp8-e4m3), with the input's sign bit.
+std::uint16_t to_bf16(float x);     // 1 sign, 8 exponent (bias 127), 7 mantissa bits
+std::uint8_t to_fp8_e4m3(float x);  // 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest 448
 
 }  // namespace kvlab::lab09

@@ -1,7 +1,10 @@
 // Lab 9, reference solution: kvlab's own group arithmetic (core/quantized_cache.h: quant_fit,
 // quant_encode, quant_decode, put_code, get_code) over the groups lab.h names, and kvlab's own
 // window (core/window_cache.cpp: WindowCache::attended).
+#include <algorithm>
+#include <bit>
 #include <cassert>
+#include <cmath>
 
 #include "lab.h"
 #include "window_cache.h"
@@ -69,6 +72,34 @@ int window_positions(int pos, int sinks, int window, int* positions) {
     const WindowCache cache(c, sinks, window);
     std::vector<std::int64_t> slots(std::size_t(pos) + 1);  // [pos + 1]
     return cache.attended(pos, slots.data(), positions);
+}
+
+std::uint16_t to_bf16(float x) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(x), sign = u & 0x80000000u, mag = u & 0x7fffffffu;
+    if (mag > 0x7f800000u) return std::uint16_t((sign >> 16) | 0x7fc0u);  // NaN
+    if (mag == 0x7f800000u) return std::uint16_t(u >> 16);                // infinity
+    // Round to nearest even on the 16 bits dropped: add 0x7fff plus the lowest bit kept. A carry
+    // runs into the exponent, which is the next binade; it never reaches the sign.
+    std::uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    if ((r & 0x7fffu) == 0x7f80u) r = (sign >> 16) | 0x7f7fu;  // a finite value rounded up to infinity: saturate
+    return std::uint16_t(r);
+}
+
+std::uint8_t to_fp8_e4m3(float x) {
+    const std::uint8_t sign = std::signbit(x) ? 0x80 : 0;
+    if (std::isnan(x) || std::isinf(x)) return sign | 0x7f;  // e4m3fn has no infinity
+    const float a = std::fabs(x);
+    if (a >= 448.0f) return sign | 0x7e;  // saturate (S.1111.110 = 448)
+    if (a == 0.0f) return sign;
+    // a in [2^e, 2^(e+1)): its quantum is 2^(e - 3), or the subnormals' 2^-9 below 2^-6.
+    int exponent;
+    std::frexp(a, &exponent);  // a = f * 2^exponent, f in [0.5, 1)
+    const int e = std::max(exponent - 1, -6);
+    // Scaling by a power of two is exact; nearbyint rounds half to even (the default mode).
+    const int n = int(std::nearbyint(std::ldexp(a, 3 - e)));
+    // The binades above the subnormals', then n (its bit 3, when set, is the implicit 1; n = 16
+    // carries into the next binade by itself).
+    return std::uint8_t(sign | (((e + 6) << 3) + n));
 }
 
 }  // namespace kvlab::lab09

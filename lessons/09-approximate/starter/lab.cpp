@@ -1,4 +1,4 @@
-// Lab 9: approximate caches. Fill in the three TODOs; `lessons/grade 9` grades this file.
+// Lab 9: approximate caches. Fill in the five TODOs; `lessons/grade 9` grades this file.
 //
 // A block is rows x cols floats, row-major (element (r, c) at i = r * cols + c). In kvlab's
 // quantized cache a value row is a [1, head_size] block quantized per token, and a KIVI key group
@@ -36,6 +36,20 @@ void dequantize(const QuantBlock& q, int rows, int cols, Axis axis, int group, i
 int window_positions(int pos, int sinks, int window, int* positions) {
     (void)pos, (void)sinks, (void)window, (void)positions;
     throw lessons::NotImplemented("window_positions");
+}
+
+// TODO 4 (bf16): the top 16 bits of x's fp32 bits, rounded to nearest even on the 16 dropped:
+// mind NaN (0x7fc0 with x's sign), infinity, and a finite value that would round to infinity.
+std::uint16_t to_bf16(float x) {
+    (void)x;
+    throw lessons::NotImplemented("to_bf16");
+}
+
+// TODO 5 (fp8-e4m3): bias 7, 3 mantissa bits, subnormals below 2^-6 (quantum 2^-9), largest
+// finite 448 (S.1111.110); S.1111.111 is NaN and there is no infinity. lab.h has the rules.
+std::uint8_t to_fp8_e4m3(float x) {
+    (void)x;
+    throw lessons::NotImplemented("to_fp8_e4m3");
 }
 
 }  // namespace kvlab::lab09
