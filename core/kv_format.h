@@ -45,7 +45,7 @@ inline constexpr FloatFormat kFp8E4M3{4, 3, 7, false};
 // bounded error, not an infinity that turns an attention row into NaN. An infinite input stays
 // infinite where the format has infinity, and is NaN in e4m3fn; NaN is the format's quiet NaN
 // with the input's sign. -0 stays -0, and so does a negative input that rounds to zero.
-KVLAB_HD inline std::uint32_t encode_float(const FloatFormat& f, float x) {
+KVLAB_HD inline std::uint32_t encode_float(FloatFormat f, float x) {
 #if defined(__CUDA_ARCH__)
     const std::uint32_t u = __float_as_uint(x);
 #else
@@ -82,7 +82,7 @@ KVLAB_HD inline std::uint32_t encode_float(const FloatFormat& f, float x) {
 }
 
 // The format's code -> fp32, exactly (every value of these formats is an fp32).
-KVLAB_HD inline float decode_float(const FloatFormat& f, std::uint32_t code) {
+KVLAB_HD inline float decode_float(FloatFormat f, std::uint32_t code) {
     const std::uint32_t mag = code & (f.sign_bit() - 1);
     const std::uint32_t sign = (code & f.sign_bit()) ? 0x80000000u : 0u;
     const std::uint32_t exp = mag >> f.man_bits, man = mag & ((1u << f.man_bits) - 1);
@@ -99,6 +99,6 @@ KVLAB_HD inline float decode_float(const FloatFormat& f, std::uint32_t code) {
 }
 
 // The value x becomes when stored in the format (encode, then decode).
-KVLAB_HD inline float round_through(const FloatFormat& f, float x) { return decode_float(f, encode_float(f, x)); }
+KVLAB_HD inline float round_through(FloatFormat f, float x) { return decode_float(f, encode_float(f, x)); }
 
 }  // namespace kvlab
