@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "config.h"
+#include "kv_format.h"
 #include "kernels.h"
 
 namespace kvlab {
@@ -94,7 +95,7 @@ struct RowKV {
     std::int64_t head_rows = 0;
     std::int64_t write_slot = -1;  // where this row's own K and V go
     int n = 0;                     // rows attended: slots[0..n)
-    int pad_ = 0;
+    int format = 0;                // KVFormat: what store_kv rounds the row's K and V through
 };
 
 // What a step's kernel calls depend on besides buffer contents: buffer addresses, row counts,
@@ -150,7 +151,8 @@ public:
                                   const int* kv_head) = 0;
 
     // Cached decode's write: row i's K and V (k, v: [rows, kv_dim]) into layer l of its cache
-    // at rows[i].write_slot. rows: [rows] RowKV.
+    // at rows[i].write_slot, each element stored in rows[i].format (store_value, kv_format.h).
+    // rows: [rows] RowKV. The format-aware naive decode stores through it too.
     virtual void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) = 0;
     // Cached decode's attention at layer l: row i, head h reads rows[i].n slots,
     // slots[i * max_n + j] in increasing logical position, through KV head kv_head[h], with

@@ -166,7 +166,13 @@ RowKV Cache::row_kv() const {
     r.v = st.v.data();
     r.layer_rows = st.layer_rows;
     r.head_rows = st.head_rows;
+    r.format = int(st.format);
     return r;
+}
+
+void Cache::set_kv_format(KVFormat format) {
+    if (format != kv_format())
+        throw Error(fmt::format("{} stores K and V in fp32 only, not {}", name(), kv_format_name(format)));
 }
 
 // A layer or KV head out of range would address rows outside the storage (a position out of range
@@ -236,6 +242,12 @@ KVStorage ContiguousCache::make_storage(Memory& memory, int capacity) const {
     return KVStorage(memory, rows, c.head_size(), std::int64_t(capacity) * c.n_kv_heads, 1);  // [L, cap, nkv, hs]
 }
 
+void ContiguousCache::set_kv_format(KVFormat format) {
+    if (length() != 0)
+        throw Error(fmt::format("{}: the KV format changes only while the cache is empty", name()));
+    storage_.format = format;
+}
+
 std::int64_t ContiguousCache::slot(int t) const {
     return layout_ == Layout::head_major ? std::int64_t(t) : std::int64_t(t) * config_.n_kv_heads;
 }
@@ -288,6 +300,7 @@ void GrowingCache::reserve(int new_length) {
     while (cap < new_length) cap = int(std::min<std::int64_t>(2ll * cap, config_.max_seq));
     const int hs = config_.head_size();
     KVStorage grown = make_storage(storage_.memory(), cap);  // [n_layers, n_kv_heads, cap, head_size]
+    grown.format = storage_.format;
     const std::int64_t bytes = std::int64_t(sizeof(float)) * length() * hs;
     for (int l = 0; l < config_.n_layers; l++)
         for (int h = 0; h < config_.n_kv_heads; h++) {

@@ -75,6 +75,9 @@ struct MemoryStats {
 struct KVStorage {
     Buffer<float> k, v;  // [n_rows, head_size]
     std::int64_t layer_rows = 0, head_rows = 0;
+    // What store_kv rounds each element through (kv_format.h). Elements are still held as fp32
+    // (the rounded values); storage of the codes themselves is the next step.
+    KVFormat format = KVFormat::fp32;
     KVStorage() = default;
     // n_rows rows of head_size floats each, every one NaN.
     KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows, std::int64_t head_rows);
@@ -120,6 +123,11 @@ public:
     virtual const KVStorage& storage() const = 0;
     // What a query row of this cache passes to the kernels (write_slot and n left unset).
     RowKV row_kv() const;
+    // The format its K and V are stored in. set_kv_format changes it while the cache holds
+    // nothing; variants that keep fp32 only (so far: all but contiguous, growing and paged, whose
+    // pool has the format) refuse it with an Error.
+    KVFormat kv_format() const { return storage().format; }
+    virtual void set_kv_format(KVFormat format);
     // The head_size floats of layer l, KV head h, position t (NaN when not held), read from
     // host-visible storage; throws Error for storage on a device, or a layer or head out of range.
     const float* key(int l, int h, int t) const;
@@ -182,6 +190,7 @@ public:
     std::int64_t slot(int t) const override;
     int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
     const KVStorage& storage() const override { return storage_; }
+    void set_kv_format(KVFormat format) override;
     MemoryStats memory() const override;
     std::string name() const override;
     Layout layout() const { return layout_; }

@@ -124,8 +124,16 @@ void CpuBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const flo
         const RowKV& r = rows[i];
         for (int h = 0; h < c.n_kv_heads; h++) {
             const std::int64_t at = (l * r.layer_rows + h * r.head_rows + r.write_slot) * hs;
-            std::memcpy(r.k + at, k + std::int64_t(i) * kv_dim + h * hs, sizeof(float) * hs);
-            std::memcpy(r.v + at, v + std::int64_t(i) * kv_dim + h * hs, sizeof(float) * hs);
+            const std::int64_t from = std::int64_t(i) * kv_dim + h * hs;
+            if (r.format == int(KVFormat::fp32)) {
+                std::memcpy(r.k + at, k + from, sizeof(float) * hs);
+                std::memcpy(r.v + at, v + from, sizeof(float) * hs);
+                continue;
+            }
+            for (int d = 0; d < hs; d++) {  // stored in the row's format, as gpu/kernels.h's store_kv_element
+                r.k[at + d] = store_value(r.format, k[from + d]);
+                r.v[at + d] = store_value(r.format, v[from + d]);
+            }
         }
     }
 }

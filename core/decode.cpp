@@ -121,10 +121,29 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
     upload(positions_, memory, std::span<const int>(positions));
     upload(kv_head_, memory, std::span<const int>(kv_head_map(c)));
     act_.resize(memory, c, T);
+    const bool stores = kv_format != KVFormat::fp32;
+    if (stores) {
+        // Position t's rows of a [T, kv_dim] seq-major store: slot t * n_kv_heads of KV head 0.
+        std::vector<RowKV> rows(static_cast<std::size_t>(T));  // [T]
+        ensure(k_stored_, memory, std::int64_t(T) * c.kv_dim());
+        ensure(v_stored_, memory, std::int64_t(T) * c.kv_dim());
+        for (int t = 0; t < T; t++) {
+            RowKV& r = rows[std::size_t(t)];
+            r.k = k_stored_.data(), r.v = v_stored_.data();
+            r.layer_rows = 0, r.head_rows = 1, r.write_slot = std::int64_t(t) * c.n_kv_heads;
+            r.format = int(kv_format);
+        }
+        upload(store_rows_, memory, std::span<const RowKV>(rows));
+    }
     b.embed(exec, act_.x.data(), tokens_.data(), T);
     for (int l = 0; l < c.n_layers; l++) {
         attention_inputs(b, exec, l, act_, positions_.data());
-        b.causal_attention(exec, act_.att.data(), act_.q.data(), act_.k.data(), act_.v.data(), T, kv_head_.data());
+        const float *k = act_.k.data(), *v = act_.v.data();  // [T, kv_dim]
+        if (stores) {
+            b.store_kv(exec, store_rows_.data(), T, 0, act_.k.data(), act_.v.data());
+            k = k_stored_.data(), v = v_stored_.data();
+        }
+        b.causal_attention(exec, act_.att.data(), act_.q.data(), k, v, T, kv_head_.data());
         attention_output_and_ffn(b, exec, l, act_);
     }
     // Only the last row's logits: rmsnorm and the classifier on that row alone.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "numerics.h"
 
@@ -100,5 +101,30 @@ KVLAB_HD inline float decode_float(FloatFormat f, std::uint32_t code) {
 
 // The value x becomes when stored in the format (encode, then decode).
 KVLAB_HD inline float round_through(FloatFormat f, float x) { return decode_float(f, encode_float(f, x)); }
+
+// The formats a cache stores K and V in. An int on the device (RowKV::format).
+enum class KVFormat : int { fp32 = 0, bf16, fp16, fp8_e5m2, fp8_e4m3 };
+
+// What element x of a K or V row is once stored in `format` (an int: KVFormat's value). Both
+// decoders store through this one function: the cached one in store_kv, the naive one before its
+// causal attention.
+KVLAB_HD inline float store_value(int format, float x) {
+    switch (format) {
+        case int(KVFormat::bf16): return round_through(kBf16, x);
+        case int(KVFormat::fp16): return round_through(kFp16, x);
+        case int(KVFormat::fp8_e5m2): return round_through(kFp8E5M2, x);
+        case int(KVFormat::fp8_e4m3): return round_through(kFp8E4M3, x);
+        default: return x;
+    }
+}
+
+#if !defined(__CUDACC__)
+// Names as the command line spells them: fp32, bf16, fp16, fp8-e5m2, fp8-e4m3.
+const char* kv_format_name(KVFormat format);
+// Throws Error, naming the formats, for any other name.
+KVFormat parse_kv_format(std::string_view name);
+inline constexpr KVFormat kKVFormats[] = {KVFormat::fp32, KVFormat::bf16, KVFormat::fp16, KVFormat::fp8_e5m2,
+                                          KVFormat::fp8_e4m3};
+#endif
 
 }  // namespace kvlab

@@ -217,6 +217,12 @@ void BlockPool::release(int block, int owner, int seq) {
     }
 }
 
+void BlockPool::set_kv_format(KVFormat format) {
+    if (n_used() + n_cached() != 0)
+        throw Error("paged cache: a pool's KV format changes only while no block is used or cached");
+    storage_.format = format;
+}
+
 void BlockPool::poison(int block, int from_slot) {
     storage_.poison(config_, first_slot(block) + from_slot, block_size_ - from_slot);
 }
@@ -434,6 +440,13 @@ void check_pool_room(std::span<Cache* const> caches, std::span<const int> added)
         dropped[{&pool, block}]++;
         if (refs == 1) available++;  // the copied block was published and ours alone: now cached, reclaimable
     }
+}
+
+void PagedCache::set_kv_format(KVFormat format) {
+    if (format != pool().storage().format)
+        throw Error(fmt::format("paged cache: its blocks are the pool's, stored in {}; BlockPool::set_kv_format "
+                                "sets them (not {})",
+                                kv_format_name(pool().storage().format), kv_format_name(format)));
 }
 
 MemoryStats PagedCache::memory() const {

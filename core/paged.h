@@ -150,6 +150,9 @@ public:
     MemoryStats memory() const;
 
     const KVStorage& storage() const { return storage_; }
+    // The format every block stores K and V in (kv_format.h); changes only while no block is used
+    // or cached.
+    void set_kv_format(KVFormat format);
     // Where a block's rows start in storage: its row 0 of layer 0, KV head 0. The pool's own
     // copies, poisoning and host reads address blocks through this, never through slot().
     std::int64_t first_slot(int block) const {
@@ -230,6 +233,7 @@ public:
     std::int64_t slot(int t) const override;
     int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
     const KVStorage& storage() const override { return pool().storage(); }
+    void set_kv_format(KVFormat format) override;  // the pool's format: BlockPool::set_kv_format
     int attach_prefix(std::span<const int> tokens) override;
     MemoryStats memory() const override;
     std::string name() const override;

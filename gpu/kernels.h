@@ -34,6 +34,7 @@
 
 #include <cstdint>
 
+#include "kv_format.h"
 #include "numerics.h"
 
 namespace kvlab::gpu {
@@ -140,19 +141,20 @@ KVLAB_HD inline void causal_attention_head(float* att, const float* q, const flo
     }
 }
 
-// Row is backend.h's RowKV (a template, so that this header needs nothing but numerics.h): the
+// Row is backend.h's RowKV (a template, so that this header needs only numerics.h and kv_format.h): the
 // row of (layer l, KV head h, slot s) starts at float (l * layer_rows + h * head_rows + s) *
 // head_size of its k and of its v.
 
-// Element d of KV head h of row i's K and V (k, v: [rows, kv_dim]) into layer l at its write_slot.
+// Element d of KV head h of row i's K and V (k, v: [rows, kv_dim]) into layer l at its write_slot,
+// stored in the row's format (store_value: fp32 as it is, a narrower format rounded).
 template <class Row>
 KVLAB_HD void store_kv_element(const Row* rows, int l, const float* k, const float* v, int kv_dim, int head_size,
                                int i, int h, int d) {
     const Row& r = rows[i];
     const std::int64_t at = (l * r.layer_rows + h * r.head_rows + r.write_slot) * head_size + d;
     const std::int64_t from = std::int64_t(i) * kv_dim + h * head_size + d;
-    r.k[at] = k[from];
-    r.v[at] = v[from];
+    r.k[at] = store_value(r.format, k[from]);
+    r.v[at] = store_value(r.format, v[from]);
 }
 
 // Cached attention, query row i of head h at layer l, exactly kernels.h attention_row: over

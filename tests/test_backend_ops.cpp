@@ -56,6 +56,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -65,6 +66,7 @@
 
 #include "backend.h"
 #include "device.h"
+#include "format_oracle.h"
 #include "forwarding.h"
 #include "host_backend.h"
 #include "kernel_oracles.h"
@@ -658,12 +660,32 @@ struct Storage {
     }
 };
 
+// What an fp32 element is once stored in `format`, by the format oracle (proofs/format_oracle.h),
+// not by kvlab's conversion: its code's meaning, NaN as the quiet NaN with the input's sign.
+float oracle_stored(KVFormat format, float x) {
+    const FloatFormat* f = format == KVFormat::bf16       ? &kBf16
+                           : format == KVFormat::fp16     ? &kFp16
+                           : format == KVFormat::fp8_e5m2 ? &kFp8E5M2
+                           : format == KVFormat::fp8_e4m3 ? &kFp8E4M3
+                                                          : nullptr;
+    if (!f) return x;
+    static std::map<const FloatFormat*, proofs::FormatTable> tables;
+    auto it = tables.find(f);
+    if (it == tables.end()) it = tables.emplace(f, proofs::format_table(*f)).first;
+    const proofs::CodeMeaning m = proofs::code_meaning(*f, proofs::oracle_encode(*f, it->second, x));
+    if (m.nan) return std::bit_cast<float>(m.negative ? 0xffc00000u : 0x7fc00000u);
+    if (m.inf) return m.negative ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+    return float(m.value);  // exact: every value of these formats is an fp32
+}
+
 // -- store_kv: row i's K and V (k, v: [n_rows, kv_dim]) into its cache (i % caches) at layer l, at
-// its write slot (distinct within a cache). Oracle: those rows hold exactly k and v; every other
-// storage element keeps its bits (the buffers' writable masks).
+// its write slot (distinct within a cache), stored in `format`. Oracle: those rows hold exactly k
+// and v as the format oracle stores them; every other storage element keeps its bits (the
+// buffers' writable masks).
 void run_store_kv(const Case& k, const Backends& backends) {
     const Config c = config_of(k);
     const int l = k.get("layer"), n_rows = k.get("n_rows"), hs = c.head_size(), kv_dim = c.kv_dim();
+    const KVFormat format = parse_kv_format(k.text("format"));
     const Storage st(k, c);
     Values val(k);
     const Model m = case_model(c, [](Weights&) {});
@@ -682,6 +704,7 @@ void run_store_kv(const Case& k, const Backends& backends) {
         f.pop_back();
         rows[std::size_t(i)].layer_rows = st.layer_rows;
         rows[std::size_t(i)].head_rows = st.head_rows;
+        rows[std::size_t(i)].format = int(format);
     }
     std::vector<std::vector<float>> init;     // [caches * 2] K then V of each cache, [n_floats]
     std::vector<std::vector<char>> writable;  // the same shape: the rows the store writes
@@ -721,7 +744,7 @@ void run_store_kv(const Case& k, const Backends& backends) {
                         const std::vector<float>& want = kv ? new_v : new_k;
                         for (int d = 0; d < hs; d++) {
                             const float g = got[std::size_t(st.at(l, h, rows[std::size_t(i)].write_slot, hs) + d)];
-                            const float w = want[std::size_t(i) * kv_dim + h * hs + d];
+                            const float w = oracle_stored(format, want[std::size_t(i) * kv_dim + h * hs + d]);
                             if (float_bits(g) != float_bits(w))
                                 kvlab::fail(
                                     fmt::format("store_kv row {}, KV head {}: {} element {} is 0x{:08x}, the row's is "
@@ -904,10 +927,14 @@ const std::vector<KernelEntry>& kernel_table() {
          },
          run_causal_attention},
         {"store_kv n_layers=1 layer=0 n_heads=1 n_kv_heads=1 head_size=1 n_slots=1 layout=head caches=1 n_rows=1 "
-         "seed=1 values=finite",
+         "format=fp32 seed=1 values=finite",
          {"n_layers=3 layer=2 n_heads=4 n_kv_heads=2 head_size=8 n_slots=8 n_rows=5",
           "n_layers=2 layer=1 n_heads=4 n_kv_heads=4 head_size=5 n_slots=3 layout=seq caches=2 n_rows=6",
-          "n_heads=2 n_kv_heads=2 head_size=3 n_slots=4 n_rows=4 values=nonfinite"},
+          "n_heads=2 n_kv_heads=2 head_size=3 n_slots=4 n_rows=4 values=nonfinite",
+          "n_heads=4 n_kv_heads=2 head_size=8 n_slots=6 n_rows=5 format=bf16",
+          "n_heads=2 n_kv_heads=1 head_size=16 n_slots=4 n_rows=3 format=fp16 values=nonfinite",
+          "n_heads=2 n_kv_heads=2 head_size=8 n_slots=4 n_rows=4 layout=seq format=fp8-e5m2",
+          "n_heads=2 n_kv_heads=2 head_size=8 n_slots=4 n_rows=4 format=fp8-e4m3 values=nonfinite"},
          [] {
              Case c("store_kv");
              c.set("n_layers", pick(1, 3));
@@ -915,6 +942,7 @@ const std::vector<KernelEntry>& kernel_table() {
              draw_heads(c, 4, 12);
              c.set("n_slots", pick(1, 10)).set("layout", pick({"head", "seq"})).set("caches", pick(1, 2));
              c.set("n_rows", pick(1, std::min(6, c.get("caches") * c.get("n_slots"))));
+             c.set("format", pick({"fp32", "bf16", "fp16", "fp8-e5m2", "fp8-e4m3"}));
              return draw_values(c);
          },
          run_store_kv},

@@ -17,9 +17,16 @@
 #include <string>
 #include <vector>
 
+#include "compare.h"
+#include "cpu_backend.h"
+#include "decode.h"
 #include "format_oracle.h"
+#include "host_backend.h"
 #include "kv_format.h"
+#include "paged.h"
+#include "property.h"
 #include "test_util.h"
+#include "window_cache.h"
 
 using namespace kvlab;
 using namespace kvlab::proofs;
@@ -138,4 +145,95 @@ TEST_CASE("KV formats, exhaustive: fp32 -> each format equals the oracle on all 
                 if (const auto d = differs(n, t, s); d && wrong++ < 5) FAIL_CHECK(*d);
         CHECK(wrong == 0);
     }
+}
+
+// ---- Decoding with a KV format: the cached decoder stores K and V through store_kv in the cache's
+// format; the format-aware naive decode stores every position's K and V through the same kernel
+// before its causal attention. The two must agree bit for bit, as in fp32.
+
+namespace {
+
+// A cache of one of the variants that take a format, in `format`, and the pool a paged one needs.
+struct FormatCache {
+    std::unique_ptr<BlockPool> pool;  // declared first: it outlives the cache
+    std::unique_ptr<Cache> cache;
+    std::string name;
+};
+
+FormatCache format_cache(const Config& c, int variant, KVFormat format, Memory& memory) {
+    FormatCache f;
+    switch (variant) {
+        case 0: f.cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::head_major, memory); break;
+        case 1: f.cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::seq_major, memory); break;
+        case 2: f.cache = std::make_unique<GrowingCache>(c, draw(1, c.max_seq), memory); break;
+        default: {
+            const int bs = draw(1, c.max_seq);
+            f.pool = std::make_unique<BlockPool>(c, bs, (c.max_seq + bs - 1) / bs, false, memory);
+            f.pool->set_kv_format(format);
+            f.cache = std::make_unique<PagedCache>(*f.pool);
+        }
+    }
+    f.cache->set_kv_format(format);
+    f.name = fmt::format("{} in {}", f.cache->name(), kv_format_name(format));
+    return f;
+}
+
+// Prefill a prompt, then decode to max_seq: every step's logits equal naive decode's in
+// `naive_format` (the cache's own format, unless a counter-test says otherwise).
+void format_property(bool naive_in_cache_format) {
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const KVFormat format = kKVFormats[std::size_t(draw(1, 4))];
+    const bool on_gpu_host = draw(0, 1);
+    std::unique_ptr<Backend> backend;
+    if (on_gpu_host)
+        backend = std::make_unique<GpuHostBackend>(m);
+    else
+        backend = std::make_unique<CpuBackend>(m);
+    const FormatCache fc = format_cache(c, draw(0, 3), format, backend->memory());
+    NaiveDecoder naive(*backend);
+    naive.kv_format = naive_in_cache_format ? format : KVFormat::fp32;
+    CachedDecoder cached(*backend, *fc.cache);
+    std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const std::string where = fmt::format("{} on {}, {}", fc.name, on_gpu_host ? "gpu-host" : "cpu", c.describe());
+    std::vector<float> got = cached.extend(tokens);
+    while (true) {
+        if (const auto diff = first_difference(naive.forward(tokens), got))
+            RC_FAIL(fmt::format("{}: at T = {} the cached logits differ from naive decode in {}: {}", where,
+                                tokens.size(), kv_format_name(naive.kv_format), *diff));
+        if (int(tokens.size()) == c.max_seq) break;
+        tokens.push_back(draw_tokens(c, 1)[0]);
+        got = cached.decode(tokens.back());
+    }
+}
+
+}  // namespace
+
+TEST_CASE("KV formats: cached decode equals the format-aware naive decode, bit for bit, every step", "[kv-format]") {
+    rc::prop(
+        "contiguous (both layouts), growing and paged caches in bf16, fp16, fp8-e5m2, fp8-e4m3, on cpu and "
+        "gpu-host",
+        [] { format_property(true); });
+}
+
+TEST_CASE("KV formats counter-test: a cache in a narrow format differs from the fp32 naive decode",
+          "[kv-format][counter]") {
+    test::expect_failure([] { format_property(false); }, "differ from naive decode in fp32");
+}
+
+TEST_CASE("KV formats: a variant that stores fp32 only, or a non-empty cache, refuses a format in one line",
+          "[kv-format]") {
+    const Config c =
+        Config::parse("dim=8,hidden_dim=8,n_layers=1,n_heads=2,n_kv_heads=1,vocab_size=16,max_seq=8", Config{});
+    WindowCache window(c, 1, 2);
+    CHECK_THROWS_WITH(window.set_kv_format(KVFormat::bf16), Catch::Contains("stores K and V in fp32 only, not bf16"));
+    ContiguousCache cache(c);
+    const std::vector<float> row(std::size_t(c.kv_dim()), 1.0f);
+    cache.append(std::vector<int>{1});
+    CHECK_THROWS_WITH(cache.set_kv_format(KVFormat::fp16), Catch::Contains("only while the cache is empty"));
+    BlockPool pool(c, 2, 4);
+    PagedCache paged(pool);
+    CHECK_THROWS_WITH(paged.set_kv_format(KVFormat::fp8_e4m3), Catch::Contains("BlockPool::set_kv_format"));
+    CHECK_THROWS_WITH(parse_kv_format("fp8"), "unknown KV format 'fp8' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)");
+    for (KVFormat f : kKVFormats) CHECK(parse_kv_format(kv_format_name(f)) == f);
 }
