@@ -22,6 +22,7 @@ struct DemoOptions {
     std::string device = "cpu";  // one device, or two side by side (gpu/device.h: parse_devices)
     bool graphs = true;
     bool json = false;
+    std::string kv_format = "fp32";  // core/kv_format.h: the format the cache stores K and V in
 };
 int run_demo(const DemoOptions& o);
 

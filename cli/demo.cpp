@@ -4,13 +4,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "cache.h"
 #include "commands.h"
 #include "common.h"
 #include "compare.h"
 #include "decode.h"
 #include "device.h"
+#include "kv_format.h"
 #include "sampler.h"
 
 namespace kvlab::cli {
@@ -26,6 +29,10 @@ struct StepRow {
     double other_naive_s = 0, other_cached_s = 0;  // the second device's, when there is one
     BitComparison cmp;    // the first of the run's logit vectors that differs from the first device's naive
     std::string differs;  // which one ("" when all equal)
+    // With a KV format other than fp32: how far the format-aware naive logits are from fp32 naive
+    // decode's, and whether their greedy tokens agree.
+    double drift = 0;
+    bool same_top1 = true;
 };
 
 // Naive and cached decode on the first device, and on the second when there is one, with one
@@ -38,13 +45,18 @@ struct SideBySide {
     const LoadedModel& lm;
     const std::vector<std::string> devices;
     const std::string d0, d1;  // d1 is "" with one device
+    const KVFormat format;
     const std::unique_ptr<Backend> backend;
-    NaiveDecoder naive;
+    ContiguousCache cache;  // in `format`
+    NaiveDecoder naive;     // format-aware: stores K and V in `format` too
     CachedDecoder cached;
     // A second device runs the same two decoders; all four logit vectors must agree.
     const std::unique_ptr<Backend> backend2;
+    const std::unique_ptr<ContiguousCache> cache2;
     const std::unique_ptr<NaiveDecoder> naive2;
     const std::unique_ptr<CachedDecoder> cached2;
+    // With a format other than fp32: fp32 naive decode, the yardstick of the format's drift.
+    const std::unique_ptr<NaiveDecoder> fp32;
     std::vector<StepRow> rows;
 };
 
@@ -59,13 +71,23 @@ SideBySide::SideBySide(const LoadedModel& lm, const DemoOptions& o)
       devices(parse_devices(o.device)),
       d0(devices[0]),
       d1(devices.size() > 1 ? devices[1] : ""),
+      format(parse_kv_format(o.kv_format)),
       backend(make_backend(devices[0], lm.model, backend_options(o))),
+      cache(lm.model.config(), ContiguousCache::Layout::head_major, backend->memory()),
       naive(*backend),
-      cached(*backend),
+      cached(*backend, cache),
       backend2(devices.size() > 1 ? make_backend(devices[1], lm.model, backend_options(o)) : nullptr),
+      cache2(backend2 ? std::make_unique<ContiguousCache>(lm.model.config(), ContiguousCache::Layout::head_major,
+                                                          backend2->memory())
+                      : nullptr),
       naive2(backend2 ? std::make_unique<NaiveDecoder>(*backend2) : nullptr),
-      cached2(backend2 ? std::make_unique<CachedDecoder>(*backend2) : nullptr) {
+      cached2(backend2 ? std::make_unique<CachedDecoder>(*backend2, *cache2) : nullptr),
+      fp32(format != KVFormat::fp32 ? std::make_unique<NaiveDecoder>(*backend) : nullptr) {
     naive.exec.n_threads = cached.exec.n_threads = o.threads;
+    cache.set_kv_format(format);
+    naive.kv_format = format;
+    if (backend2) cache2->set_kv_format(format), naive2->kv_format = format;
+    if (fp32) fp32->exec.n_threads = o.threads;
 }
 
 const std::vector<float>& SideBySide::step(const std::string& kind, const std::vector<int>& tokens,
@@ -97,6 +119,11 @@ const std::vector<float>& SideBySide::step(const std::string& kind, const std::v
             if (r.cmp.equal && !b.equal) r.cmp = b, r.differs = what;
         }
     }
+    if (fp32) {  // outside the timed parts
+        const std::vector<float>& lf = fp32->forward(tokens);
+        for (std::size_t i = 0; i < lf.size(); i++) r.drift = std::max(r.drift, double(std::fabs(ln[i] - lf[i])));
+        r.same_top1 = argmax(ln) == argmax(lf);
+    }
     rows.push_back(r);
     return lc;
 }
@@ -110,6 +137,8 @@ struct Summary {
     int n_equal = 0;  // steps whose logit vectors are all bitwise equal
     int T = 0;        // positions in the cache at the end
     std::int64_t kv_used = 0;
+    double max_drift = 0;  // over the steps: max |logit - fp32 naive's logit|
+    int same_top1 = 0;     // steps whose greedy token is fp32 naive decode's
 };
 
 Summary summarize(const SideBySide& run, int P, const std::string& generated) {
@@ -120,6 +149,8 @@ Summary summarize(const SideBySide& run, int P, const std::string& generated) {
         s.naive_total += r.naive_s, s.cached_total += r.cached_s;
         s.naive_flops += r.naive_flops, s.cached_flops += r.cached_flops;
         s.n_equal += r.cmp.equal;
+        s.max_drift = std::max(s.max_drift, r.drift);
+        s.same_top1 += r.same_top1;
     }
     s.T = run.cached.pos();
     s.kv_used = run.cached.cache().memory().used_bytes;
@@ -136,6 +167,7 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
                    {"max_seq", c.max_seq}};
     j["threads"] = o.threads;
     j["devices"] = run.devices;
+    j["kv_format"] = kv_format_name(run.format);
     j["prompt_tokens"] = std::vector<int>(tokens.begin(), tokens.begin() + s.P);
     j["generated_tokens"] = std::vector<int>(tokens.begin() + s.P, tokens.end());
     j["generated_text"] = s.generated;
@@ -157,6 +189,11 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
             j["steps"][i]["second_device_cached_seconds"] = rows[i].other_cached_s;
             if (!rows[i].cmp.equal) j["steps"][i]["differs"] = rows[i].differs;
         }
+    if (run.fp32)
+        for (std::size_t i = 0; i < rows.size(); i++) {
+            j["steps"][i]["drift_from_fp32"] = rows[i].drift;
+            j["steps"][i]["same_top1_as_fp32"] = rows[i].same_top1;
+        }
     j["summary"] = {{"steps", o.steps},
                     {"bitwise_equal_steps", s.n_equal},
                     {"all_bitwise_equal", s.n_equal == int(rows.size())},
@@ -169,6 +206,10 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
                     {"kv_positions", s.T},
                     {"kv_bytes", s.kv_used},
                     {"kv_bytes_formula", kv_bytes(c, s.T)}};
+    if (run.fp32) {
+        j["summary"]["max_drift_from_fp32"] = s.max_drift;
+        j["summary"]["same_top1_as_fp32_steps"] = s.same_top1;
+    }
     fmt::print("{}\n", j.dump(2));
 }
 
@@ -177,10 +218,11 @@ void print_header(const DemoOptions& o, const SideBySide& run, const std::vector
     const LoadedModel& lm = run.lm;
     std::string prompt_text;
     for (int i = tokens[0] == 1 ? 1 : 0; i < P; i++) prompt_text += token_text(lm, i ? tokens[i - 1] : 1, tokens[i]);
-    fmt::print("kvlab demo: naive vs KV-cached decode, bit for bit{}\n",
+    fmt::print("kvlab demo: naive vs KV-cached decode, bit for bit{}{}\n",
                run.naive2        ? fmt::format(", on {} and {}", run.d0, run.d1)
                : run.d0 == "cpu" ? ""
-                                 : fmt::format(", on {}", run.d0));
+                                 : fmt::format(", on {}", run.d0),
+               run.fp32 ? fmt::format(", K and V stored in {} by both", kv_format_name(run.format)) : "");
     fmt::print("model      {}  ({})\n", lm.source, lm.model.config().describe());
     fmt::print("prompt     {} tokens{}; greedy decode of {} more; {} thread{}\n\n", P,
                lm.tokenizer ? fmt::format(" \"{}\"", one_line(prompt_text)) : "", o.steps, o.threads,
@@ -214,6 +256,11 @@ void print_summary(const SideBySide& run, const Summary& s) {
     fmt::print("\ngenerated  \"{}\"\n", one_line(s.generated));
     fmt::print("equality   {} of {} steps bitwise equal ({}full logit vectors of {} floats)\n", s.n_equal, rows.size(),
                run.naive2 ? fmt::format("naive and cached on {} and {}: four ", run.d0, run.d1) : "", c.vocab_size);
+    if (run.fp32)
+        fmt::print(
+            "format     {}: both decoders store K and V in it; against fp32 naive decode the logits move by "
+            "at most {:.3g}, and {} of {} steps pick the same greedy token\n",
+            kv_format_name(run.format), s.max_drift, s.same_top1, rows.size());
     fmt::print("time       naive {:.1f} ms, cached {:.1f} ms: cached is {:.1f}x faster over the run\n",
                s.naive_total * 1e3, s.cached_total * 1e3, s.naive_total / s.cached_total);
     if (rows.size() >= 11) {
@@ -233,8 +280,9 @@ void print_summary(const SideBySide& run, const Summary& s) {
     }
     fmt::print("FLOPs      naive {:.2f} M, cached {:.2f} M: ratio {:.1f}x (counted by the kernels)\n",
                s.naive_flops / 1e6, s.cached_flops / 1e6, double(s.naive_flops) / double(s.cached_flops));
-    fmt::print("KV cache   {} positions = {} bytes = 2 (K,V) x 4 B x {} layers x {} x {} KV heads x {} head_size\n",
-               s.T, s.kv_used, c.n_layers, s.T, c.n_kv_heads, c.head_size());
+    fmt::print("KV cache   {} positions = {} bytes = 2 (K,V) x 4 B x {} layers x {} x {} KV heads x {} head_size{}\n",
+               s.T, s.kv_used, c.n_layers, s.T, c.n_kv_heads, c.head_size(),
+               run.fp32 ? fmt::format(" (held as fp32 values rounded to {})", kv_format_name(run.format)) : "");
 }
 
 }  // namespace

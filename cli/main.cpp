@@ -64,6 +64,9 @@ CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
                          "or e.g. cpu,gpu-host");
     demo_cmd->add_flag("!--no-graph", demo.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     demo_cmd->add_flag("--json", demo.json, "machine-readable output");
+    demo_cmd->add_option("--kv-format", demo.kv_format,
+                         "store K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3; naive decode stores them the same "
+                         "way, and each step's drift from fp32 naive decode is reported");
     return demo_cmd;
 }
 

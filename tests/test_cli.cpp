@@ -191,6 +191,31 @@ TEST_CASE("kvlab demo on an exported model: every step bitwise equal, FLOPs coun
     CHECK(steps[12]["naive_flops"].get<double>() > 10 * steps[12]["cached_flops"].get<double>());
 }
 
+TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode; the drift from fp32 is reported",
+          "[cli][demo]") {
+    const fs::path model = exported_model("demo.bin", kTiny);
+    for (const char* format : {"bf16", "fp16", "fp8-e5m2", "fp8-e4m3"}) {
+        const Run r = run_kvlab("demo --model " + model.string() + " --tokens 1,5,7 --steps 12 --json --kv-format " +
+                                format);
+        INFO(format << ": " << r.err);
+        REQUIRE(r.exit_code == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        CHECK(j["kv_format"] == format);
+        CHECK(j["summary"]["all_bitwise_equal"] == true);
+        // The format moves the logits away from fp32 naive decode's, by a measured amount.
+        double drift = 0;
+        for (const auto& step : j["steps"]) drift = std::max(drift, step["drift_from_fp32"].get<double>());
+        CHECK(drift == j["summary"]["max_drift_from_fp32"].get<double>());
+        CHECK(drift > 0);
+    }
+    const Run fp32 = run_kvlab("demo --model " + model.string() + " --tokens 1,5,7 --steps 4 --json");
+    REQUIRE(fp32.exit_code == 0);
+    CHECK(!nlohmann::json::parse(fp32.out)["summary"].contains("max_drift_from_fp32"));
+    const Run bad = run_kvlab("demo --model " + model.string() + " --steps 2 --kv-format fp9");
+    CHECK(bad.exit_code != 0);
+    CHECK(bad.err == "kvlab: error: unknown KV format 'fp9' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)\n");
+}
+
 TEST_CASE("kvlab demo with no arguments runs the main job", "[cli][demo]") {
     const Run r = run_kvlab("demo --steps 8");
     INFO(r.err);
