@@ -37,6 +37,7 @@ struct GenerateOptions {
     std::string device = "cpu";
     bool graphs = true;
     bool json = false;
+    std::string kv_format = "fp32";  // core/kv_format.h: the format the cache stores K and V in
 };
 int run_generate(const GenerateOptions& o);
 

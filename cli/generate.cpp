@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "cache.h"
 #include "commands.h"
 #include "common.h"
 #include "decode.h"
 #include "device.h"
+#include "kv_format.h"
 #include "sampler.h"
 
 namespace kvlab::cli {
@@ -24,7 +26,9 @@ int run_generate(const GenerateOptions& o) {
     BackendOptions bo;
     bo.graphs = o.graphs;
     const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model, bo);
-    CachedDecoder dec(*backend);
+    ContiguousCache cache(c, ContiguousCache::Layout::head_major, backend->memory());
+    cache.set_kv_format(parse_kv_format(o.kv_format));
+    CachedDecoder dec(*backend, cache);
     dec.exec.n_threads = o.threads;
 
     // Like llama2.c, the prompt is echoed (BOS itself prints nothing) and generation stops early
@@ -60,6 +64,7 @@ int run_generate(const GenerateOptions& o) {
                             {"temperature", o.temperature},
                             {"top_p", o.top_p},
                             {"seed", o.sample_seed},
+                            {"kv_format", kv_format_name(cache.kv_format())},
                             {"seconds", secs},
                             {"tokens_per_second", generated / secs}};
         fmt::print("{}\n", j.dump(2));

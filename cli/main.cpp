@@ -91,6 +91,7 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
     gen_cmd->add_option("--device", gen.device, "cpu, gpu or gpu-host");
     gen_cmd->add_flag("!--no-graph", gen.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     gen_cmd->add_flag("--json", gen.json, "machine-readable output");
+    gen_cmd->add_option("--kv-format", gen.kv_format, "store K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3");
     return gen_cmd;
 }
 

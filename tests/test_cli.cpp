@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -214,6 +215,29 @@ TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode; 
     const Run bad = run_kvlab("demo --model " + model.string() + " --steps 2 --kv-format fp9");
     CHECK(bad.exit_code != 0);
     CHECK(bad.err == "kvlab: error: unknown KV format 'fp9' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)\n");
+}
+
+TEST_CASE("kvlab generate --kv-format decodes greedily as the demo's format-aware runs do", "[cli][demo]") {
+    // The demo checks every step against the format-aware naive decode; generate's greedy tokens
+    // in the same format must be the demo's. On the default model (stories260K, or the random
+    // model of its shape) fp8-e5m2 changes the greedy text within 64 steps, so a generate that
+    // ignored the format would not pass.
+    std::map<std::string, nlohmann::json> tokens;
+    for (const char* format : {"fp32", "bf16", "fp8-e5m2"}) {
+        const std::string args = std::string("--tokens 1,403,407,261 --steps 64 --json --kv-format ") + format;
+        const Run demo = run_kvlab("demo " + args), gen = run_kvlab("generate " + args);
+        INFO(format << ": " << demo.err << gen.err);
+        REQUIRE(demo.exit_code == 0);
+        REQUIRE(gen.exit_code == 0);
+        const auto d = nlohmann::json::parse(demo.out), g = nlohmann::json::parse(gen.out);
+        CHECK(g["kv_format"] == format);
+        CHECK(g["generated_tokens"] == d["generated_tokens"]);
+        tokens[format] = g["generated_tokens"];
+    }
+    CHECK(tokens["fp8-e5m2"] != tokens["fp32"]);
+    const Run bad = run_kvlab("generate --steps 2 --kv-format int3");
+    CHECK(bad.exit_code != 0);
+    CHECK(bad.err == "kvlab: error: unknown KV format 'int3' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)\n");
 }
 
 TEST_CASE("kvlab demo with no arguments runs the main job", "[cli][demo]") {
