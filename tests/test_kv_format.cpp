@@ -178,8 +178,8 @@ FormatCache format_cache(const Config& c, int variant, KVFormat format, Memory& 
     return f;
 }
 
-// Prefill a prompt, then decode to max_seq: every step's logits equal naive decode's in
-// `naive_format` (the cache's own format, unless a counter-test says otherwise).
+// Prefill a prompt, then decode to max_seq: every step's logits equal naive decode's, storing K
+// and V in the cache's format (or in fp32, for the counter-test).
 void format_property(bool naive_in_cache_format) {
     const Config c = draw_config(2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
@@ -228,12 +228,13 @@ TEST_CASE("KV formats: a variant that stores fp32 only, or a non-empty cache, re
     WindowCache window(c, 1, 2);
     CHECK_THROWS_WITH(window.set_kv_format(KVFormat::bf16), Catch::Contains("stores K and V in fp32 only, not bf16"));
     ContiguousCache cache(c);
-    const std::vector<float> row(std::size_t(c.kv_dim()), 1.0f);
     cache.append(std::vector<int>{1});
     CHECK_THROWS_WITH(cache.set_kv_format(KVFormat::fp16), Catch::Contains("only while the cache is empty"));
     BlockPool pool(c, 2, 4);
     PagedCache paged(pool);
     CHECK_THROWS_WITH(paged.set_kv_format(KVFormat::fp8_e4m3), Catch::Contains("BlockPool::set_kv_format"));
+    paged.append(std::vector<int>{1});  // a block in use
+    CHECK_THROWS_WITH(pool.set_kv_format(KVFormat::bf16), Catch::Contains("only while no block is used or cached"));
     CHECK_THROWS_WITH(parse_kv_format("fp8"), "unknown KV format 'fp8' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)");
     for (KVFormat f : kKVFormats) CHECK(parse_kv_format(kv_format_name(f)) == f);
 }
