@@ -280,9 +280,9 @@ void print_summary(const SideBySide& run, const Summary& s) {
     }
     fmt::print("FLOPs      naive {:.2f} M, cached {:.2f} M: ratio {:.1f}x (counted by the kernels)\n",
                s.naive_flops / 1e6, s.cached_flops / 1e6, double(s.naive_flops) / double(s.cached_flops));
-    fmt::print("KV cache   {} positions = {} bytes = 2 (K,V) x 4 B x {} layers x {} x {} KV heads x {} head_size{}\n",
-               s.T, s.kv_used, c.n_layers, s.T, c.n_kv_heads, c.head_size(),
-               run.fp32 ? fmt::format(" (held as fp32 values rounded to {})", kv_format_name(run.format)) : "");
+    fmt::print("KV cache   {} positions = {} bytes = 2 (K,V) x {} B x {} layers x {} x {} KV heads x {} head_size{}\n",
+               s.T, s.kv_used, kv_format_bytes(int(run.format)), c.n_layers, s.T, c.n_kv_heads, c.head_size(),
+               run.fp32 ? fmt::format(" ({} codes)", kv_format_name(run.format)) : "");
 }
 
 }  // namespace

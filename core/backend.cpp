@@ -35,8 +35,12 @@ public:
     void upload(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
     void download(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
     void copy(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
-    void fill_nan(float* x, std::int64_t n) override {
-        std::fill_n(x, n, kNaN);
+    void fill_nan(void* x, std::int64_t n, int format) override {
+        if (format == int(KVFormat::fp32)) {
+            std::fill_n(static_cast<float*>(x), n, kNaN);
+            return;
+        }
+        for (std::int64_t i = 0; i < n; i++) kv_store(format, x, i, kNaN, 1.0f);
     }
 };
 

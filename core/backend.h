@@ -41,7 +41,8 @@ public:
     virtual void upload(void* dst, const void* src, std::int64_t bytes) = 0;    // host -> this
     virtual void download(void* dst, const void* src, std::int64_t bytes) = 0;  // this -> host
     virtual void copy(void* dst, const void* src, std::int64_t bytes) = 0;      // this -> this
-    virtual void fill_nan(float* x, std::int64_t n) = 0;
+    // n elements of `format` (KVFormat's value), each set to the format's quiet NaN.
+    virtual void fill_nan(void* x, std::int64_t n, int format = 0) = 0;
     // Waits for queued work (a device's stream); the host's is synchronous.
     virtual void synchronize() {}
 };
@@ -84,18 +85,30 @@ private:
     std::int64_t size_ = 0;
 };
 
-// Where one query row finds its cache's K and V. The storage holds rows of head_size floats;
-// the row of (layer l, KV head h, slot s) starts at float (l*layer_rows + h*head_rows + s) *
-// head_size of k (and of v). Slots are the cache's physical row indices (Cache::attended); a
-// slot of -1 is a position whose rows are not held: it reads as NaN.
+// Where one query row finds its cache's K and V. The storage holds rows of head_size elements
+// in `format` (kv_format.h: 4, 2 or 1 bytes each, codes of the format, no fp32 copy); the row
+// of (layer l, KV head h, slot s) is row l*layer_rows + h*head_rows + s of k (and of v). Slots
+// are the cache's physical row indices (Cache::attended); a slot of -1 is a position whose rows
+// are not held: it reads as NaN.
 struct RowKV {
-    float* k = nullptr;
-    float* v = nullptr;
+    void* k = nullptr;  // [n_rows, head_size] elements of `format`
+    void* v = nullptr;
+    const float* scales = nullptr;  // [n_layers, 2] layer l's K scale, then V scale (fp8); null: all 1
     std::int64_t layer_rows = 0;
     std::int64_t head_rows = 0;
     std::int64_t write_slot = -1;  // where this row's own K and V go
     int n = 0;                     // rows attended: slots[0..n)
-    int format = 0;                // KVFormat: what store_kv rounds the row's K and V through
+    int format = 0;                // KVFormat of the storage
+    KVLAB_HD std::int64_t row(int l, int h, std::int64_t slot) const { return l * layer_rows + h * head_rows + slot; }
+    // The first byte of a stored row of head_size elements.
+    KVLAB_HD void* k_row(std::int64_t row, int head_size) const {
+        return static_cast<char*>(k) + row * head_size * kv_format_bytes(format);
+    }
+    KVLAB_HD void* v_row(std::int64_t row, int head_size) const {
+        return static_cast<char*>(v) + row * head_size * kv_format_bytes(format);
+    }
+    KVLAB_HD float k_scale(int l) const { return scales ? scales[2 * l] : 1.0f; }
+    KVLAB_HD float v_scale(int l) const { return scales ? scales[2 * l + 1] : 1.0f; }
 };
 
 // What a step's kernel calls depend on besides buffer contents: buffer addresses, row counts,
@@ -151,9 +164,13 @@ public:
                                   const int* kv_head) = 0;
 
     // Cached decode's write: row i's K and V (k, v: [rows, kv_dim]) into layer l of its cache
-    // at rows[i].write_slot, each element stored in rows[i].format (store_value, kv_format.h).
-    // rows: [rows] RowKV. The format-aware naive decode stores through it too.
+    // at rows[i].write_slot, each element stored in rows[i].format with layer l's scales
+    // (kv_store, kv_format.h). rows: [rows] RowKV. The format-aware naive decode stores through
+    // it too, then reads back with load_kv.
     virtual void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) = 0;
+    // The inverse: row i's stored K and V at rows[i].write_slot of layer l, decoded as attention
+    // decodes them (kv_load), into k, v: [rows, kv_dim].
+    virtual void load_kv(Exec& ex, const RowKV* rows, int n_rows, int l, float* k, float* v) = 0;
     // Cached decode's attention at layer l: row i, head h reads rows[i].n slots,
     // slots[i * max_n + j] in increasing logical position, through KV head kv_head[h], with
     // kernels.h's attention_row. q, att: [rows, dim]; slots: [rows, max_n].

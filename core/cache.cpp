@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -45,8 +46,8 @@ std::string describe(const CacheEvent& e, std::string_view who) {
     return fmt::format("{} event", who);
 }
 
-std::int64_t kv_bytes(const Config& c, std::int64_t T) {
-    return 2ll * 4 * c.n_layers * T * c.n_kv_heads * c.head_size();
+std::int64_t kv_bytes(const Config& c, std::int64_t T, KVFormat format) {
+    return 2ll * kv_format_bytes(int(format)) * c.n_layers * T * c.n_kv_heads * c.head_size();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -54,33 +55,65 @@ std::int64_t kv_bytes(const Config& c, std::int64_t T) {
 
 namespace {
 
-// Floats in each of K and V for n_rows rows, once the size limit has allowed them: every cache's
+// Bytes in each of K and V for n_rows rows, once the size limit has allowed them: every cache's
 // rows (contiguous, growing, paged, window, quantized) are allocated here.
-std::int64_t storage_floats(std::int64_t n_rows, int head_size) {
-    check_size(fmt::format("a KV cache ({} rows of head_size {}, K and V)", n_rows, head_size), n_rows,
-               2 * std::int64_t(sizeof(float)) * head_size);
-    return n_rows * head_size;
+std::int64_t storage_bytes(std::int64_t n_rows, int head_size, KVFormat format) {
+    const int eb = kv_format_bytes(int(format));
+    check_size(
+        fmt::format("a KV cache ({} rows of head_size {}, K and V in {})", n_rows, head_size, kv_format_name(format)),
+        n_rows, 2 * std::int64_t(eb) * head_size);
+    return n_rows * head_size * eb;
 }
 
 }  // namespace
 
-KVStorage::KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows_,
-                     std::int64_t head_rows_)
-    : k(memory, storage_floats(n_rows, head_size)),
-      v(memory, n_rows * head_size),
+std::vector<float> checked_kv_scales(int n_layers, std::span<const float> scales) {
+    if (scales.empty()) return std::vector<float>(std::size_t(n_layers) * 2, 1.0f);
+    if (scales.size() != std::size_t(n_layers) * 2)
+        throw Error(fmt::format("KV scales: {} given, a cache of {} layers takes {} (K and V per layer)", scales.size(),
+                                n_layers, 2 * n_layers));
+    for (std::size_t i = 0; i < scales.size(); i++)
+        if (!(std::isfinite(scales[i]) && scales[i] > 0.0f))
+            throw Error(fmt::format("KV scales: layer {}'s {} scale is {}; a scale is finite and > 0", i / 2,
+                                    i % 2 ? "V" : "K", scales[i]));
+    return {scales.begin(), scales.end()};
+}
+
+KVStorage::KVStorage(Memory& memory, std::int64_t n_rows_, int head_size_, std::int64_t layer_rows_,
+                     std::int64_t head_rows_, KVFormat format_, std::span<const float> scales_)
+    : k(memory, storage_bytes(n_rows_, head_size_, format_)),
+      v(memory, k.size()),
+      scales(memory, std::int64_t(scales_.size())),
+      host_scales(scales_.begin(), scales_.end()),
+      n_rows(n_rows_),
       layer_rows(layer_rows_),
-      head_rows(head_rows_) {
-    memory.fill_nan(k.data(), k.size());
-    memory.fill_nan(v.data(), v.size());
-    assert(k.size() == n_rows * head_size && v.size() == n_rows * head_size);
+      head_rows(head_rows_),
+      head_size(head_size_),
+      format(format_) {
+    memory.fill_nan(k.data(), n_rows * head_size, int(format));
+    memory.fill_nan(v.data(), n_rows * head_size, int(format));
+    if (!host_scales.empty()) scales.upload(host_scales);
+    assert(k.size() == n_rows * row_bytes() && v.size() == n_rows * row_bytes());
+    assert(host_scales.size() == std::size_t(scales.size()));
+}
+
+float* KVStorage::k_f32() const {
+    if (format != KVFormat::fp32)
+        throw Error(fmt::format("kv storage: read as fp32, but it holds {}", kv_format_name(format)));
+    return reinterpret_cast<float*>(k.data());
+}
+
+float* KVStorage::v_f32() const {
+    if (format != KVFormat::fp32)
+        throw Error(fmt::format("kv storage: read as fp32, but it holds {}", kv_format_name(format)));
+    return reinterpret_cast<float*>(v.data());
 }
 
 void KVStorage::poison(const Config& c, std::int64_t slot, std::int64_t count) {
-    const int hs = c.head_size();
     for (int l = 0; l < c.n_layers; l++)
         for (int h = 0; h < c.n_kv_heads; h++) {
-            memory().fill_nan(k.data() + row(l, h, slot) * hs, count * hs);
-            memory().fill_nan(v.data() + row(l, h, slot) * hs, count * hs);
+            memory().fill_nan(k_row(row(l, h, slot)), count * head_size, int(format));
+            memory().fill_nan(v_row(row(l, h, slot)), count * head_size, int(format));
         }
 }
 
@@ -128,24 +161,31 @@ void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
     check_head(l, 0);
     const std::int64_t s = write_slot(pos);
     const KVStorage& st = storage();
-    const int hs = config_.head_size();
-    const std::int64_t bytes = std::int64_t(sizeof(float)) * hs;
-    // The rows replaced [kv_dim], put back when the variant refuses the new ones in stored() (a
-    // quantized cache's per-channel keys out of order): a refused write changes nothing.
-    std::vector<float> old_k(std::size_t(config_.kv_dim())), old_v(old_k.size());
+    const int hs = config_.head_size(), f = int(st.format);
+    const std::int64_t rb = st.row_bytes();
+    // The rows replaced [n_kv_heads, row_bytes], put back when the variant refuses the new ones in
+    // stored() (a quantized cache's per-channel keys out of order): a refused write changes nothing.
+    std::vector<std::uint8_t> old_k(std::size_t(config_.n_kv_heads * rb)), old_v(old_k.size());
+    std::vector<std::uint8_t> new_k(old_k.size()), new_v(old_k.size());  // the same, encoded as store_kv does
+    assert(old_k.size() == std::size_t(config_.n_kv_heads) * std::size_t(rb));
+    for (int h = 0; h < config_.n_kv_heads; h++)
+        for (int d = 0; d < hs; d++) {
+            kv_store(f, new_k.data() + h * rb, d, k_row[h * hs + d], st.scale(l, 0));
+            kv_store(f, new_v.data() + h * rb, d, v_row[h * hs + d], st.scale(l, 1));
+        }
     for (int h = 0; h < config_.n_kv_heads; h++) {
-        st.memory().download(old_k.data() + h * hs, st.k.data() + st.row(l, h, s) * hs, bytes);
-        st.memory().download(old_v.data() + h * hs, st.v.data() + st.row(l, h, s) * hs, bytes);
-        st.memory().upload(st.k.data() + st.row(l, h, s) * hs, k_row + h * hs, bytes);
-        st.memory().upload(st.v.data() + st.row(l, h, s) * hs, v_row + h * hs, bytes);
+        st.memory().download(old_k.data() + h * rb, st.k_row(st.row(l, h, s)), rb);
+        st.memory().download(old_v.data() + h * rb, st.v_row(st.row(l, h, s)), rb);
+        st.memory().upload(st.k_row(st.row(l, h, s)), new_k.data() + h * rb, rb);
+        st.memory().upload(st.v_row(st.row(l, h, s)), new_v.data() + h * rb, rb);
     }
     const int positions[] = {pos};
     try {
         stored(l, positions);
     } catch (...) {
         for (int h = 0; h < config_.n_kv_heads; h++) {
-            st.memory().upload(st.k.data() + st.row(l, h, s) * hs, old_k.data() + h * hs, bytes);
-            st.memory().upload(st.v.data() + st.row(l, h, s) * hs, old_v.data() + h * hs, bytes);
+            st.memory().upload(st.k_row(st.row(l, h, s)), old_k.data() + h * rb, rb);
+            st.memory().upload(st.v_row(st.row(l, h, s)), old_v.data() + h * rb, rb);
         }
         throw;
     }
@@ -164,13 +204,14 @@ RowKV Cache::row_kv() const {
     RowKV r;
     r.k = st.k.data();
     r.v = st.v.data();
+    r.scales = st.scales.data();  // null when there are none: all 1
     r.layer_rows = st.layer_rows;
     r.head_rows = st.head_rows;
     r.format = int(st.format);
     return r;
 }
 
-void Cache::set_kv_format(KVFormat format) {
+void Cache::set_kv_format(KVFormat format, std::span<const float>) {
     if (format != kv_format())
         throw Error(fmt::format("{} stores K and V in fp32 only, not {}", name(), kv_format_name(format)));
 }
@@ -184,12 +225,27 @@ void Cache::check_head(int l, int h) const {
         throw Error(fmt::format("kv cache: no KV head {} (n_kv_heads = {})", h, config_.n_kv_heads));
 }
 
+namespace {
+
+// Row (l, h, slot) of one tensor of host-visible storage, decoded into `out` [head_size] as
+// attention decodes it; fp32 is returned in place.
+const float* decoded_row(const KVStorage& st, const std::uint8_t* row, float scale, std::vector<float>& out) {
+    if (st.format == KVFormat::fp32) return reinterpret_cast<const float*>(row);
+    out.resize(std::size_t(st.head_size));
+    assert(out.size() == std::size_t(st.head_size));
+    for (int d = 0; d < st.head_size; d++) out[std::size_t(d)] = kv_load(int(st.format), row, d, scale);
+    return out.data();
+}
+
+}  // namespace
+
 const float* Cache::key(int l, int h, int t) const {
     check_head(l, h);
     const KVStorage& st = storage();
     if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
     const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
-    return s < 0 ? nan_row_.data() : st.k.data() + st.row(l, h, s) * config_.head_size();
+    if (s < 0) return nan_row_.data();
+    return decoded_row(st, st.k_row(st.row(l, h, s)), st.scale(l, 0), key_row_);
 }
 
 const float* Cache::value(int l, int h, int t) const {
@@ -197,7 +253,8 @@ const float* Cache::value(int l, int h, int t) const {
     const KVStorage& st = storage();
     if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
     const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
-    return s < 0 ? nan_row_.data() : st.v.data() + st.row(l, h, s) * config_.head_size();
+    if (s < 0) return nan_row_.data();
+    return decoded_row(st, st.v_row(st.row(l, h, s)), st.scale(l, 1), value_row_);
 }
 
 void Cache::truncate(int n) {
@@ -234,18 +291,23 @@ void Cache::record(EventKind kind, int pos, int count, int block, int from) cons
 ContiguousCache::ContiguousCache(const Config& config, Layout layout, int capacity, Memory& memory)
     : Cache(config), layout_(layout), capacity_(capacity), storage_(make_storage(memory, capacity)) {}
 
-KVStorage ContiguousCache::make_storage(Memory& memory, int capacity) const {
+KVStorage ContiguousCache::make_storage(Memory& memory, int capacity, KVFormat format,
+                                        std::span<const float> scales) const {
     const Config& c = config_;
     const std::int64_t rows = std::int64_t(c.n_layers) * c.n_kv_heads * capacity;
     if (layout_ == Layout::head_major)  // [n_layers, n_kv_heads, capacity, head_size]
-        return KVStorage(memory, rows, c.head_size(), std::int64_t(c.n_kv_heads) * capacity, capacity);
-    return KVStorage(memory, rows, c.head_size(), std::int64_t(capacity) * c.n_kv_heads, 1);  // [L, cap, nkv, hs]
+        return KVStorage(memory, rows, c.head_size(), std::int64_t(c.n_kv_heads) * capacity, capacity, format, scales);
+    // [n_layers, capacity, n_kv_heads, head_size]
+    return KVStorage(memory, rows, c.head_size(), std::int64_t(capacity) * c.n_kv_heads, 1, format, scales);
 }
 
-void ContiguousCache::set_kv_format(KVFormat format) {
+// The storage is made again: its size follows the format.
+void ContiguousCache::set_kv_format(KVFormat format, std::span<const float> scales) {
     if (length() != 0)
         throw Error(fmt::format("{}: the KV format changes only while the cache is empty", name()));
-    storage_.format = format;
+    const std::vector<float> checked =
+        scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
+    storage_ = make_storage(storage_.memory(), capacity_, format, checked);
 }
 
 std::int64_t ContiguousCache::slot(int t) const {
@@ -274,8 +336,10 @@ int ContiguousCache::attended(int pos, std::int64_t* slots, int* positions) cons
 
 MemoryStats ContiguousCache::memory() const {
     MemoryStats m;
-    m.used_bytes = kv_bytes(config_, length());
-    m.payload_bytes = m.reserved_bytes = kv_bytes(config_, capacity_);
+    m.used_bytes = kv_bytes(config_, length(), storage_.format);
+    m.payload_bytes = kv_bytes(config_, capacity_, storage_.format);
+    m.metadata_bytes = std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size());
+    m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
     m.allocated_bytes = storage_.bytes();
     return m;
 }
@@ -298,24 +362,20 @@ void GrowingCache::reserve(int new_length) {
     if (new_length <= capacity_) return;
     int cap = capacity_ == 0 ? initial_capacity_ : capacity_;
     while (cap < new_length) cap = int(std::min<std::int64_t>(2ll * cap, config_.max_seq));
-    const int hs = config_.head_size();
-    KVStorage grown = make_storage(storage_.memory(), cap);  // [n_layers, n_kv_heads, cap, head_size]
-    grown.format = storage_.format;
-    const std::int64_t bytes = std::int64_t(sizeof(float)) * length() * hs;
+    KVStorage grown = make_storage(storage_.memory(), cap, storage_.format, storage_.host_scales);
+    const std::int64_t bytes = storage_.row_bytes() * length();  // a (layer, head)'s rows are adjacent
     for (int l = 0; l < config_.n_layers; l++)
         for (int h = 0; h < config_.n_kv_heads; h++) {
-            storage_.memory().copy(grown.k.data() + grown.row(l, h, 0) * hs, storage_.k.data() + storage_.row(l, h, 0) * hs,
-                                   bytes);
-            storage_.memory().copy(grown.v.data() + grown.row(l, h, 0) * hs, storage_.v.data() + storage_.row(l, h, 0) * hs,
-                                   bytes);
+            storage_.memory().copy(grown.k_row(grown.row(l, h, 0)), storage_.k_row(storage_.row(l, h, 0)), bytes);
+            storage_.memory().copy(grown.v_row(grown.row(l, h, 0)), storage_.v_row(storage_.row(l, h, 0)), bytes);
         }
     if (capacity_ > 0) {
         reallocations_++;
-        bytes_copied_ += kv_bytes(config_, length());
+        bytes_copied_ += kv_bytes(config_, length(), storage_.format);
     }
     storage_ = std::move(grown);
     capacity_ = cap;
-    assert(storage_.k.size() == std::int64_t(config_.n_layers) * config_.n_kv_heads * cap * hs);
+    assert(storage_.n_rows == std::int64_t(config_.n_layers) * config_.n_kv_heads * cap);
     record(EventKind::grown, -1, cap);
 }
 

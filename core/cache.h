@@ -70,23 +70,39 @@ struct MemoryStats {
     int blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_cached = 0;  // paged pools
 };
 
-// A cache's K and V rows: two buffers of rows of head_size floats. The row of (layer l, KV head
-// h, slot s) is row l * layer_rows + h * head_rows + s of each (backend.h: RowKV).
+// A cache's K and V rows: two buffers of rows of head_size elements in `format` (kv_format.h),
+// codes only, and the format's scales. The row of (layer l, KV head h, slot s) is row
+// l * layer_rows + h * head_rows + s of each (backend.h: RowKV).
 struct KVStorage {
-    Buffer<float> k, v;  // [n_rows, head_size]
-    std::int64_t layer_rows = 0, head_rows = 0;
-    // What store_kv rounds each element through (kv_format.h). Elements are still held as fp32
-    // (the rounded values); storage of the codes themselves is the next step.
+    Buffer<std::uint8_t> k, v;       // [n_rows, head_size] elements of `format`: n_rows * row_bytes() bytes each
+    Buffer<float> scales;            // [n_layers, 2] layer l's K scale, then V scale (read by fp8); none: all 1
+    std::vector<float> host_scales;  // the same, on the host
+    std::int64_t n_rows = 0, layer_rows = 0, head_rows = 0;
+    int head_size = 0;
     KVFormat format = KVFormat::fp32;
     KVStorage() = default;
-    // n_rows rows of head_size floats each, every one NaN.
-    KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows, std::int64_t head_rows);
+    // n_rows rows of head_size elements each, every one NaN. scales: [n_layers, 2] as
+    // checked_kv_scales checks them, or empty for all 1.
+    KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows, std::int64_t head_rows,
+              KVFormat format = KVFormat::fp32, std::span<const float> scales = {});
+    float scale(int l, int kv) const { return host_scales.empty() ? 1.0f : host_scales[std::size_t(2 * l + kv)]; }
     Memory& memory() const { return *k.memory(); }
     std::int64_t row(int l, int h, std::int64_t slot) const { return l * layer_rows + h * head_rows + slot; }
+    std::int64_t row_bytes() const { return std::int64_t(head_size) * kv_format_bytes(int(format)); }
+    std::uint8_t* k_row(std::int64_t r) const { return k.data() + r * row_bytes(); }
+    std::uint8_t* v_row(std::int64_t r) const { return v.data() + r * row_bytes(); }
+    // fp32 storage read as floats [n_rows, head_size] (host code over an fp32 cache).
+    float* k_f32() const;
+    float* v_f32() const;
     // NaN in `count` consecutive slots from `slot`, for every layer and KV head.
     void poison(const Config& c, std::int64_t slot, std::int64_t count);
-    std::int64_t bytes() const { return k.bytes() + v.bytes(); }
+    std::int64_t payload_bytes() const { return k.bytes() + v.bytes(); }
+    std::int64_t bytes() const { return k.bytes() + v.bytes() + scales.bytes(); }
 };
+
+// A cache's scales [n_layers, 2] (K, then V, per layer): `scales` itself, or all 1 when it is
+// empty; throws Error for another size or a scale that is not finite and > 0.
+std::vector<float> checked_kv_scales(int n_layers, std::span<const float> scales);
 
 class Cache {
 public:
@@ -123,13 +139,16 @@ public:
     virtual const KVStorage& storage() const = 0;
     // What a query row of this cache passes to the kernels (write_slot and n left unset).
     RowKV row_kv() const;
-    // The format its K and V are stored in. set_kv_format changes it while the cache holds
-    // nothing; variants that keep fp32 only (so far: all but contiguous, growing and paged, whose
-    // pool has the format) refuse it with an Error.
+    // The format its K and V are stored in, and the scales (kv_format.h: [n_layers, 2], read by
+    // fp8). set_kv_format changes them while the cache holds nothing (scales empty: all 1);
+    // variants that keep fp32 only (so far: all but contiguous, growing and paged, whose pool
+    // has the format) refuse with an Error.
     KVFormat kv_format() const { return storage().format; }
-    virtual void set_kv_format(KVFormat format);
+    const std::vector<float>& kv_scales() const { return storage().host_scales; }  // empty: all 1
+    virtual void set_kv_format(KVFormat format, std::span<const float> scales = {});
     // The head_size floats of layer l, KV head h, position t (NaN when not held), read from
-    // host-visible storage; throws Error for storage on a device, or a layer or head out of range.
+    // host-visible storage and decoded as attention decodes them (the pointer is valid until the
+    // next call); throws Error for storage on a device, or a layer or head out of range.
     const float* key(int l, int h, int t) const;
     const float* value(int l, int h, int t) const;
     // The most positions one append() may add (a window's ring needs its rows read before they
@@ -174,6 +193,7 @@ private:
     std::vector<int> tokens_;
     int append_start_ = 0;  // first position of the latest append: rows before it are final
     std::vector<float> nan_row_;  // [head_size] what key()/value() return for a position not held
+    mutable std::vector<float> key_row_, value_row_;  // [head_size] key()/value()'s decoded rows
 };
 
 // One array per tensor, reserved for max_seq positions, in one of two layouts:
@@ -190,7 +210,7 @@ public:
     std::int64_t slot(int t) const override;
     int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
     const KVStorage& storage() const override { return storage_; }
-    void set_kv_format(KVFormat format) override;
+    void set_kv_format(KVFormat format, std::span<const float> scales = {}) override;
     MemoryStats memory() const override;
     std::string name() const override;
     Layout layout() const { return layout_; }
@@ -201,8 +221,9 @@ protected:
     ContiguousCache(const Config& config, Layout layout, int capacity, Memory& memory);
     void reserve(int new_length) override;
     void release(int n) override;
-    // Storage for `capacity` positions in this layout, all NaN.
-    KVStorage make_storage(Memory& memory, int capacity) const;
+    // Storage for `capacity` positions in this layout, all NaN, in the format and scales given.
+    KVStorage make_storage(Memory& memory, int capacity, KVFormat format = KVFormat::fp32,
+                           std::span<const float> scales = {}) const;
 
     Layout layout_;
     int capacity_;
@@ -228,7 +249,8 @@ private:
     std::int64_t reallocations_ = 0, bytes_copied_ = 0;
 };
 
-// fp32 bytes of K and V for T positions: 2 * 4 * n_layers * T * n_kv_heads * head_size.
-std::int64_t kv_bytes(const Config& config, std::int64_t T);
+// Bytes of K and V for T positions: 2 * bytes * n_layers * T * n_kv_heads * head_size, bytes
+// the format's per element (fp32: 4).
+std::int64_t kv_bytes(const Config& config, std::int64_t T, KVFormat format = KVFormat::fp32);
 
 }  // namespace kvlab

@@ -122,17 +122,35 @@ void CpuBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const flo
     const int hs = c.head_size(), kv_dim = c.kv_dim();
     for (int i = 0; i < n_rows; i++) {
         const RowKV& r = rows[i];
+        const float ks = r.k_scale(l), vs = r.v_scale(l);
         for (int h = 0; h < c.n_kv_heads; h++) {
-            const std::int64_t at = (l * r.layer_rows + h * r.head_rows + r.write_slot) * hs;
-            const std::int64_t from = std::int64_t(i) * kv_dim + h * hs;
+            const std::int64_t at = r.row(l, h, r.write_slot), from = std::int64_t(i) * kv_dim + h * hs;
+            void *kr = r.k_row(at, hs), *vr = r.v_row(at, hs);
             if (r.format == int(KVFormat::fp32)) {
-                std::memcpy(r.k + at, k + from, sizeof(float) * hs);
-                std::memcpy(r.v + at, v + from, sizeof(float) * hs);
+                std::memcpy(kr, k + from, sizeof(float) * hs);
+                std::memcpy(vr, v + from, sizeof(float) * hs);
                 continue;
             }
-            for (int d = 0; d < hs; d++) {  // stored in the row's format, as gpu/kernels.h's store_kv_element
-                r.k[at + d] = store_value(r.format, k[from + d]);
-                r.v[at + d] = store_value(r.format, v[from + d]);
+            for (int d = 0; d < hs; d++) {  // as gpu/kernels.h's store_kv_element
+                kv_store(r.format, kr, d, k[from + d], ks);
+                kv_store(r.format, vr, d, v[from + d], vs);
+            }
+        }
+    }
+}
+
+void CpuBackend::load_kv(Exec&, const RowKV* rows, int n_rows, int l, float* k, float* v) {
+    const Config& c = config();
+    const int hs = c.head_size(), kv_dim = c.kv_dim();
+    for (int i = 0; i < n_rows; i++) {
+        const RowKV& r = rows[i];
+        const float ks = r.k_scale(l), vs = r.v_scale(l);
+        for (int h = 0; h < c.n_kv_heads; h++) {
+            const std::int64_t at = r.row(l, h, r.write_slot), to = std::int64_t(i) * kv_dim + h * hs;
+            const void *kr = r.k_row(at, hs), *vr = r.v_row(at, hs);
+            for (int d = 0; d < hs; d++) {  // as gpu/kernels.h's load_kv_element
+                k[to + d] = kv_load(r.format, kr, d, ks);
+                v[to + d] = kv_load(r.format, vr, d, vs);
             }
         }
     }
@@ -150,7 +168,9 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
     }
     const std::size_t per_thread = std::size_t(std::max(1, max_n));
     scores_.resize(std::size_t(ex.n_threads) * per_thread);  // [n_threads, max_n]
-    assert(scores_.size() == std::size_t(ex.n_threads) * per_thread);
+    decoded_.resize(std::size_t(ex.n_threads) * hs);         // [n_threads, head_size]
+    assert(scores_.size() == std::size_t(ex.n_threads) * per_thread &&
+           decoded_.size() == std::size_t(ex.n_threads) * hs);
     const bool parallel = ex.n_threads > 1 && n_items > 1 && work >= ex.parallel_min_work;
     // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
 #pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
@@ -158,14 +178,24 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         const int i = int(item / n_heads), h = int(item % n_heads);
         const RowKV& r = rows[i];
         const std::int64_t* s = slots + std::int64_t(i) * max_n;
-        const std::int64_t base = l * r.layer_rows + kv_head[h] * r.head_rows;
-        auto row = [&](const float* storage, int t) {
-            return s[t] < 0 ? nan_row_.data() : storage + (base + s[t]) * hs;
+        const std::int64_t base = r.row(l, kv_head[h], 0);
+        const int thread = omp_get_thread_num();
+        // A stored row as floats: fp32 read in place, a narrower format decoded element by
+        // element (kv_load, exact) into this thread's scratch row, used before the next decode.
+        float* decoded = decoded_.data() + std::size_t(thread) * hs;
+        const bool fp32 = r.format == int(KVFormat::fp32);
+        auto row = [&](void* storage, float scale, int t) -> const float* {
+            if (s[t] < 0) return nan_row_.data();
+            const void* at = static_cast<const char*>(storage) + (base + s[t]) * hs * kv_format_bytes(r.format);
+            if (fp32) return static_cast<const float*>(at);
+            for (int d = 0; d < hs; d++) decoded[d] = kv_load(r.format, at, d, scale);
+            return decoded;
         };
-        float* scores = scores_.data() + std::size_t(omp_get_thread_num()) * per_thread;
+        const float ks = r.k_scale(l), vs = r.v_scale(l);
+        float* scores = scores_.data() + std::size_t(thread) * per_thread;
         attention_row(
             att + std::int64_t(i) * c.dim + h * hs, q + std::int64_t(i) * c.dim + h * hs, hs, r.n,
-            [&](int t) { return row(r.k, t); }, [&](int t) { return row(r.v, t); }, scores);
+            [&](int t) { return row(r.k, ks, t); }, [&](int t) { return row(r.v, vs, t); }, scores);
         if (i == probe_row) std::copy_n(scores, r.n, probe + std::int64_t(h) * max_n);
     }
 }

@@ -38,6 +38,7 @@ public:
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
                           const int* kv_head) override;
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override;
+    void load_kv(Exec& ex, const RowKV* rows, int n_rows, int l, float* k, float* v) override;
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
 
@@ -52,6 +53,7 @@ private:
     NaiveAttentionScratch naive_;  // naive attention's K^T and score tiles
     std::vector<float> scores_;    // [n_threads, max_n] cached attention: one row's scores per thread
     std::vector<float> nan_row_;   // [head_size] what a slot of -1 reads
+    std::vector<float> decoded_;   // [n_threads, head_size] cached attention: a narrow format's row, decoded
 };
 
 }  // namespace kvlab

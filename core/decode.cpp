@@ -123,13 +123,19 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
     act_.resize(memory, c, T);
     const bool stores = kv_format != KVFormat::fp32;
     if (stores) {
-        // Position t's rows of a [T, kv_dim] seq-major store: slot t * n_kv_heads of KV head 0.
+        // Position t's rows of a [T, kv_dim] seq-major store: slot t * n_kv_heads of KV head 0,
+        // the same rows for every layer (layer_rows 0), layer l's scales.
+        const std::int64_t n = std::int64_t(T) * c.kv_dim(), bytes = n * kv_format_bytes(int(kv_format));
+        upload(scales_, memory, std::span<const float>(checked_kv_scales(c.n_layers, kv_scales)));
+        ensure(k_codes_, memory, bytes);
+        ensure(v_codes_, memory, bytes);
+        ensure(k_stored_, memory, n);
+        ensure(v_stored_, memory, n);
+        assert(k_codes_.size() >= bytes && v_stored_.size() >= n);
         std::vector<RowKV> rows(static_cast<std::size_t>(T));  // [T]
-        ensure(k_stored_, memory, std::int64_t(T) * c.kv_dim());
-        ensure(v_stored_, memory, std::int64_t(T) * c.kv_dim());
         for (int t = 0; t < T; t++) {
             RowKV& r = rows[std::size_t(t)];
-            r.k = k_stored_.data(), r.v = v_stored_.data();
+            r.k = k_codes_.data(), r.v = v_codes_.data(), r.scales = scales_.data();
             r.layer_rows = 0, r.head_rows = 1, r.write_slot = std::int64_t(t) * c.n_kv_heads;
             r.format = int(kv_format);
         }
@@ -140,7 +146,8 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
         attention_inputs(b, exec, l, act_, positions_.data());
         const float *k = act_.k.data(), *v = act_.v.data();  // [T, kv_dim]
         if (stores) {
-            b.store_kv(exec, store_rows_.data(), T, 0, act_.k.data(), act_.v.data());
+            b.store_kv(exec, store_rows_.data(), T, l, act_.k.data(), act_.v.data());
+            b.load_kv(exec, store_rows_.data(), T, l, k_stored_.data(), v_stored_.data());
             k = k_stored_.data(), v = v_stored_.data();
         }
         b.causal_attention(exec, act_.att.data(), act_.q.data(), k, v, T, kv_head_.data());

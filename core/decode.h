@@ -116,16 +116,21 @@ public:
 
     Backend& backend() { return *backend_; }
     Exec exec;  // threads, and the FLOPs counted so far
-    // The format-aware naive decode: every position's K and V are stored in this format (through
-    // the backend's store_kv, as a cache stores them) before the causal attention reads them.
+    // The format-aware naive decode: every position's K and V are stored in this format with
+    // these scales ([n_layers, 2], empty: all 1), through the backend's store_kv as a cache
+    // stores them, and read back through load_kv, decoded as cached attention decodes them,
+    // before the causal attention reads them.
     KVFormat kv_format = KVFormat::fp32;
+    std::vector<float> kv_scales;
 
 private:
     std::unique_ptr<Backend> own_;
     Backend* backend_;
     Activations act_;
-    Buffer<RowKV> store_rows_;     // [T] position t's K and V go to row t of k_stored_, v_stored_
-    Buffer<float> k_stored_, v_stored_;  // [T, kv_dim] K and V as stored in kv_format
+    Buffer<RowKV> store_rows_;                // [T] position t's K and V go to row t of k_codes_, v_codes_
+    Buffer<std::uint8_t> k_codes_, v_codes_;  // [T, kv_dim] elements of kv_format
+    Buffer<float> scales_;                    // [n_layers, 2] kv_scales, or all 1
+    Buffer<float> k_stored_, v_stored_;       // [T, kv_dim] K and V as stored, read back
     Buffer<int> tokens_;     // [T]
     Buffer<int> positions_;  // [T] 0..T-1
     Buffer<int> kv_head_;    // [n_heads]

@@ -49,6 +49,9 @@ public:
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
         inner_.store_kv(ex, rows, n_rows, l, k, v);
     }
+    void load_kv(Exec& ex, const RowKV* rows, int n_rows, int l, float* k, float* v) override {
+        inner_.load_kv(ex, rows, n_rows, l, k, v);
+    }
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
         inner_.attention(ex, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
@@ -79,6 +82,9 @@ public:
         return inner_.attended(pos, slots, positions);
     }
     const KVStorage& storage() const override { return inner_.storage(); }
+    void set_kv_format(KVFormat format, std::span<const float> scales = {}) override {
+        inner_.set_kv_format(format, scales);
+    }
     int max_append() const override { return inner_.max_append(); }
     int attach_prefix(std::span<const int> tokens) override { return inner_.attach_prefix(tokens); }
     MemoryStats memory() const override { return inner_.memory(); }

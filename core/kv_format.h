@@ -105,16 +105,59 @@ KVLAB_HD inline float round_through(FloatFormat f, float x) { return decode_floa
 // The formats a cache stores K and V in. An int on the device (RowKV::format).
 enum class KVFormat : int { fp32 = 0, bf16, fp16, fp8_e5m2, fp8_e4m3 };
 
-// What element x of a K or V row is once stored in `format` (an int: KVFormat's value). Both
-// decoders store through this one function: the cached one in store_kv, the naive one before its
-// causal attention.
-KVLAB_HD inline float store_value(int format, float x) {
+KVLAB_HD inline FloatFormat float_format(int format) {
     switch (format) {
-        case int(KVFormat::bf16): return round_through(kBf16, x);
-        case int(KVFormat::fp16): return round_through(kFp16, x);
-        case int(KVFormat::fp8_e5m2): return round_through(kFp8E5M2, x);
-        case int(KVFormat::fp8_e4m3): return round_through(kFp8E4M3, x);
-        default: return x;
+        case int(KVFormat::bf16): return kBf16;
+        case int(KVFormat::fp16): return kFp16;
+        case int(KVFormat::fp8_e5m2): return kFp8E5M2;
+        default: return kFp8E4M3;
+    }
+}
+
+// Bytes one element of a K or V row takes in storage: 4, 2 or 1.
+KVLAB_HD inline int kv_format_bytes(int format) {
+    switch (format) {
+        case int(KVFormat::fp32): return 4;
+        case int(KVFormat::bf16):
+        case int(KVFormat::fp16): return 2;
+        default: return 1;
+    }
+}
+KVLAB_HD inline bool kv_format_scaled(int format) {
+    return format == int(KVFormat::fp8_e5m2) || format == int(KVFormat::fp8_e4m3);
+}
+
+// Element d of a stored row (`row`: its first byte) in `format`: the code of x, and back. An fp8
+// format stores x / scale and reads code * scale, as engines apply k_scale and v_scale; the
+// scale is the cache's, per (layer, K or V), fixed when the cache is made. Other formats ignore
+// it. Both divide and multiply are IEEE-rounded, so every backend gets the same bits.
+KVLAB_HD inline void kv_store(int format, void* row, std::int64_t d, float x, float scale) {
+    switch (format) {
+        case int(KVFormat::fp32): static_cast<float*>(row)[d] = x; return;
+        case int(KVFormat::bf16):
+        case int(KVFormat::fp16):
+            static_cast<std::uint16_t*>(row)[d] = std::uint16_t(encode_float(float_format(format), x));
+            return;
+        default: static_cast<std::uint8_t*>(row)[d] = std::uint8_t(encode_float(float_format(format), x / scale));
+    }
+}
+KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float scale) {
+    switch (format) {
+        case int(KVFormat::fp32): return static_cast<const float*>(row)[d];
+        case int(KVFormat::bf16):
+        case int(KVFormat::fp16): return decode_float(float_format(format), static_cast<const std::uint16_t*>(row)[d]);
+        default: return decode_float(float_format(format), static_cast<const std::uint8_t*>(row)[d]) * scale;
+    }
+}
+
+// What element x of a K or V row reads as once stored in `format` (an int: KVFormat's value):
+// kv_load of kv_store, without the storage (tests hold the two to it).
+KVLAB_HD inline float store_value(int format, float x, float scale = 1.0f) {
+    switch (format) {
+        case int(KVFormat::fp32): return x;
+        case int(KVFormat::bf16):
+        case int(KVFormat::fp16): return round_through(float_format(format), x);
+        default: return round_through(float_format(format), x / scale) * scale;
     }
 }
 

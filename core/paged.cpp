@@ -128,7 +128,7 @@ BlockPool::BlockPool(const Config& config, int block_size, int n_blocks, bool pr
     const std::int64_t per_layer = std::int64_t(config_.n_kv_heads) * block_size;
     storage_ = KVStorage(memory, std::int64_t(n_blocks) * config_.n_layers * per_layer, config_.head_size(), per_layer,
                          block_size);
-    assert(storage_.k.size() == std::int64_t(n) && storage_.v.size() == std::int64_t(n));
+    assert(storage_.n_rows * config_.head_size() == std::int64_t(n));
     holders_.resize(std::size_t(n_blocks));
 }
 
@@ -217,10 +217,14 @@ void BlockPool::release(int block, int owner, int seq) {
     }
 }
 
-void BlockPool::set_kv_format(KVFormat format) {
+// The storage is made again: its size follows the format.
+void BlockPool::set_kv_format(KVFormat format, std::span<const float> scales) {
     if (n_used() + n_cached() != 0)
         throw Error("paged cache: a pool's KV format changes only while no block is used or cached");
-    storage_.format = format;
+    const std::vector<float> checked =
+        scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
+    storage_ = KVStorage(storage_.memory(), storage_.n_rows, storage_.head_size, storage_.layer_rows,
+                         storage_.head_rows, format, checked);
 }
 
 void BlockPool::poison(int block, int from_slot) {
@@ -230,19 +234,18 @@ void BlockPool::poison(int block, int from_slot) {
 void BlockPool::copy_block(int to, int from) {
     // A block's rows of every layer and head are one run: [n_layers, n_kv_heads, block_size, head_size].
     const std::int64_t bytes = block_bytes() / 2;
-    const std::int64_t hs = config_.head_size();
-    storage_.memory().copy(storage_.k.data() + first_slot(to) * hs, storage_.k.data() + first_slot(from) * hs, bytes);
-    storage_.memory().copy(storage_.v.data() + first_slot(to) * hs, storage_.v.data() + first_slot(from) * hs, bytes);
+    storage_.memory().copy(storage_.k_row(first_slot(to)), storage_.k_row(first_slot(from)), bytes);
+    storage_.memory().copy(storage_.v_row(first_slot(to)), storage_.v_row(first_slot(from)), bytes);
 }
 
 const float* BlockPool::key_row(int block, int l, int h, int s) const {
     assert(storage_.memory().host_visible());
-    return storage_.k.data() + storage_.row(l, h, first_slot(block) + s) * config_.head_size();
+    return storage_.k_f32() + storage_.row(l, h, first_slot(block) + s) * config_.head_size();
 }
 
 const float* BlockPool::value_row(int block, int l, int h, int s) const {
     assert(storage_.memory().host_visible());
-    return storage_.v.data() + storage_.row(l, h, first_slot(block) + s) * config_.head_size();
+    return storage_.v_f32() + storage_.row(l, h, first_slot(block) + s) * config_.head_size();
 }
 
 void BlockPool::event(EventKind kind, int seq, int block, int from, int pos, int count) const {
@@ -251,7 +254,9 @@ void BlockPool::event(EventKind kind, int seq, int block, int from, int pos, int
 
 MemoryStats BlockPool::memory() const {
     MemoryStats m;
-    m.payload_bytes = m.reserved_bytes = std::int64_t(n_blocks_) * block_bytes();
+    m.payload_bytes = std::int64_t(n_blocks_) * block_bytes();
+    m.metadata_bytes = std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size());
+    m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
     m.allocated_bytes = storage_.bytes();
     m.blocks_total = n_blocks_;
     m.blocks_free = n_free();
@@ -442,8 +447,10 @@ void check_pool_room(std::span<Cache* const> caches, std::span<const int> added)
     }
 }
 
-void PagedCache::set_kv_format(KVFormat format) {
-    if (format != pool().storage().format)
+void PagedCache::set_kv_format(KVFormat format, std::span<const float> scales) {
+    if (format != pool().storage().format ||
+        (!scales.empty() && !std::equal(scales.begin(), scales.end(), pool().storage().host_scales.begin(),
+                                        pool().storage().host_scales.end())))
         throw Error(fmt::format("paged cache: its blocks are the pool's, stored in {}; BlockPool::set_kv_format "
                                 "sets them (not {})",
                                 kv_format_name(pool().storage().format), kv_format_name(format)));
@@ -451,7 +458,7 @@ void PagedCache::set_kv_format(KVFormat format) {
 
 MemoryStats PagedCache::memory() const {
     MemoryStats m;
-    m.used_bytes = kv_bytes(config_, length());
+    m.used_bytes = kv_bytes(config_, length(), kv_format());
     m.payload_bytes = m.reserved_bytes = std::int64_t(table_.size()) * pool().block_bytes();
     m.allocated_bytes = m.reserved_bytes;  // blocks live in the pool; BlockPool::memory() measures it
     const MemoryStats p = pool().memory();

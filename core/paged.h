@@ -141,7 +141,7 @@ public:
     int n_cached() const;  // mapped by nobody but published: reclaimable
     int n_used() const;    // in at least one block table
     int available() const { return manager_->available(); }
-    std::int64_t block_bytes() const { return kv_bytes(config_, block_size_); }
+    std::int64_t block_bytes() const { return kv_bytes(config_, block_size_, storage_.format); }
     // Writes that went into a block some other owner could read (shared, or published): the
     // invariant is that there are none.
     std::int64_t shared_writes() const { return shared_writes_; }
@@ -150,9 +150,9 @@ public:
     MemoryStats memory() const;
 
     const KVStorage& storage() const { return storage_; }
-    // The format every block stores K and V in (kv_format.h); changes only while no block is used
-    // or cached.
-    void set_kv_format(KVFormat format);
+    // The format every block stores K and V in, and its scales (kv_format.h; empty: all 1);
+    // changes only while no block is used or cached.
+    void set_kv_format(KVFormat format, std::span<const float> scales = {});
     // Where a block's rows start in storage: its row 0 of layer 0, KV head 0. The pool's own
     // copies, poisoning and host reads address blocks through this, never through slot().
     std::int64_t first_slot(int block) const {
@@ -233,7 +233,8 @@ public:
     std::int64_t slot(int t) const override;
     int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
     const KVStorage& storage() const override { return pool().storage(); }
-    void set_kv_format(KVFormat format) override;  // the pool's format: BlockPool::set_kv_format
+    // The pool's format: BlockPool::set_kv_format.
+    void set_kv_format(KVFormat format, std::span<const float> scales = {}) override;
     int attach_prefix(std::span<const int> tokens) override;
     MemoryStats memory() const override;
     std::string name() const override;

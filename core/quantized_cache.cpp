@@ -92,13 +92,13 @@ QuantizedCache::QuantizedCache(const Config& config, QuantSpec spec) : Cache(con
     k_mins_.assign(k_meta, kPoison);
     k_residual_.assign(per_channel_keys() ? heads * (g - 1) * hs : 0, kPoison);
     mirror_ = KVStorage(host_memory(), std::int64_t(rows), hs, std::int64_t(c.n_kv_heads) * c.max_seq, c.max_seq);
-    k_mirror_ = mirror_.k.data();
-    v_mirror_ = mirror_.v.data();
+    k_mirror_ = mirror_.k_f32();
+    v_mirror_ = mirror_.v_f32();
     key_rows_.assign(c.n_layers, 0);
     assert(k_codes_.size() == rows * row_bytes_ && v_codes_.size() == rows * row_bytes_);
     assert(v_scales_.size() == rows * token_groups_ && k_scales_.size() == k_meta && k_mins_.size() == k_meta);
     assert(k_residual_.size() == (per_channel_keys() ? heads * (g - 1) * hs : 0));
-    assert(mirror_.k.size() == std::int64_t(rows * hs) && mirror_.v.size() == std::int64_t(rows * hs));
+    assert(mirror_.n_rows == std::int64_t(rows) && mirror_.head_size == hs);
 }
 
 void QuantizedCache::reserve(int new_length) { assert(new_length <= config_.max_seq); }

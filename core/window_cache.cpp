@@ -23,7 +23,7 @@ WindowCache::WindowCache(const Config& config, int sinks, int window, int chunk,
     storage_ = KVStorage(memory, heads * ring_size_, config_.head_size(), std::int64_t(config_.n_kv_heads) * ring_size_,
                          ring_size_);
     owner_.assign(ring_size_, -1);
-    assert(storage_.k.size() == heads * ring_size_ * config_.head_size() && owner_.size() == std::size_t(ring_size_));
+    assert(storage_.n_rows == heads * ring_size_ && owner_.size() == std::size_t(ring_size_));
 }
 
 int WindowCache::ring_slot(int pos) const {

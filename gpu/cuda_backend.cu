@@ -80,6 +80,14 @@ __global__ void store_kv_kernel(const RowKV* rows, int n_rows, int l, const floa
     gpu::store_kv_element(rows, l, k, v, n_kv_heads * head_size, head_size, i, h, d);
 }
 
+__global__ void load_kv_kernel(const RowKV* rows, int n_rows, int l, float* k, float* v, int n_kv_heads,
+                               int head_size) {
+    const std::int64_t id = thread_id();
+    if (id >= std::int64_t(n_rows) * n_kv_heads * head_size) return;
+    const int d = int(id % head_size), h = int(id / head_size % n_kv_heads), i = int(id / head_size / n_kv_heads);
+    gpu::load_kv_element(rows, l, k, v, n_kv_heads * head_size, head_size, i, h, d);
+}
+
 __global__ void attention_kernel(float* att, const float* q, const RowKV* rows, int n_rows, int l,
                                  const std::int64_t* slots, int max_n, const int* kv_head, int dim, int n_heads,
                                  int head_size, int probe_row, float* probe) {
@@ -89,9 +97,10 @@ __global__ void attention_kernel(float* att, const float* q, const RowKV* rows, 
     gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, dim, head_size, probe_row, probe, i, h);
 }
 
-__global__ void fill_nan_kernel(float* x, std::int64_t n) {
+// Element i of n in `format`: its quiet NaN (kv_store of a NaN, as the host fill writes).
+__global__ void fill_nan_kernel(void* x, std::int64_t n, int format) {
     const std::int64_t id = thread_id();
-    if (id < n) x[id] = gpu::nan_f32();
+    if (id < n) kv_store(format, x, id, gpu::nan_f32(), 1.0f);
 }
 
 __global__ void exp_kernel(float* out, const float* x, std::int64_t n) {
@@ -163,9 +172,9 @@ void CudaMemory::copy(void* dst, const void* src, std::int64_t bytes) {
     check(cudaMemcpyAsync(dst, src, std::size_t(bytes), cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (copy)");
 }
 
-void CudaMemory::fill_nan(float* x, std::int64_t n) {
+void CudaMemory::fill_nan(void* x, std::int64_t n, int format) {
     if (n == 0) return;
-    fill_nan_kernel<<<blocks_for(n), kBlock, 0, stream_>>>(x, n);
+    fill_nan_kernel<<<blocks_for(n), kBlock, 0, stream_>>>(x, n, format);
     check_launch("fill_nan_kernel");
 }
 
@@ -345,6 +354,14 @@ void CudaBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const fl
     store_kv_kernel<<<blocks_for(n), kBlock, 0, memory_.stream()>>>(rows, n_rows, l, k, v, c.n_kv_heads,
                                                                     c.head_size());
     check_launch("store_kv_kernel");
+}
+
+void CudaBackend::load_kv(Exec&, const RowKV* rows, int n_rows, int l, float* k, float* v) {
+    const Config& c = config_;
+    const std::int64_t n = std::int64_t(n_rows) * c.n_kv_heads * c.head_size();
+    if (count_only_ || n == 0) return;
+    load_kv_kernel<<<blocks_for(n), kBlock, 0, memory_.stream()>>>(rows, n_rows, l, k, v, c.n_kv_heads, c.head_size());
+    check_launch("load_kv_kernel");
 }
 
 void CudaBackend::attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,

@@ -40,7 +40,7 @@ public:
     void upload(void* dst, const void* src, std::int64_t bytes) override;
     void download(void* dst, const void* src, std::int64_t bytes) override;
     void copy(void* dst, const void* src, std::int64_t bytes) override;
-    void fill_nan(float* x, std::int64_t n) override;
+    void fill_nan(void* x, std::int64_t n, int format = 0) override;
     void synchronize() override;
 
     CUstream_st* stream() const { return stream_; }
@@ -79,6 +79,7 @@ public:
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
                           const int* kv_head) override;
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override;
+    void load_kv(Exec& ex, const RowKV* rows, int n_rows, int l, float* k, float* v) override;
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
 

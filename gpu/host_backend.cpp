@@ -128,6 +128,14 @@ void GpuHostBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const
             for (int d = 0; d < hs; d++) gpu::store_kv_element(rows, l, k, v, c.kv_dim(), hs, i, h, d);
 }
 
+void GpuHostBackend::load_kv(Exec&, const RowKV* rows, int n_rows, int l, float* k, float* v) {
+    const Config& c = config();
+    const int hs = c.head_size();
+    for (int i = 0; i < n_rows; i++)
+        for (int h = 0; h < c.n_kv_heads; h++)
+            for (int d = 0; d < hs; d++) gpu::load_kv_element(rows, l, k, v, c.kv_dim(), hs, i, h, d);
+}
+
 void GpuHostBackend::attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                                const std::int64_t* slots, int max_n, const int* kv_head, int probe_row,
                                float* probe) {

@@ -44,6 +44,7 @@ public:
     void causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
                           const int* kv_head) override;
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override;
+    void load_kv(Exec& ex, const RowKV* rows, int n_rows, int l, float* k, float* v) override;
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
 

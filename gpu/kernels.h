@@ -16,7 +16,8 @@
 //   causal_attention_head   one (row i, head h) of naive attention: scores over j = 0..T-1,
 //                           (q.k)/scale for j <= i and -inf after, softmax, then P V
 //                           summed over all T columns in order (masked ones add exact +0)
-//   store_kv_element        one float of a row's K and V into its cache slot
+//   store_kv_element        one element of a row's K and V into its cache slot, in the cache's format
+//   load_kv_element         and back: the element decoded to fp32 (the format-aware naive decode)
 //   attention_head          one (row i, head h) of cached attention: kernels.h's attention_row
 //                           over rows[i].n slots, read from device memory, in t order
 //
@@ -141,20 +142,33 @@ KVLAB_HD inline void causal_attention_head(float* att, const float* q, const flo
     }
 }
 
-// Row is backend.h's RowKV (a template, so that this header needs only numerics.h and kv_format.h): the
-// row of (layer l, KV head h, slot s) starts at float (l * layer_rows + h * head_rows + s) *
-// head_size of its k and of its v.
+// Row is backend.h's RowKV (a template, so that this header needs only numerics.h and
+// kv_format.h): the row of (layer l, KV head h, slot s) is row l * layer_rows + h * head_rows + s
+// of its k and of its v, head_size elements of its format each (kv_format_bytes).
 
 // Element d of KV head h of row i's K and V (k, v: [rows, kv_dim]) into layer l at its write_slot,
-// stored in the row's format (store_value: fp32 as it is, a narrower format rounded).
+// stored in the row's format with layer l's scales (kv_store: fp32 as it is, a narrower format
+// as its code).
 template <class Row>
 KVLAB_HD void store_kv_element(const Row* rows, int l, const float* k, const float* v, int kv_dim, int head_size,
                                int i, int h, int d) {
     const Row& r = rows[i];
-    const std::int64_t at = (l * r.layer_rows + h * r.head_rows + r.write_slot) * head_size + d;
+    const std::int64_t at = r.row(l, h, r.write_slot);
     const std::int64_t from = std::int64_t(i) * kv_dim + h * head_size + d;
-    r.k[at] = store_value(r.format, k[from]);
-    r.v[at] = store_value(r.format, v[from]);
+    kv_store(r.format, r.k_row(at, head_size), d, k[from], r.k_scale(l));
+    kv_store(r.format, r.v_row(at, head_size), d, v[from], r.v_scale(l));
+}
+
+// The inverse: element d of KV head h of row i's stored K and V at its write_slot of layer l,
+// decoded (kv_load) into k, v: [rows, kv_dim].
+template <class Row>
+KVLAB_HD void load_kv_element(const Row* rows, int l, float* k, float* v, int kv_dim, int head_size, int i, int h,
+                              int d) {
+    const Row& r = rows[i];
+    const std::int64_t at = r.row(l, h, r.write_slot);
+    const std::int64_t to = std::int64_t(i) * kv_dim + h * head_size + d;
+    k[to] = kv_load(r.format, r.k_row(at, head_size), d, r.k_scale(l));
+    v[to] = kv_load(r.format, r.v_row(at, head_size), d, r.v_scale(l));
 }
 
 // Cached attention, query row i of head h at layer l, exactly kernels.h attention_row: over
@@ -166,16 +180,21 @@ KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l,
                              const int* kv_head, int dim, int head_size, int probe_row, float* probe, int i, int h) {
     const Row& r = rows[i];
     const std::int64_t* s = slots + std::int64_t(i) * max_n;
-    const std::int64_t base = l * r.layer_rows + kv_head[h] * r.head_rows;
+    const std::int64_t base = r.row(l, kv_head[h], 0);
     const float scale = attention_scale(head_size);
     const float* qi = q + std::int64_t(i) * dim + h * head_size;
-    // Element d of position t's K (or V) row; a slot of -1 holds nothing and reads NaN.
-    auto at = [&](const float* storage, int t, int d) {
-        return s[t] < 0 ? nan_f32() : storage[(base + s[t]) * head_size + d];
+    // Element d of position t's K row, decoded from the storage's format (kv_load: exact); a slot
+    // of -1 holds nothing and reads NaN.
+    const float ks = r.k_scale(l), vs = r.v_scale(l);
+    auto key = [&](int t, int d) {
+        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.k_row(base + s[t], head_size), d, ks);
+    };
+    auto value = [&](int t, int d) {
+        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.v_row(base + s[t], head_size), d, vs);
     };
     auto score = [&](int t) {
         float x = 0.0f;
-        for (int d = 0; d < head_size; d++) x = x + qi[d] * at(r.k, t, d);
+        for (int d = 0; d < head_size; d++) x = x + qi[d] * key(t, d);
         return x / scale;
     };
     const int n = r.n;
@@ -187,7 +206,7 @@ KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l,
     for (int t = 0; t < n; t++) {
         const float p = softmax_weight(score(t), st);
         if (probed) probe[std::int64_t(h) * max_n + t] = p;
-        for (int d = 0; d < head_size; d++) out[d] = out[d] + p * at(r.v, t, d);
+        for (int d = 0; d < head_size; d++) out[d] = out[d] + p * value(t, d);
     }
 }
 

@@ -660,6 +660,25 @@ struct Storage {
     }
 };
 
+const proofs::FormatTable& oracle_table(const FloatFormat& f) {
+    static std::map<const FloatFormat*, proofs::FormatTable> tables;
+    auto it = tables.find(&f);
+    if (it == tables.end()) it = tables.emplace(&f, proofs::format_table(f)).first;
+    return it->second;
+}
+
+// The code the format oracle stores fp32 x as in `format` (fp32: x's own bits).
+std::uint32_t oracle_code(KVFormat format, float x) {
+    switch (format) {
+        case KVFormat::fp32: return float_bits(x);
+        case KVFormat::bf16: return proofs::oracle_encode(kBf16, oracle_table(kBf16), x);
+        case KVFormat::fp16: return proofs::oracle_encode(kFp16, oracle_table(kFp16), x);
+        case KVFormat::fp8_e5m2: return proofs::oracle_encode(kFp8E5M2, oracle_table(kFp8E5M2), x);
+        case KVFormat::fp8_e4m3: return proofs::oracle_encode(kFp8E4M3, oracle_table(kFp8E4M3), x);
+    }
+    return 0;
+}
+
 // What an fp32 element is once stored in `format`, by the format oracle (proofs/format_oracle.h),
 // not by kvlab's conversion: its code's meaning, NaN as the quiet NaN with the input's sign.
 float oracle_stored(KVFormat format, float x) {
@@ -669,19 +688,17 @@ float oracle_stored(KVFormat format, float x) {
                            : format == KVFormat::fp8_e4m3 ? &kFp8E4M3
                                                           : nullptr;
     if (!f) return x;
-    static std::map<const FloatFormat*, proofs::FormatTable> tables;
-    auto it = tables.find(f);
-    if (it == tables.end()) it = tables.emplace(f, proofs::format_table(*f)).first;
-    const proofs::CodeMeaning m = proofs::code_meaning(*f, proofs::oracle_encode(*f, it->second, x));
+    const proofs::CodeMeaning m = proofs::code_meaning(*f, proofs::oracle_encode(*f, oracle_table(*f), x));
     if (m.nan) return std::bit_cast<float>(m.negative ? 0xffc00000u : 0x7fc00000u);
     if (m.inf) return m.negative ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
     return float(m.value);  // exact: every value of these formats is an fp32
 }
 
-// -- store_kv: row i's K and V (k, v: [n_rows, kv_dim]) into its cache (i % caches) at layer l, at
-// its write slot (distinct within a cache), stored in `format`. Oracle: those rows hold exactly k
-// and v as the format oracle stores them; every other storage element keeps its bits (the
-// buffers' writable masks).
+// -- store_kv, then load_kv: row i's K and V (k, v: [n_rows, kv_dim]) into its cache (i % caches)
+// at layer l, at its write slot (distinct within a cache), stored in `format` with layer l's
+// scales (scaled=1: drawn, else none), then read back into [n_rows, kv_dim]. Oracle: those rows
+// hold exactly the format oracle's codes of k and v (divided by the scale, for fp8), every other
+// storage byte keeps its value, and the read back is each code's meaning (times the scale).
 void run_store_kv(const Case& k, const Backends& backends) {
     const Config c = config_of(k);
     const int l = k.get("layer"), n_rows = k.get("n_rows"), hs = c.head_size(), kv_dim = c.kv_dim();
@@ -706,23 +723,38 @@ void run_store_kv(const Case& k, const Backends& backends) {
         rows[std::size_t(i)].head_rows = st.head_rows;
         rows[std::size_t(i)].format = int(format);
     }
-    std::vector<std::vector<float>> init;     // [caches * 2] K then V of each cache, [n_floats]
-    std::vector<std::vector<char>> writable;  // the same shape: the rows the store writes
+    // Storage in words of 4 bytes: each cache's K and V hold st.n_floats elements of `eb` bytes.
+    const int eb = kv_format_bytes(int(format));
+    const std::int64_t n_bytes = st.n_floats * eb, n_words = (n_bytes + 3) / 4;
+    std::vector<std::vector<float>> init;     // [caches * 2] K then V of each cache, [n_words]
+    std::vector<std::vector<char>> writable;  // the same shape: the words a stored row touches
     for (int s = 0; s < 2 * st.caches; s++) {
-        init.push_back(val.floats(st.n_floats, -149, 127));
-        writable.emplace_back(std::size_t(st.n_floats), 0);
+        init.push_back(val.floats(n_words, -149, 127));
+        writable.emplace_back(std::size_t(n_words), 0);
     }
     for (int i = 0; i < n_rows; i++)
         for (int h = 0; h < c.n_kv_heads; h++)
-            for (int kv = 0; kv < 2; kv++)
-                std::fill_n(writable[std::size_t(2 * (i % st.caches) + kv)].begin() +
-                                st.at(l, h, rows[std::size_t(i)].write_slot, hs),
-                            hs, 1);
+            for (int kv = 0; kv < 2; kv++) {
+                const std::int64_t from = st.at(l, h, rows[std::size_t(i)].write_slot, hs) * eb, to = from + hs * eb;
+                std::fill(writable[std::size_t(2 * (i % st.caches) + kv)].begin() + from / 4,
+                          writable[std::size_t(2 * (i % st.caches) + kv)].begin() + (to + 3) / 4, 1);
+            }
+    // Layer scales [n_layers, 2], read by fp8: 1, or drawn from [2^-6, 2^6) when scaled=1.
+    std::vector<float> scales(std::size_t(2 * c.n_layers), 1.0f);
+    if (k.get("scaled"))
+        for (float& x : scales) x = std::ldexp(1.0f + float(val.uniform(0, 255)) / 256.0f, val.uniform(-6, 5));
     const std::vector<float> new_k = val.floats(std::int64_t(n_rows) * kv_dim, -149, 127);  // [n_rows, kv_dim]
     const std::vector<float> new_v = val.floats(std::int64_t(n_rows) * kv_dim, -149, 127);  // [n_rows, kv_dim]
     assert(rows.size() == std::size_t(n_rows) && init.size() == std::size_t(2 * st.caches));
-    assert(init[0].size() == std::size_t(st.n_floats) && writable[0].size() == init[0].size());
+    assert(init[0].size() == std::size_t(n_words) && writable[0].size() == init[0].size());
     assert(new_k.size() == std::size_t(n_rows) * kv_dim && new_v.size() == new_k.size());
+    // What the oracle says each stored element is: its code, and the value a read gives back.
+    auto scale_of = [&](int kv) { return kv_format_scaled(int(format)) ? scales[std::size_t(2 * l + kv)] : 1.0f; };
+    auto want_code = [&](int kv, float x) { return oracle_code(format, x / scale_of(kv)); };
+    auto want_value = [&](int kv, float x) {
+        const float s = scale_of(kv), v = oracle_stored(format, x / s);
+        return s == 1.0f ? v : v * s;
+    };
     run_on_backends(
         k, m, backends,
         [&](Run& r) {
@@ -730,28 +762,55 @@ void run_store_kv(const Case& k, const Backends& backends) {
             for (int s = 0; s < 2 * st.caches; s++)
                 storage.push_back(r.out(fmt::format("{} of cache {}", s % 2 ? "V" : "K", s / 2), init[std::size_t(s)],
                                         writable[std::size_t(s)]));
+            float* loaded_k = r.out("K read back", sentinels(std::int64_t(n_rows) * kv_dim));
+            float* loaded_v = r.out("V read back", sentinels(std::int64_t(n_rows) * kv_dim));
             std::vector<RowKV> mine = rows;
-            for (int i = 0; i < n_rows; i++)
-                mine[std::size_t(i)].k = storage[std::size_t(2 * (i % st.caches))],
+            const float* dev_scales = k.get("scaled") ? r.in("scales", scales) : nullptr;
+            for (int i = 0; i < n_rows; i++) {
+                mine[std::size_t(i)].k = storage[std::size_t(2 * (i % st.caches))];
                 mine[std::size_t(i)].v = storage[std::size_t(2 * (i % st.caches) + 1)];
-            r.backend.store_kv(r.ex, r.in("rows", mine), n_rows, l, r.in("k", new_k), r.in("v", new_v));
+                mine[std::size_t(i)].scales = dev_scales;
+            }
+            const RowKV* dev_rows = r.in("rows", mine);
+            r.backend.store_kv(r.ex, dev_rows, n_rows, l, r.in("k", new_k), r.in("v", new_v));
+            r.backend.load_kv(r.ex, dev_rows, n_rows, l, loaded_k, loaded_v);
         },
         [&](const Outputs& o) {
-            for (int i = 0; i < n_rows; i++)
-                for (int h = 0; h < c.n_kv_heads; h++)
-                    for (int kv = 0; kv < 2; kv++) {
-                        const std::vector<float>& got = o[std::size_t(2 * (i % st.caches) + kv)].second;
-                        const std::vector<float>& want = kv ? new_v : new_k;
+            // Every byte of each storage: the oracle's codes in the rows stored, the old bytes elsewhere.
+            for (int s = 0; s < 2 * st.caches; s++) {
+                std::vector<unsigned char> want(std::size_t(n_words) * 4), got(want.size());
+                std::memcpy(want.data(), init[std::size_t(s)].data(), want.size());
+                std::memcpy(got.data(), o[std::size_t(s)].second.data(), got.size());
+                for (int i = s / 2; i < n_rows; i += st.caches)
+                    for (int h = 0; h < c.n_kv_heads; h++)
                         for (int d = 0; d < hs; d++) {
-                            const float g = got[std::size_t(st.at(l, h, rows[std::size_t(i)].write_slot, hs) + d)];
-                            const float w = oracle_stored(format, want[std::size_t(i) * kv_dim + h * hs + d]);
-                            if (float_bits(g) != float_bits(w))
-                                kvlab::fail(
-                                    fmt::format("store_kv row {}, KV head {}: {} element {} is 0x{:08x}, the row's is "
-                                                "0x{:08x}",
-                                                i, h, kv ? "value" : "key", d, float_bits(g), float_bits(w)));
+                            const std::uint32_t code =
+                                want_code(s % 2, (s % 2 ? new_v : new_k)[std::size_t(i) * kv_dim + h * hs + d]);
+                            const std::int64_t at = (st.at(l, h, rows[std::size_t(i)].write_slot, hs) + d) * eb;
+                            std::memcpy(want.data() + at, &code, std::size_t(eb));  // little-endian
                         }
-                    }
+                for (std::size_t b = 0; b < want.size(); b++)
+                    if (want[b] != got[b])
+                        kvlab::fail(
+                            fmt::format("store_kv row: {} of cache {}: byte {} (element {} in {}) is 0x{:02x}, "
+                                        "the format oracle's is 0x{:02x}",
+                                        s % 2 ? "V" : "K", s / 2, b, std::int64_t(b) / eb, kv_format_name(format),
+                                        got[b], want[b]));
+            }
+            // Read back: the value of each stored element, as the oracle means its code.
+            for (int kv = 0; kv < 2; kv++) {
+                const std::vector<float>& got = o[std::size_t(2 * st.caches + kv)].second;
+                const std::vector<float>& x = kv ? new_v : new_k;
+                for (std::size_t e = 0; e < got.size(); e++) {
+                    const float w = want_value(kv, x[e]);
+                    if (float_bits(got[e]) != float_bits(w))
+                        kvlab::fail(
+                            fmt::format("store_kv row {}: {} element {} reads back as 0x{:08x}, the row's "
+                                        "is 0x{:08x}",
+                                        e / std::size_t(kv_dim), kv ? "value" : "key", e % std::size_t(kv_dim),
+                                        float_bits(got[e]), float_bits(w)));
+                }
+            }
         });
 }
 
@@ -927,14 +986,16 @@ const std::vector<KernelEntry>& kernel_table() {
          },
          run_causal_attention},
         {"store_kv n_layers=1 layer=0 n_heads=1 n_kv_heads=1 head_size=1 n_slots=1 layout=head caches=1 n_rows=1 "
-         "format=fp32 seed=1 values=finite",
+         "format=fp32 scaled=0 seed=1 values=finite",
          {"n_layers=3 layer=2 n_heads=4 n_kv_heads=2 head_size=8 n_slots=8 n_rows=5",
           "n_layers=2 layer=1 n_heads=4 n_kv_heads=4 head_size=5 n_slots=3 layout=seq caches=2 n_rows=6",
           "n_heads=2 n_kv_heads=2 head_size=3 n_slots=4 n_rows=4 values=nonfinite",
           "n_heads=4 n_kv_heads=2 head_size=8 n_slots=6 n_rows=5 format=bf16",
           "n_heads=2 n_kv_heads=1 head_size=16 n_slots=4 n_rows=3 format=fp16 values=nonfinite",
           "n_heads=2 n_kv_heads=2 head_size=8 n_slots=4 n_rows=4 layout=seq format=fp8-e5m2",
-          "n_heads=2 n_kv_heads=2 head_size=8 n_slots=4 n_rows=4 format=fp8-e4m3 values=nonfinite"},
+          "n_heads=2 n_kv_heads=2 head_size=8 n_slots=4 n_rows=4 format=fp8-e4m3 values=nonfinite",
+          "n_layers=2 layer=1 n_heads=2 n_kv_heads=1 head_size=3 n_slots=5 n_rows=3 format=fp8-e4m3 scaled=1",
+          "n_heads=2 n_kv_heads=2 head_size=5 n_slots=3 n_rows=2 layout=seq caches=2 format=fp8-e5m2 scaled=1"},
          [] {
              Case c("store_kv");
              c.set("n_layers", pick(1, 3));
@@ -942,7 +1003,7 @@ const std::vector<KernelEntry>& kernel_table() {
              draw_heads(c, 4, 12);
              c.set("n_slots", pick(1, 10)).set("layout", pick({"head", "seq"})).set("caches", pick(1, 2));
              c.set("n_rows", pick(1, std::min(6, c.get("caches") * c.get("n_slots"))));
-             c.set("format", pick({"fp32", "bf16", "fp16", "fp8-e5m2", "fp8-e4m3"}));
+             c.set("format", pick({"fp32", "bf16", "fp16", "fp8-e5m2", "fp8-e4m3"})).set("scaled", pick(0, 1));
              return draw_values(c);
          },
          run_store_kv},
@@ -1126,11 +1187,12 @@ public:
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
         inner().store_kv(ex, rows, n_rows, l, k, v);
         if (n_rows == 0) return;
-        // Row 0's K storage: [n_layers * layer_rows, head_size]; its first element stored is at its write slot.
+        // Row 0's K storage: [n_layers * layer_rows, head_size] elements of its format, touched as
+        // 4-byte words; the word holding its first stored element's first byte is the one changed.
         const RowKV& r = rows[0];
-        const int hs = config().head_size();
-        touch("store_kv", ex, r.k, config().n_layers * r.layer_rows * hs, k, sizeof(float),
-              (l * r.layer_rows + r.write_slot) * hs);
+        const std::int64_t eb = kv_format_bytes(r.format), hs = config().head_size();
+        touch("store_kv", ex, static_cast<float*>(r.k), (config().n_layers * r.layer_rows * hs * eb + 3) / 4, k,
+              sizeof(float), (l * r.layer_rows + r.write_slot) * hs * eb / 4);
     }
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {

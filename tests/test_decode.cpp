@@ -276,6 +276,9 @@ public:
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
         tick(), cpu_.store_kv(ex, rows, n_rows, l, k, v);
     }
+    void load_kv(Exec& ex, const RowKV* rows, int n_rows, int l, float* k, float* v) override {
+        tick(), cpu_.load_kv(ex, rows, n_rows, l, k, v);
+    }
     void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
         tick(), cpu_.attention(ex, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);

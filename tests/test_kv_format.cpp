@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -160,7 +162,9 @@ struct FormatCache {
     std::string name;
 };
 
-FormatCache format_cache(const Config& c, int variant, KVFormat format, Memory& memory) {
+// scales: [n_layers, 2], or empty for all 1.
+FormatCache format_cache(const Config& c, int variant, KVFormat format, Memory& memory,
+                         std::span<const float> scales = {}) {
     FormatCache f;
     switch (variant) {
         case 0: f.cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::head_major, memory); break;
@@ -169,38 +173,54 @@ FormatCache format_cache(const Config& c, int variant, KVFormat format, Memory& 
         default: {
             const int bs = draw(1, c.max_seq);
             f.pool = std::make_unique<BlockPool>(c, bs, (c.max_seq + bs - 1) / bs, false, memory);
-            f.pool->set_kv_format(format);
-            f.cache = std::make_unique<PagedCache>(*f.pool);
+            f.pool->set_kv_format(format, scales);
         }
     }
-    f.cache->set_kv_format(format);
+    if (f.pool) f.cache = std::make_unique<PagedCache>(*f.pool);
+    f.cache->set_kv_format(format, scales);
     f.name = fmt::format("{} in {}", f.cache->name(), kv_format_name(format));
     return f;
 }
 
+// Scales [n_layers, 2] of an fp8 cache: powers of two and in-between values in [2^-5, 2^4).
+std::vector<float> draw_scales(const Config& c) {
+    std::vector<float> s(std::size_t(2 * c.n_layers));
+    for (float& x : s) x = std::ldexp(1.0f + float(draw(0, 63)) / 64.0f, draw(-5, 3));
+    return s;
+}
+
+// What the naive decode is told: the cache's format and scales (the property), fp32 (the first
+// counter-test) or the cache's fp8 format without its scales (the second).
+enum class NaiveAs { cache, fp32, unscaled };
+
 // Prefill a prompt, then decode to max_seq: every step's logits equal naive decode's, storing K
-// and V in the cache's format (or in fp32, for the counter-test).
-void format_property(bool naive_in_cache_format) {
+// and V as `as` says.
+void format_property(NaiveAs as) {
     const Config c = draw_config(2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = kKVFormats[std::size_t(draw(1, 4))];
+    const KVFormat format = kKVFormats[std::size_t(as == NaiveAs::unscaled ? draw(3, 4) : draw(1, 4))];
+    const bool scaled = kv_format_scaled(int(format)) && (as == NaiveAs::unscaled || draw(0, 1));
+    const std::vector<float> scales = scaled ? draw_scales(c) : std::vector<float>{};
     const bool on_gpu_host = draw(0, 1);
     std::unique_ptr<Backend> backend;
     if (on_gpu_host)
         backend = std::make_unique<GpuHostBackend>(m);
     else
         backend = std::make_unique<CpuBackend>(m);
-    const FormatCache fc = format_cache(c, draw(0, 3), format, backend->memory());
+    const FormatCache fc = format_cache(c, draw(0, 3), format, backend->memory(), scales);
     NaiveDecoder naive(*backend);
-    naive.kv_format = naive_in_cache_format ? format : KVFormat::fp32;
+    naive.kv_format = as == NaiveAs::fp32 ? KVFormat::fp32 : format;
+    if (as == NaiveAs::cache) naive.kv_scales = scales;
     CachedDecoder cached(*backend, *fc.cache);
     std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const std::string where = fmt::format("{} on {}, {}", fc.name, on_gpu_host ? "gpu-host" : "cpu", c.describe());
+    const std::string where = fmt::format("{}{} on {}, {}", fc.name, scaled ? " with scales" : "",
+                                          on_gpu_host ? "gpu-host" : "cpu", c.describe());
     std::vector<float> got = cached.extend(tokens);
     while (true) {
         if (const auto diff = first_difference(naive.forward(tokens), got))
-            RC_FAIL(fmt::format("{}: at T = {} the cached logits differ from naive decode in {}: {}", where,
-                                tokens.size(), kv_format_name(naive.kv_format), *diff));
+            RC_FAIL(fmt::format("{}: at T = {} the cached logits differ from naive decode in {}{}: {}", where,
+                                tokens.size(), kv_format_name(naive.kv_format),
+                                naive.kv_scales.empty() ? "" : " with the cache's scales", *diff));
         if (int(tokens.size()) == c.max_seq) break;
         tokens.push_back(draw_tokens(c, 1)[0]);
         got = cached.decode(tokens.back());
@@ -211,14 +231,19 @@ void format_property(bool naive_in_cache_format) {
 
 TEST_CASE("KV formats: cached decode equals the format-aware naive decode, bit for bit, every step", "[kv-format]") {
     rc::prop(
-        "contiguous (both layouts), growing and paged caches in bf16, fp16, fp8-e5m2, fp8-e4m3, on cpu and "
-        "gpu-host",
-        [] { format_property(true); });
+        "contiguous (both layouts), growing and paged caches in bf16, fp16, fp8-e5m2, fp8-e4m3 (fp8 with and "
+        "without per-layer scales), on cpu and gpu-host",
+        [] { format_property(NaiveAs::cache); });
 }
 
 TEST_CASE("KV formats counter-test: a cache in a narrow format differs from the fp32 naive decode",
           "[kv-format][counter]") {
-    test::expect_failure([] { format_property(false); }, "differ from naive decode in fp32");
+    test::expect_failure([] { format_property(NaiveAs::fp32); }, "differ from naive decode in fp32");
+}
+
+TEST_CASE("KV formats counter-test: an fp8 cache with scales differs from a naive decode that ignores them",
+          "[kv-format][counter]") {
+    test::expect_failure([] { format_property(NaiveAs::unscaled); }, "with scales on");
 }
 
 TEST_CASE("KV formats: a variant that stores fp32 only, or a non-empty cache, refuses a format in one line",
@@ -237,4 +262,118 @@ TEST_CASE("KV formats: a variant that stores fp32 only, or a non-empty cache, re
     CHECK_THROWS_WITH(pool.set_kv_format(KVFormat::bf16), Catch::Contains("only while no block is used or cached"));
     CHECK_THROWS_WITH(parse_kv_format("fp8"), "unknown KV format 'fp8' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)");
     for (KVFormat f : kKVFormats) CHECK(parse_kv_format(kv_format_name(f)) == f);
+}
+
+// ---- Memory: a cache in a format holds its codes and scales, nothing else. The bytes its
+// memory() reports are checked against what its allocator actually handed out.
+
+namespace {
+
+// Host memory that counts the bytes live in it.
+class CountingMemory final : public Memory {
+public:
+    std::string_view name() const override { return "counting"; }
+    bool host_visible() const override { return true; }
+    void* allocate(std::int64_t bytes) override {
+        void* p = host_memory().allocate(bytes);
+        sizes_[p] = bytes;
+        live_ += bytes;
+        return p;
+    }
+    void deallocate(void* p) override {
+        live_ -= sizes_.at(p);
+        sizes_.erase(p);
+        host_memory().deallocate(p);
+    }
+    void upload(void* dst, const void* src, std::int64_t n) override { host_memory().upload(dst, src, n); }
+    void download(void* dst, const void* src, std::int64_t n) override { host_memory().download(dst, src, n); }
+    void copy(void* dst, const void* src, std::int64_t n) override { host_memory().copy(dst, src, n); }
+    void fill_nan(void* x, std::int64_t n, int format) override { host_memory().fill_nan(x, n, format); }
+    std::int64_t live() const { return live_; }
+
+private:
+    std::map<void*, std::int64_t> sizes_;
+    std::int64_t live_ = 0;
+};
+
+// A contiguous cache that also keeps an fp32 copy of its rows, as kvlab's quantized caches once
+// did, and reports only its own storage: the memory check must see the difference.
+class MirroringCache final : public ContiguousCache {
+public:
+    MirroringCache(const Config& c, Memory& memory)
+        : ContiguousCache(c, Layout::head_major, memory),
+          mirror_(memory, 2 * std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq * c.head_size()) {}
+
+private:
+    Buffer<float> mirror_;  // [2, n_layers, n_kv_heads, max_seq, head_size]
+};
+
+// Fills a cache in `format` with a random number of positions (host writes), then compares what
+// it reports with the allocator; "" when they agree. mirror: the counter-test's cache instead.
+std::string memory_mismatch(bool mirror) {
+    const Config c = draw_config(2);
+    const KVFormat format = kKVFormats[std::size_t(draw(0, 4))];
+    const std::vector<float> scales =
+        kv_format_scaled(int(format)) && draw(0, 1) ? draw_scales(c) : std::vector<float>{};
+    CountingMemory memory;
+    FormatCache fc;
+    if (mirror) {
+        fc.cache = std::make_unique<MirroringCache>(c, memory);
+        fc.cache->set_kv_format(format, scales);
+        fc.name = "a contiguous cache with an fp32 mirror";
+    } else {
+        fc = format_cache(c, draw(0, 3), format, memory, scales);
+    }
+    const int n = draw(0, c.max_seq);
+    std::vector<float> k_row(std::size_t(c.kv_dim())), v_row(k_row.size());  // [kv_dim]
+    for (int pos = 0; pos < n; pos++) {
+        fc.cache->append(draw_tokens(c, 1));
+        for (int l = 0; l < c.n_layers; l++) {
+            for (float& x : k_row) x = float(draw(-1000, 1000)) / 64.0f;
+            for (float& x : v_row) x = float(draw(-1000, 1000)) / 64.0f;
+            fc.cache->write(l, pos, k_row.data(), v_row.data());
+        }
+    }
+    // The pool's memory is the blocks of every sequence; a cache's own, its rows alone.
+    const MemoryStats ms = fc.pool ? fc.pool->memory() : fc.cache->memory();
+    const std::int64_t per_element = kv_format_bytes(int(format));
+    const std::int64_t rows = fc.cache->storage().n_rows,
+                       scale_bytes = std::int64_t(sizeof(float)) * std::int64_t(scales.size());
+    const std::string where = fmt::format("{} ({} positions, {}): ", fc.name, n, c.describe());
+    if (ms.allocated_bytes != memory.live())
+        return where + fmt::format("memory() says {} bytes allocated, the allocator holds {}", ms.allocated_bytes,
+                                   memory.live());
+    if (ms.reserved_bytes != memory.live())
+        return where +
+               fmt::format("memory() says {} bytes reserved, the allocator holds {}", ms.reserved_bytes, memory.live());
+    if (ms.payload_bytes != 2 * rows * c.head_size() * per_element || ms.metadata_bytes != scale_bytes)
+        return where + fmt::format(
+                           "payload {} and metadata {} bytes, but {} rows of {} codes of {} bytes (K and V) "
+                           "and {} scales are {} and {}",
+                           ms.payload_bytes, ms.metadata_bytes, rows, c.head_size(), per_element, scales.size(),
+                           2 * rows * c.head_size() * per_element, scale_bytes);
+    if (!fc.pool && ms.used_bytes != kv_bytes(c, n, format))
+        return where + fmt::format("used {} bytes, {} positions of {} hold {}", ms.used_bytes, n,
+                                   kv_format_name(format), kv_bytes(c, n, format));
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("KV formats: the memory a cache reports is the memory its allocator holds: codes and scales, no fp32 copy",
+          "[kv-format]") {
+    rc::prop("contiguous (both layouts), growing and paged, every format", [] {
+        const std::string m = memory_mismatch(false);
+        if (!m.empty()) RC_FAIL(m);
+    });
+}
+
+TEST_CASE("KV formats counter-test: a cache that keeps an fp32 copy besides its codes is caught",
+          "[kv-format][counter]") {
+    test::expect_failure(
+        [] {
+            const std::string m = memory_mismatch(true);
+            if (!m.empty()) RC_FAIL(m);
+        },
+        "the allocator holds");
 }

@@ -81,8 +81,8 @@ CacheSnapshot snapshot(const Cache& cache) {
                     }
             }
     }
-    s.k = bits(cache.storage().k.data(), cache.storage().k.size());
-    s.v = bits(cache.storage().v.data(), cache.storage().v.size());
+    s.k = bits(cache.storage().k_f32(), cache.storage().k.size() / 4);
+    s.v = bits(cache.storage().v_f32(), cache.storage().v.size() / 4);
     return s;
 }
 

@@ -35,7 +35,7 @@ namespace kvlab::test {
 
 // The K and V rows (host pointers into the cache's storage) that a query at pos reads at layer
 // l, KV head h: the slots cache.attended() lists, resolved as the kernels resolve them (a slot
-// of -1 reads a NaN row). Returns how many.
+// of -1 reads a NaN row). Returns how many. fp32 storage only (KVStorage::k_f32 throws otherwise).
 inline int attended_rows(const Cache& cache, int l, int h, int pos, std::vector<const float*>& keys,
                          std::vector<const float*>& values) {
     static const std::vector<float> nan_row(4096, kNaN);
@@ -47,8 +47,8 @@ inline int attended_rows(const Cache& cache, int l, int h, int pos, std::vector<
     values.resize(std::size_t(n));
     for (int i = 0; i < n; i++) {
         const std::int64_t s = slots[std::size_t(i)];
-        keys[std::size_t(i)] = s < 0 ? nan_row.data() : st.k.data() + st.row(l, h, s) * hs;
-        values[std::size_t(i)] = s < 0 ? nan_row.data() : st.v.data() + st.row(l, h, s) * hs;
+        keys[std::size_t(i)] = s < 0 ? nan_row.data() : st.k_f32() + st.row(l, h, s) * hs;
+        values[std::size_t(i)] = s < 0 ? nan_row.data() : st.v_f32() + st.row(l, h, s) * hs;
     }
     return n;
 }

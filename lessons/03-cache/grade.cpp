@@ -22,7 +22,7 @@ void check_slots() {
     const Config c = draw_config();
     const auto cache = filled_cache(c, c.max_seq);
     const KVStorage& st = cache->storage();
-    const std::int64_t n_rows = st.k.size() / c.head_size();
+    const std::int64_t n_rows = st.n_rows;
     std::vector<char> used(std::size_t(n_rows), 0);
     for (int t = 0; t < c.max_seq; t++) {
         const std::int64_t s = cache->slot(t);
@@ -100,13 +100,13 @@ void check_rollback() {
         for (int l = 0; l < c.n_layers; l++)
             for (int h = 0; h < c.n_kv_heads; h++) {
                 const std::int64_t row = l * st.layer_rows + h * st.head_rows + forgotten[i];
-                for (const float* base : {st.k.data(), st.v.data()})
+                for (const float* base : {st.k_f32(), st.v_f32()})
                     for (int j = 0; j < hs; j++)
                         if (!std::isnan(base[row * hs + j]))
-                            fail(fmt::format("{}: after rolling back from {} to {} positions, position {}'s {} row "
-                                             "(layer {}, KV head {}) is not NaN: a forgotten row still holds numbers",
-                                             c.describe(), first.size(), n, n + int(i), base == st.k.data() ? "K" : "V",
-                                             l, h));
+                            fail(fmt::format(
+                                "{}: after rolling back from {} to {} positions, position {}'s {} row "
+                                "(layer {}, KV head {}) is not NaN: a forgotten row still holds numbers",
+                                c.describe(), first.size(), n, n + int(i), base == st.k_f32() ? "K" : "V", l, h));
             }
     std::vector<int> kept(first.begin(), first.begin() + n);
     for (int t : draw_tokens(c, draw(1, c.max_seq - n))) {

@@ -157,27 +157,25 @@ protected:
         // group, its g rows (the earlier ones are still the fp32 residual).
         std::vector<float> v_raw(std::size_t(c.n_kv_heads) * hs), k_raw(std::size_t(c.n_kv_heads) * k_rows * hs);
         for (int h = 0; h < c.n_kv_heads; h++) {
-            std::copy_n(row(mirror().v, l, h, pos), hs, v_raw.data() + std::size_t(h) * hs);
+            std::copy_n(row(mirror().v_f32(), l, h, pos), hs, v_raw.data() + std::size_t(h) * hs);
             if (!kivi || completes)
                 for (int r = 0; r < k_rows; r++)
-                    std::copy_n(row(mirror().k, l, h, k_first + r), hs,
+                    std::copy_n(row(mirror().k_f32(), l, h, k_first + r), hs,
                                 k_raw.data() + (std::size_t(h) * k_rows + r) * hs);
         }
         QuantizedCache::on_stored(l, pos);
         for (int h = 0; h < c.n_kv_heads; h++) {
-            round_trip(v_raw.data() + std::size_t(h) * hs, 1, hs, Axis::per_token, row(mirror().v, l, h, pos));
+            round_trip(v_raw.data() + std::size_t(h) * hs, 1, hs, Axis::per_token, row(mirror().v_f32(), l, h, pos));
             if (!kivi || completes)
                 round_trip(k_raw.data() + std::size_t(h) * k_rows * hs, k_rows, hs, spec().key_axis,
-                           row(mirror().k, l, h, k_first));
+                           row(mirror().k_f32(), l, h, k_first));
         }
     }
 
 private:
     const KVStorage& mirror() const { return storage(); }
     // Row (l, h, t) of the host mirror: [n_layers, n_kv_heads, max_seq, head_size].
-    float* row(const Buffer<float>& b, int l, int h, int t) const {
-        return b.data() + mirror().row(l, h, t) * config().head_size();
-    }
+    float* row(float* b, int l, int h, int t) const { return b + mirror().row(l, h, t) * config().head_size(); }
     // out[rows, head_size] (consecutive mirror rows) = dequantize(quantize(x)).
     void round_trip(const float* x, int rows, int cols, Axis axis, float* out) {
         const int g = spec().group, bits = spec().bits;

@@ -21,7 +21,9 @@ namespace kvlab::lab10 {
 //           d < head_size, and nothing else of att
 //   rows[i]: where row i's cache keeps K and V, and n = rows[i].n, the positions it attends
 //   slots: [rows, max_n]; position t < n of row i is slot s = slots[i * max_n + t]; its K row
-//          is rows[i].k + (l * layer_rows + kv_head[h] * head_rows + s) * head_size (V: .v)
+//          is static_cast<const float*>(rows[i].k) + (l * layer_rows + kv_head[h] * head_rows + s)
+//          * head_size (V: .v). The grader's caches hold fp32; kvlab's own kernel also decodes
+//          narrower formats (kv_load, kv_format.h), which this lab leaves out.
 //   kv_head: [n_heads] the KV head each query head reads (grouped-query attention)
 //   probe: when not null and i == probe_row, also write the softmax weights:
 //          probe[h * max_n + t] = p_t for t < n

@@ -20,7 +20,8 @@ public:
         : Cache(c),
           storage_(host_memory(), std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq, c.head_size(),
                    /*layer_rows=*/std::int64_t(c.n_kv_heads) * c.max_seq, /*head_rows=*/c.max_seq) {
-        assert(storage_.k.size() == std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq * c.head_size());
+        assert(storage_.n_rows == std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq &&
+               storage_.head_size == c.head_size());
     }
 
     // TODO 1 (the store): the slot holding position t's rows, for every layer and head.

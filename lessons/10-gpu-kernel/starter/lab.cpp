@@ -6,7 +6,8 @@
 // shared between threads, and every sum runs in increasing index from +0.0f: that is what makes
 // the GPU's bits the CPU's (core/NUMERICS.md). Where row i's positions live:
 //   s = slots[i * max_n + t]                                       t = 0 .. rows[i].n - 1
-//   K row: rows[i].k + (l * rows[i].layer_rows + kv_head[h] * rows[i].head_rows + s) * head_size
+//   K row: static_cast<const float*>(rows[i].k)
+//          + (l * rows[i].layer_rows + kv_head[h] * rows[i].head_rows + s) * head_size (fp32 rows)
 //   V row: the same offset into rows[i].v
 // q and att are [rows, dim]; head h is the head_size floats from h * head_size.
 #include "lab.h"

@@ -15,7 +15,9 @@ KVLAB_HD void attention_head(float* att, const float* q, const RowKV* rows, int 
     const std::int64_t base = l * r.layer_rows + kv_head[h] * r.head_rows;
     const float* qi = q + std::int64_t(i) * dim + h * head_size;
     const std::int64_t* s = slots + std::int64_t(i) * max_n;
-    auto row = [&](const float* storage, int t) { return storage + (base + s[t]) * head_size; };
+    auto row = [&](const void* storage, int t) {
+        return static_cast<const float*>(storage) + (base + s[t]) * head_size;
+    };
     auto score = [&](int t) {
         float x = 0.0f;
         for (int d = 0; d < head_size; d++) x = x + qi[d] * row(r.k, t)[d];
