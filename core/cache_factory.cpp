@@ -206,6 +206,7 @@ constexpr VariantInfo kVariantTable[] = {
      .exact = true,
      .regime = kBitwise,
      .viewer = "one sequence, its arrays reserved for max_seq",
+     .kv_formats = true,
      .build = [](const Config& c, const CacheSpec&, Memory& m, const PoolMaker&,
                  CacheAndPool& out) { build_contiguous(c, ContiguousCache::Layout::head_major, m, out); }},
     {.id = Variant::contiguous_seq,
@@ -213,6 +214,7 @@ constexpr VariantInfo kVariantTable[] = {
      .summary = "[n_layers][max_seq][n_kv_heads][head_size] (llama2.c's), reserved up front",
      .exact = true,
      .regime = kBitwise,
+     .kv_formats = true,
      .build = [](const Config& c, const CacheSpec&, Memory& m, const PoolMaker&,
                  CacheAndPool& out) { build_contiguous(c, ContiguousCache::Layout::seq_major, m, out); }},
     {.id = Variant::growing,
@@ -221,6 +223,7 @@ constexpr VariantInfo kVariantTable[] = {
      .exact = true,
      .regime = kBitwise,
      .params = kGrowingParams,
+     .kv_formats = true,
      .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker&,
                  CacheAndPool& out) { out.cache = std::make_unique<GrowingCache>(c, s.initial_capacity, m); }},
     {.id = Variant::paged,
@@ -230,6 +233,7 @@ constexpr VariantInfo kVariantTable[] = {
      .regime = kBitwise,
      .params = kPagedParams,
      .viewer = "one sequence over a block pool",
+     .kv_formats = true,
      .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker& p,
                  CacheAndPool& out) { build_paged(c, s, false, m, p, out); }},
     {.id = Variant::prefix_shared,
@@ -240,6 +244,7 @@ constexpr VariantInfo kVariantTable[] = {
      .regime = kBitwise,
      .params = kPrefixSharedParams,
      .viewer = "requests A and B with one prompt (B maps A's full blocks); A forks into C (copy-on-write)",
+     .kv_formats = true,
      .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker& p,
                  CacheAndPool& out) { build_paged(c, s, true, m, p, out); }},
     {.id = Variant::quantized,
@@ -264,6 +269,7 @@ constexpr VariantInfo kVariantTable[] = {
      .exact_limit = "sinks + window",
      .params = kWindowParams,
      .viewer = "one sequence; evicted rows shown in red",
+     .kv_formats = true,
      .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker&,
                  CacheAndPool& out) { out.cache = std::make_unique<WindowCache>(c, s.sinks, s.window, s.chunk, m); }},
 };
@@ -327,6 +333,9 @@ std::vector<Variant> exact_variants() {
 }
 std::vector<Variant> viewer_variants() {
     return variants_if([](const VariantInfo& v) { return !v.viewer.empty(); });
+}
+std::vector<Variant> format_variants() {
+    return variants_if([](const VariantInfo& v) { return v.kv_formats; });
 }
 std::vector<Variant> variants_with(std::string_view param) {
     return variants_if([&](const VariantInfo& v) { return find_param(v, param) != nullptr; });
@@ -412,8 +421,15 @@ CacheAndPool make_cache(const Config& c, const CacheSpec& s, Memory& memory, con
             throw Error(
                 fmt::format("{}: {} {} is outside [{}, {}] ({})", info.name, p.name, value, r.lo, r.hi, p.valid_text));
     }
+    if ((s.kv_format != KVFormat::fp32 || !s.kv_scales.empty()) && !info.kv_formats)
+        throw Error(fmt::format("{} stores K and V in its own way, not in a KV format ({} take one)", info.name,
+                                variant_names(format_variants())));
     CacheAndPool out;
     info.build(c, s, memory, make_pool, out);
+    if (s.kv_format != KVFormat::fp32 || !s.kv_scales.empty()) {
+        if (out.pool) out.pool->set_kv_format(s.kv_format, s.kv_scales);
+        out.cache->set_kv_format(s.kv_format, s.kv_scales);
+    }
     out.cache->seq_id = s.seq_id;
     return out;
 }

@@ -43,6 +43,10 @@ struct CacheSpec {
     int sinks = 4, window = 16, chunk = 0;  // window (window_cache.h)
     std::uint64_t model_identity = 0;       // paged, prefix-shared: the model's fingerprint (prefix hashes)
     int seq_id = 0;                         // names the sequence in events
+    // Variants with kv_formats (VariantInfo): the format K and V are stored in, and its scales
+    // ([n_layers, 2], read by fp8; empty: all 1). A paged variant's pool takes them.
+    KVFormat kv_format = KVFormat::fp32;
+    std::vector<float> kv_scales;
 };
 
 // A cache and, for the paged variants, the pool it draws from (declared first, so it outlives
@@ -100,6 +104,7 @@ struct VariantInfo {
     std::span<const VariantParam> params = {};
     std::span<const VariantPreset> presets = {};  // empty: the defaults are its one setting
     std::string_view viewer = {};                 // what `kvlab view` runs with it; "" when it does not
+    bool kv_formats = false;                      // stores K and V in any KV format (CacheSpec::kv_format)
     void (*build)(const Config&, const CacheSpec&, Memory&, const PoolMaker&, CacheAndPool&);
 };
 
@@ -114,6 +119,7 @@ bool is_exact(Variant v);
 std::vector<Variant> all_variants();
 std::vector<Variant> exact_variants();
 std::vector<Variant> viewer_variants();  // in the table's order: the viewer's variant list
+std::vector<Variant> format_variants();  // those with kv_formats
 // The variants with a parameter of this name ("block_size": paged, prefix-shared).
 std::vector<Variant> variants_with(std::string_view param);
 // Several lines: summary, regime, and each parameter with its default, valid range and what

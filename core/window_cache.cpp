@@ -26,6 +26,14 @@ WindowCache::WindowCache(const Config& config, int sinks, int window, int chunk,
     assert(storage_.n_rows == heads * ring_size_ && owner_.size() == std::size_t(ring_size_));
 }
 
+void WindowCache::set_kv_format(KVFormat format, std::span<const float> scales) {
+    if (length() != 0) throw Error(fmt::format("{}: the KV format changes only while the cache is empty", name()));
+    const std::vector<float> checked =
+        scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
+    storage_ = KVStorage(storage_.memory(), storage_.n_rows, storage_.head_size, storage_.layer_rows,
+                         storage_.head_rows, format, checked);
+}
+
 int WindowCache::ring_slot(int pos) const {
     if (direct_ || pos < sinks_) return pos;
     return sinks_ + (pos - sinks_) % ring_;
@@ -74,8 +82,10 @@ MemoryStats WindowCache::memory() const {
     int resident_positions = 0;
     for (int t : owner_) resident_positions += t >= 0 && t < length();
     MemoryStats m;
-    m.used_bytes = kv_bytes(config_, resident_positions);
-    m.payload_bytes = m.reserved_bytes = kv_bytes(config_, ring_size_);
+    m.used_bytes = kv_bytes(config_, resident_positions, storage_.format);
+    m.payload_bytes = kv_bytes(config_, ring_size_, storage_.format);
+    m.metadata_bytes = std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size());
+    m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
     m.allocated_bytes = storage_.bytes();
     return m;
 }

@@ -31,6 +31,8 @@ public:
     // Sinks 0..min(S, pos + 1) - 1, then max(S, pos - W + 1)..pos, in increasing position.
     int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
     const KVStorage& storage() const override { return storage_; }
+    // The ring is made again in the format, while the cache is empty.
+    void set_kv_format(KVFormat format, std::span<const float> scales = {}) override;
     int max_append() const override { return chunk_; }
     MemoryStats memory() const override;
     std::string name() const override;  // "window(sinks=S,window=W)"

@@ -1,6 +1,8 @@
 #include "planted.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -63,6 +65,91 @@ public:
     using ForwardingBackend::ForwardingBackend;
     void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
         inner().store_kv(ex, rows, n_rows, (l + 1) % config().n_layers, k, v);
+    }
+};
+
+// The KV format bugs: each changes what the cached path stores, as a conversion or a scale
+// written twice would. Host or device memory alike: the decorator moves rows and inputs through
+// the backend's Memory.
+class StoreRewrite : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void store_kv(Exec& ex, const RowKV* rows, int n_rows, int l, const float* k, const float* v) override {
+        if (n_rows == 0) return inner().store_kv(ex, rows, n_rows, l, k, v);
+        Memory& mem = memory();
+        std::vector<RowKV> host(static_cast<std::size_t>(n_rows));  // [n_rows]
+        mem.download(host.data(), rows, std::int64_t(sizeof(RowKV)) * n_rows);
+        const std::int64_t n = std::int64_t(n_rows) * config().kv_dim();
+        std::vector<float> hk(static_cast<std::size_t>(n)), hv(hk.size());  // [n_rows, kv_dim]
+        mem.download(hk.data(), k, n * std::int64_t(sizeof(float)));
+        mem.download(hv.data(), v, n * std::int64_t(sizeof(float)));
+        if (!rewrite(host, hk, hv)) return inner().store_kv(ex, rows, n_rows, l, k, v);
+        rows_ = Buffer<RowKV>(mem, n_rows);
+        k_ = Buffer<float>(mem, n);
+        v_ = Buffer<float>(mem, n);
+        rows_.upload(host), k_.upload(hk), v_.upload(hv);
+        inner().store_kv(ex, rows_.data(), n_rows, l, k_.data(), v_.data());
+    }
+
+protected:
+    // Edits the rows and their K, V [n_rows, kv_dim] before the store; false: nothing changed.
+    virtual bool rewrite(std::vector<RowKV>& rows, std::vector<float>& k, std::vector<float>& v) = 0;
+    Buffer<float> scales_;  // a rewrite's own scales, when it makes some
+
+private:
+    Buffer<RowKV> rows_;
+    Buffer<float> k_, v_;
+};
+
+// fp8-scale-twice: the store divides by the scale twice (it stores with the scales squared);
+// the read multiplies once.
+class ScaleTwice final : public StoreRewrite {
+public:
+    using StoreRewrite::StoreRewrite;
+
+private:
+    bool rewrite(std::vector<RowKV>& rows, std::vector<float>&, std::vector<float>&) override {
+        if (!kv_format_scaled(rows[0].format) || !rows[0].scales) return false;
+        const std::int64_t n = 2 * std::int64_t(config().n_layers);
+        std::vector<float> sq(static_cast<std::size_t>(n));  // [n_layers, 2]
+        memory().download(sq.data(), rows[0].scales, n * std::int64_t(sizeof(float)));
+        for (float& x : sq) x = x * x;
+        scales_ = Buffer<float>(memory(), n);
+        scales_.upload(sq);
+        for (RowKV& r : rows) r.scales = scales_.data();
+        return true;
+    }
+};
+
+// bf16-truncates: fp32 to bf16 by dropping the low 16 bits instead of rounding.
+class Bf16Truncates final : public StoreRewrite {
+public:
+    using StoreRewrite::StoreRewrite;
+
+private:
+    bool rewrite(std::vector<RowKV>& rows, std::vector<float>& k, std::vector<float>& v) override {
+        if (rows[0].format != int(KVFormat::bf16)) return false;
+        for (std::vector<float>* t : {&k, &v})
+            for (float& x : *t)
+                if (std::isfinite(x)) x = float_from_bits(float_bits(x) & 0xffff0000u);
+        return true;
+    }
+};
+
+// fp16-overflow-inf: a finite value past fp16's range becomes infinity, as a plain cast does,
+// where kvlab's formats saturate.
+class Fp16OverflowInf final : public StoreRewrite {
+public:
+    using StoreRewrite::StoreRewrite;
+
+private:
+    bool rewrite(std::vector<RowKV>& rows, std::vector<float>& k, std::vector<float>& v) override {
+        if (rows[0].format != int(KVFormat::fp16)) return false;
+        for (std::vector<float>* t : {&k, &v})
+            for (float& x : *t)
+                if (std::isfinite(x) && std::fabs(x) >= 65520.0f)
+                    x = std::copysign(std::numeric_limits<float>::infinity(), x);
+        return true;
     }
 };
 
@@ -134,6 +221,9 @@ std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner) {
     switch (m) {
         case Mutant::read_before_write: return std::make_unique<ReadsBeforeWrite>(inner);
         case Mutant::kv_wrong_layer: return std::make_unique<WritesNextLayer>(inner);
+        case Mutant::fp8_scale_twice: return std::make_unique<ScaleTwice>(inner);
+        case Mutant::bf16_truncates: return std::make_unique<Bf16Truncates>(inner);
+        case Mutant::fp16_overflow_inf: return std::make_unique<Fp16OverflowInf>(inner);
         default: return nullptr;
     }
 }

@@ -3,7 +3,8 @@
 // interface that kvlab's own code also uses.
 //
 //   backend decorator  (forwarding.h: ForwardingBackend) naive or cached decode runs its kernels
-//                      through it: mask-off-by-one, read-before-write, kv-wrong-layer
+//                      through it: mask-off-by-one, read-before-write, kv-wrong-layer,
+//                      fp8-scale-twice, bf16-truncates, fp16-overflow-inf
 //   plan transform     (decode.h: CachedDecoder::transform) edits a step's plan before it runs:
 //                      rope-decode-off, gqa-modulo, batch-mixes-blocks
 //   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
@@ -45,6 +46,9 @@ enum class Mutant {
     batch_mixes_blocks,     // batch: sequence i attends through sequence i + 1's slots
     rollback_keeps_length,  // rollback: the rows are dropped but the length is not restored
     spec_rollback_short,    // speculative: a rollback past rejected drafts keeps one of their rows
+    fp8_scale_twice,        // fp8 cache: the store divides by the layer's scale twice
+    bf16_truncates,         // bf16 cache: the store truncates to 16 bits instead of rounding
+    fp16_overflow_inf,      // fp16 cache: a finite value past 65504 is stored as infinity
 };
 
 struct MutantInfo {
@@ -54,7 +58,7 @@ struct MutantInfo {
     std::string_view check;  // the verify check that must catch it (verify.cpp)
 };
 
-inline constexpr std::array<MutantInfo, 12> kMutants{{
+inline constexpr std::array<MutantInfo, 15> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -68,13 +72,16 @@ inline constexpr std::array<MutantInfo, 12> kMutants{{
     {Mutant::batch_mixes_blocks, "batch-mixes-blocks", "a batch reads another sequence's blocks", "batch"},
     {Mutant::rollback_keeps_length, "rollback-keeps-length", "rollback forgets to restore the length", "rollback"},
     {Mutant::spec_rollback_short, "spec-rollback-short", "speculative rollback one position short", "speculate"},
+    {Mutant::fp8_scale_twice, "fp8-scale-twice", "fp8 store divides by the scale twice", "format-fp8-e4m3"},
+    {Mutant::bf16_truncates, "bf16-truncates", "fp32 to bf16 truncates instead of rounding", "format-bf16"},
+    {Mutant::fp16_overflow_inf, "fp16-overflow-inf", "fp16 overflow stored as infinity, not saturated", "format-fp16"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
 // and a decorator returned refers to `inner`, which must outlive it.
 // Naive decode's backend (mask-off-by-one).
 std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner);
-// Cached decode's backend (read-before-write, kv-wrong-layer).
+// Cached decode's backend (read-before-write, kv-wrong-layer, and the KV format bugs).
 std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner);
 // A cached decoder's plan transform (rope-decode-off, gqa-modulo, batch-mixes-blocks).
 std::function<void(StepPlan&)> planted_transform(Mutant m);

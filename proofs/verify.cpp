@@ -54,6 +54,11 @@ public:
         }
     }
     Backend& backend() { return tested_ ? *tested_ : *reference_; }  // where the decoders under test run
+    // Naive decode stores K and V in this format with these scales (the format-aware naive decode).
+    void set_kv_format(KVFormat format, const std::vector<float>& scales) {
+        for (NaiveDecoder* n : {&naive_, tested_naive_.get()})
+            if (n) n->kv_format = format, n->kv_scales = scales;
+    }
     Memory& memory() { return backend().memory(); }                   // where their caches live
     Mutant mutant() const { return mutant_; }
 
@@ -95,8 +100,9 @@ void expect_memory_consistent(const Cache& cache, const std::string& what) {
     const MemoryStats m = cache.memory();
     if (m.reserved_bytes != m.allocated_bytes)
         fail(fmt::format("{}: reports {} bytes, allocated {}", what, m.reserved_bytes, m.allocated_bytes));
-    if (m.used_bytes != kv_bytes(cache.config(), cache.length()))
-        fail(fmt::format("{}: used bytes {} at length {}", what, m.used_bytes, cache.length()));
+    if (m.used_bytes != kv_bytes(cache.config(), cache.length(), cache.kv_format()))
+        fail(fmt::format("{}: used bytes {} at length {} in {}", what, m.used_bytes, cache.length(),
+                         kv_format_name(cache.kv_format())));
 }
 
 // A value of parameter p drawn from the registry's property values (given those drawn before).
@@ -142,9 +148,13 @@ struct CacheUnderTest {
     Cache& operator*() { return wrapper ? *wrapper : *cache; }
     Cache* operator->() { return &**this; }
 };
-CacheUnderTest cache_under_test(const VariantSetting& s, const Config& c, Mutant mutant, Memory& memory) {
+// format, scales: what a variant that takes a KV format stores in (CacheSpec::kv_format).
+CacheUnderTest cache_under_test(const VariantSetting& s, const Config& c, Mutant mutant, Memory& memory,
+                                KVFormat format = KVFormat::fp32, const std::vector<float>& scales = {}) {
     CacheUnderTest u;
     u.spec = draw_spec(s, c);
+    u.spec.kv_format = format;
+    u.spec.kv_scales = scales;
     const PoolMaker planted = [mutant](const Config& pc, int bs, int n, bool prefix_caching, Memory& m) {
         return planted_pool(mutant, pc, bs, n, prefix_caching, m);
     };
@@ -518,12 +528,116 @@ void quant_property(const VariantSetting& s, const Devices& devices, bool bound,
 }
 
 // ----------------------------------------------------------------------------------------------
+// KV formats: exact against the format-aware naive decode, and their drift from fp32
+
+// A model whose K and V sometimes pass a format's largest finite value: wk and wv scaled by 2^e,
+// so that saturation (and a planted overflow to infinity) is within the generator's reach.
+Model format_model(const Config& c) {
+    const int e = *rc::gen::element(0, 0, 0, 4, 8, 12, 16);
+    Weights w = random_model(c, *rc::gen::arbitrary<std::uint64_t>()).w;
+    const float f = std::ldexp(1.0f, e);
+    for (std::vector<float>* t : {&w.wk, &w.wv})
+        for (float& x : *t) x = x * f;
+    return Model(std::move(w));
+}
+
+// fp8 scales [n_layers, 2] in [2^-5, 2^4): powers of two and values between.
+std::vector<float> draw_kv_scales(const Config& c) {
+    std::vector<float> s(std::size_t(2 * c.n_layers));
+    for (float& x : s) x = std::ldexp(1.0f + float(draw(0, 63)) / 64.0f, draw(-5, 3));
+    return s;
+}
+
+// The exact settings whose variant takes a KV format.
+std::vector<VariantSetting> format_settings() {
+    std::vector<VariantSetting> out;
+    for (const VariantSetting& s : variant_settings())
+        if (is_exact(s.variant) && variant_info(s.variant).kv_formats) out.push_back(s);
+    return out;
+}
+
+// An exact variant that takes a format, its parameters drawn, storing K and V in `format` (fp8
+// with scales half the time): every step equals naive decode storing them the same way.
+void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
+    const Config c = draw_config();
+    const Model m = format_model(c);
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    const std::vector<VariantSetting> settings = format_settings();
+    const VariantSetting& s = settings[std::size_t(draw(0, int(settings.size()) - 1))];
+    const std::vector<float> scales =
+        kv_format_scaled(int(format)) && draw(0, 1) ? draw_kv_scales(c) : std::vector<float>{};
+    Oracle oracle(m, devices, mutant);
+    oracle.set_kv_format(format, scales);
+    CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory(), format, scales);
+    const auto cached = oracle.cached(*u);
+    const std::string what = fmt::format("{} in {}{}, {}, prompt {} of {}", describe(u.spec), kv_format_name(format),
+                                         scales.empty() ? "" : " with scales", c.describe(), prompt, tokens.size());
+    const std::span<const int> all(tokens);
+    oracle.expect_naive(all.first(prompt), cached->prefill(all.first(prompt)), what);
+    for (int T = prompt + 1; T <= int(tokens.size()); T++)
+        oracle.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
+    expect_memory_consistent(*u, what);
+}
+
+// The bounds we state and test for each format's distance from fp32, on quant_config's models
+// (stories260K's shape, random weights, T <= 32), scale 1: the largest |logit error| and the
+// largest KL(fp32 || format) of the next-token distribution.
+struct FormatBound {
+    KVFormat format;
+    double max_abs, kl;
+};
+// Each about twice the largest seen over 2 x 1000 cases (seeds 1 and 2).
+constexpr FormatBound kFormatBounds[] = {{KVFormat::bf16, 0.1, 3e-4},
+                                         {KVFormat::fp16, 0.02, 1e-5},
+                                         {KVFormat::fp8_e5m2, 3.0, 0.2},
+                                         {KVFormat::fp8_e4m3, 2.0, 0.1}};
+const FormatBound& format_bound(KVFormat f) {
+    for (const FormatBound& b : kFormatBounds)
+        if (b.format == f) return b;
+    throw Error(fmt::format("verify: no drift bound stated for {}", kv_format_name(f)));
+}
+
+// A contiguous cache in `format` against exact fp32 cached decode (which equals naive): with
+// bound, the error stays within the format's; without, the logits are required bitwise equal.
+void drift_property(KVFormat format, const Devices& devices, bool bound, ErrorSummary* summary) {
+    const Config c = quant_config();
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const FormatBound& b = format_bound(format);
+    const std::unique_ptr<Backend> backend = devices.make(devices.tested, m);
+    CacheSpec spec = default_spec(Variant::contiguous_head, c);
+    spec.kv_format = format;
+    const CacheAndPool cp = make_cache(c, spec, backend->memory());
+    CachedDecoder exact(*backend), stored(*backend, *cp.cache);
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    const std::span<const int> all(tokens);
+    auto check = [&](int T, const std::vector<float>& ref, const std::vector<float>& got) {
+        const LogitError e = compare_logits(ref, got);
+        if (summary) summary->add(e);
+        const std::string what = fmt::format("{} in {}, {} tokens, prompt {}", cp.cache->name(), kv_format_name(format),
+                                             tokens.size(), prompt);
+        if (!bound) {
+            if (auto diff = first_difference(ref, got))
+                fail(fmt::format("{}: first differs from fp32 at T = {}, {}", what, T, *diff));
+        } else if (!(e.max_abs <= b.max_abs && e.kl <= b.kl)) {
+            fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
+                             e.max_abs, b.max_abs, e.kl, b.kl));
+        }
+    };
+    check(prompt, exact.prefill(all.first(prompt)), stored.prefill(all.first(prompt)));
+    for (int T = prompt + 1; T <= int(tokens.size()); T++)
+        check(T, exact.decode(tokens[T - 1]), stored.decode(tokens[T - 1]));
+}
+
+// ----------------------------------------------------------------------------------------------
 // The checks
 
 struct Check {
     std::string name, kind, parameters, about;
     std::optional<VariantSetting> setting;             // a registry variant's row; none: a scenario
     std::function<void(const Devices&, Mutant)> body;  // exact checks: the property, with a mutant or none
+    std::optional<KVFormat> drift = std::nullopt;      // a format's distance from fp32 (run_drift)
 };
 
 // The registry's variants, a row per setting (variant_settings): decode_property over the
@@ -565,8 +679,30 @@ const std::vector<Check>& checks() {
         v.push_back({"speculate", "exact", "draft another model/shape/the target, k 1..4, contiguous-head or paged",
                      "greedy speculative decoding emits plain greedy decode's tokens and logits", std::nullopt,
                      speculate_property});
+        std::string format_variants_text;
+        for (const VariantSetting& s : format_settings())
+            format_variants_text += (format_variants_text.empty() ? "" : ", ") + s.name;
+        for (KVFormat f : kKVFormats)
+            if (f != KVFormat::fp32)
+                v.push_back({fmt::format("format-{}", kv_format_name(f)), "exact",
+                             fmt::format("{}; wk, wv x 2^0..2^16{}", format_variants_text,
+                                         kv_format_scaled(int(f)) ? "; scales per layer or none" : ""),
+                             fmt::format("K and V stored as {} codes; naive decode stores them the same way",
+                                         kv_format_name(f)),
+                             std::nullopt, [f](const Devices& d, Mutant m) { format_property(f, d, m); }});
         for (const VariantSetting& s : variant_settings())
             if (!is_exact(s.variant)) v.push_back(variant_check(s));
+        for (KVFormat f : kKVFormats)
+            if (f != KVFormat::fp32) {
+                Check d{fmt::format("format-{}-drift", kv_format_name(f)),
+                        "approximate",
+                        "stories260K shape, max_seq 32; contiguous-head, scale 1",
+                        fmt::format("{} against fp32 decode: within its stated bound, never equal", kv_format_name(f)),
+                        std::nullopt,
+                        {}};
+                d.drift = f;
+                v.push_back(std::move(d));
+            }
         return v;
     }();
     return all;
@@ -635,8 +771,27 @@ VerifyRow run_quant(const Check& check, const Devices& d, const VerifyOptions& o
     return row;
 }
 
+VerifyRow run_drift(const Check& check, const Devices& d, const VerifyOptions& o) {
+    const KVFormat f = *check.drift;
+    ErrorSummary summary;
+    const PropertyOutcome within = check_property([&] { drift_property(f, d, true, &summary); }, o.cases, o.seed);
+    const PropertyOutcome equal = check_property([&] { drift_property(f, d, false, nullptr); }, o.cases, o.seed);
+    const FormatBound& b = format_bound(f);
+    VerifyRow row{
+        check.name,   check.kind, fmt::format("{}; |dlogit| <= {}, KL <= {}", check.parameters, b.max_abs, b.kl),
+        within.cases, "",         false,
+        "",           ""};
+    row.ok = within.passed && !equal.passed;
+    row.result = !within.passed ? "FAILED its error bound" : equal.passed ? "never differed" : "within bound; differs";
+    row.counterexample = within.passed ? equal.counterexample : within.counterexample;
+    row.figures = fmt::format("max |dlogit| {:.3g}, max KL {:.3g}, mean KL {:.3g}, top-1 agreement {:.1f}%",
+                              summary.max_abs, summary.max_kl, summary.mean_kl(), 100.0 * summary.top1_rate());
+    return row;
+}
+
 VerifyRow run_check(const Check& check, const Devices& d, const VerifyOptions& o) {
     if (check.kind == "exact") return run_exact(check, d, o);
+    if (check.drift) return run_drift(check, d, o);
     return check.setting->variant == Variant::quantized ? run_quant(check, d, o) : run_regime(check, d, o);
 }
 

@@ -27,6 +27,7 @@
 #include "kv_format.h"
 #include "paged.h"
 #include "property.h"
+#include "quantized_cache.h"
 #include "test_util.h"
 #include "window_cache.h"
 
@@ -250,8 +251,9 @@ TEST_CASE("KV formats: a variant that stores fp32 only, or a non-empty cache, re
           "[kv-format]") {
     const Config c =
         Config::parse("dim=8,hidden_dim=8,n_layers=1,n_heads=2,n_kv_heads=1,vocab_size=16,max_seq=8", Config{});
-    WindowCache window(c, 1, 2);
-    CHECK_THROWS_WITH(window.set_kv_format(KVFormat::bf16), Catch::Contains("stores K and V in fp32 only, not bf16"));
+    QuantizedCache quantized(c, QuantSpec{8, QuantSpec::Axis::per_token, 4});
+    CHECK_THROWS_WITH(quantized.set_kv_format(KVFormat::bf16),
+                      Catch::Contains("stores K and V in fp32 only, not bf16"));
     ContiguousCache cache(c);
     cache.append(std::vector<int>{1});
     CHECK_THROWS_WITH(cache.set_kv_format(KVFormat::fp16), Catch::Contains("only while the cache is empty"));

@@ -1,6 +1,8 @@
 // The verification suite (proofs/verify.h) run as tests: every exact variant bitwise equal to
 // naive decode, every approximate one exact inside its regime and shown to differ outside it (or
 // within its stated error bound), and every planted bug caught with a shrunk counterexample.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 
 #include "device.h"
@@ -50,6 +52,10 @@ TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, ba
     for (const char* name : {"prefix-shared", "fork", "rollback", "batch"}) check_rows(name);
 }
 
+TEST_CASE("exact KV formats: bf16, fp16 and fp8 caches equal the format-aware naive decode", "[verify][exact]") {
+    for (const char* name : {"format-bf16", "format-fp16", "format-fp8-e5m2", "format-fp8-e4m3"}) check_rows(name);
+}
+
 TEST_CASE("an edited prompt is refused as a stale cache, and rolled back it continues exactly", "[verify][exact]") {
     check_rows("stale");
 }
@@ -69,6 +75,12 @@ TEST_CASE("sliding window: exact while T <= sinks + window, and differs beyond",
     CHECK(rows[0].counterexample.find(" = sinks + window + ") != std::string::npos);
     CHECK(rows[0].counterexample.find(" = sinks + window + 0") == std::string::npos);
     CHECK(rows[0].counterexample.find(" = sinks + window + -") == std::string::npos);
+}
+
+TEST_CASE("KV formats: each stays within its stated drift from fp32 and is not bitwise equal to it",
+          "[verify][approx]") {
+    for (const char* f : {"bf16", "fp16", "fp8-e5m2", "fp8-e4m3"})
+        check_rows(fmt::format("format-{}-drift", f), {60, 7});
 }
 
 TEST_CASE("quantized caches stay within their stated bounds and are not bitwise exact", "[verify][approx]") {
@@ -96,11 +108,19 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"batch", "exact"},
                                                                     {"stale", "exact"},
                                                                     {"speculate", "exact"},
+                                                                    {"format-bf16", "exact"},
+                                                                    {"format-fp16", "exact"},
+                                                                    {"format-fp8-e5m2", "exact"},
+                                                                    {"format-fp8-e4m3", "exact"},
                                                                     {"quantized-int8-kivi", "approximate"},
                                                                     {"quantized-int8-token", "approximate"},
                                                                     {"quantized-int4-kivi", "approximate"},
                                                                     {"quantized-int4-token", "approximate"},
                                                                     {"window", "approximate"},
+                                                                    {"format-bf16-drift", "approximate"},
+                                                                    {"format-fp16-drift", "approximate"},
+                                                                    {"format-fp8-e5m2-drift", "approximate"},
+                                                                    {"format-fp8-e4m3-drift", "approximate"},
                                                                     {"mask-off-by-one", "mutant"},
                                                                     {"read-before-write", "mutant"},
                                                                     {"rope-decode-off", "mutant"},
@@ -112,7 +132,10 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"cow-no-copy", "mutant"},
                                                                     {"batch-mixes-blocks", "mutant"},
                                                                     {"rollback-keeps-length", "mutant"},
-                                                                    {"spec-rollback-short", "mutant"}};
+                                                                    {"spec-rollback-short", "mutant"},
+                                                                    {"fp8-scale-twice", "mutant"},
+                                                                    {"bf16-truncates", "mutant"},
+                                                                    {"fp16-overflow-inf", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
