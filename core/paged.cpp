@@ -217,10 +217,28 @@ void BlockPool::release(int block, int owner, int seq) {
     }
 }
 
-// The storage is made again: its size follows the format.
 void BlockPool::set_kv_format(KVFormat format, std::span<const float> scales) {
-    if (n_used() + n_cached() != 0)
-        throw Error("paged cache: a pool's KV format changes only while no block is used or cached");
+    if (n_used() != 0) throw Error("paged cache: a pool's KV format changes only while no block is used");
+    drop_cached();
+    remake_storage(format, scales);
+}
+
+void BlockPool::drop_cached() {
+    // Through the manager's own calls: allocating every available block evicts the cached ones
+    // (free ones come first), and releasing them, unpublished now, frees them all.
+    std::vector<int> taken;  // [available()]
+    const int n = manager_->available();
+    for (int i = 0; i < n && n_cached() > 0; i++) {
+        bool evicted = false;
+        taken.push_back(manager_->allocate(evicted));
+        if (evicted) event(EventKind::evicted, -1, taken.back());
+    }
+    for (int b : taken) manager_->release(b);
+    assert(n_cached() == 0 || taken.size() == std::size_t(n));
+}
+
+// The storage is made again: its size follows the format.
+void BlockPool::remake_storage(KVFormat format, std::span<const float> scales) {
     const std::vector<float> checked =
         scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
     storage_ = KVStorage(storage_.memory(), storage_.n_rows, storage_.head_size, storage_.layer_rows,

@@ -151,8 +151,9 @@ public:
 
     const KVStorage& storage() const { return storage_; }
     // The format every block stores K and V in, and its scales (kv_format.h; empty: all 1);
-    // changes only while no block is used or cached.
-    void set_kv_format(KVFormat format, std::span<const float> scales = {});
+    // changes only while no block is used. Cached blocks are evicted first: their rows are in
+    // the old format, and a later prefix hit must not map them.
+    virtual void set_kv_format(KVFormat format, std::span<const float> scales = {});
     // Where a block's rows start in storage: its row 0 of layer 0, KV head 0. The pool's own
     // copies, poisoning and host reads address blocks through this, never through slot().
     std::int64_t first_slot(int block) const {
@@ -201,6 +202,12 @@ public:
     void event(EventKind kind, int seq, int block, int from = -1, int pos = -1, int count = 0) const;
     void count_shared_write() { shared_writes_++; }
     void count_prefix_hit(int positions) { hit_positions_ += positions; }
+
+protected:
+    // Evicts every cached block (published, mapped by nobody) from the prefix cache: free again.
+    void drop_cached();
+    // New storage for every block, all NaN, in the format (what set_kv_format does after drop_cached).
+    void remake_storage(KVFormat format, std::span<const float> scales);
 
 private:
     // One sequence's hold on a block: its owner number, and how many of the block's slots hold its rows.

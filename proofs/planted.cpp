@@ -210,6 +210,14 @@ public:
     }
 };
 
+// prefix-keeps-format: switched to another KV format, the pool keeps its prefix cache, so a
+// later request maps blocks written in the old format (whose rows the new storage no longer holds).
+class FormatKeepsPrefix final : public BlockPool {
+public:
+    using BlockPool::BlockPool;
+    void set_kv_format(KVFormat format, std::span<const float> scales) override { remake_storage(format, scales); }
+};
+
 }  // namespace
 
 std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner) {
@@ -274,6 +282,8 @@ std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int bloc
             return std::make_unique<CowNoCopy>(config, block_size, n_blocks, prefix_caching, memory);
         case Mutant::hash_ignores_model:
             return std::make_unique<HashIgnoresModel>(config, block_size, n_blocks, prefix_caching, memory);
+        case Mutant::prefix_keeps_format:
+            return std::make_unique<FormatKeepsPrefix>(config, block_size, n_blocks, prefix_caching, memory);
         default: return std::make_unique<BlockPool>(config, block_size, n_blocks, prefix_caching, memory);
     }
 }

@@ -9,8 +9,8 @@
 //                      rope-decode-off, gqa-modulo, batch-mixes-blocks
 //   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
 //                      spec-rollback-short
-//   pool override      (paged.h: BlockPool's slot, needs_copy, key) slot-wrong-block,
-//                      cow-no-copy, hash-ignores-model
+//   pool override      (paged.h: BlockPool's slot, needs_copy, key, set_kv_format)
+//                      slot-wrong-block, cow-no-copy, hash-ignores-model, prefix-keeps-format
 //
 // The verification suite (verify.h) runs each with the check named in kMutants, and the check
 // must fail: that is how we know it catches what it claims. A new planted bug is one entry in
@@ -49,6 +49,7 @@ enum class Mutant {
     fp8_scale_twice,        // fp8 cache: the store divides by the layer's scale twice
     bf16_truncates,         // bf16 cache: the store truncates to 16 bits instead of rounding
     fp16_overflow_inf,      // fp16 cache: a finite value past 65504 is stored as infinity
+    prefix_keeps_format,    // prefix cache: a pool switched to another format keeps its cached blocks
 };
 
 struct MutantInfo {
@@ -58,7 +59,7 @@ struct MutantInfo {
     std::string_view check;  // the verify check that must catch it (verify.cpp)
 };
 
-inline constexpr std::array<MutantInfo, 15> kMutants{{
+inline constexpr std::array<MutantInfo, 16> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -75,6 +76,8 @@ inline constexpr std::array<MutantInfo, 15> kMutants{{
     {Mutant::fp8_scale_twice, "fp8-scale-twice", "fp8 store divides by the scale twice", "format-fp8-e4m3"},
     {Mutant::bf16_truncates, "bf16-truncates", "fp32 to bf16 truncates instead of rounding", "format-bf16"},
     {Mutant::fp16_overflow_inf, "fp16-overflow-inf", "fp16 overflow stored as infinity, not saturated", "format-fp16"},
+    {Mutant::prefix_keeps_format, "prefix-keeps-format",
+     "a prefix hit maps blocks written in another KV format (a format switch keeps the prefix cache)", "format-switch"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
@@ -87,7 +90,8 @@ std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner);
 std::function<void(StepPlan&)> planted_transform(Mutant m);
 // A cache of any variant (stale-prefix, rollback-keeps-length, spec-rollback-short).
 std::unique_ptr<Cache> planted_cache(Mutant m, Cache& inner);
-// A block pool: planted for slot-wrong-block, cow-no-copy and hash-ignores-model, a correct
+// A block pool: planted for slot-wrong-block, cow-no-copy, hash-ignores-model and
+// prefix-keeps-format, a correct
 // BlockPool otherwise (the constructor's arguments are BlockPool's).
 std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int block_size, int n_blocks,
                                         bool prefix_caching = false, Memory& memory = host_memory());

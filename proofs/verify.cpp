@@ -580,6 +580,44 @@ void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
     expect_memory_consistent(*u, what);
 }
 
+// One prefix-caching pool, two requests, two formats: A runs in the first and ends (its full
+// blocks stay cached); the pool switches to the second; B shares a prefix with A. B must equal
+// naive decode in the second format, so it must not map A's blocks.
+void format_switch_property(const Devices& devices, Mutant mutant) {
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const std::uint64_t id = m.w.fingerprint();
+    const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
+    const KVFormat fa = kKVFormats[std::size_t(draw(0, 4))];
+    KVFormat fb = kKVFormats[std::size_t(draw(0, 3))];
+    if (fb == fa) fb = kKVFormats[4];
+    Oracle oracle(m, devices, mutant);
+    const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
+    const std::vector<int> a = draw_tokens(c, draw(bs, c.max_seq));
+    const int k = draw(0, int(a.size()));
+    std::vector<int> b(a.begin(), a.begin() + k);
+    const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
+    b.insert(b.end(), suffix.begin(), suffix.end());
+    const std::string what =
+        fmt::format("prefix-shared(block_size={}), {}, A {} tokens in {}, then B in {} shares {} of {}", bs,
+                    c.describe(), a.size(), kv_format_name(fa), kv_format_name(fb), k, b.size());
+    pool->set_kv_format(fa);
+    oracle.set_kv_format(fa, {});
+    {
+        PagedCache seq_a(*pool, id, 0);
+        oracle.expect_naive(a, oracle.cached(seq_a)->extend(a), "A: " + what);
+    }
+    pool->set_kv_format(fb);
+    oracle.set_kv_format(fb, {});
+    PagedCache seq_b(*pool, id, 1);
+    const auto d = oracle.cached(seq_b);
+    const std::span<const int> bspan(b);
+    oracle.expect_naive(bspan, d->extend(bspan), "B: " + what);
+    if (d->prefix_hit() != 0)
+        fail(fmt::format("{}: B mapped {} positions of A's blocks, written in {}", what, d->prefix_hit(),
+                         kv_format_name(fa)));
+}
+
 // The bounds we state and test for each format's distance from fp32, on quant_config's models
 // (stories260K's shape, random weights, T <= 32), scale 1: the largest |logit error| and the
 // largest KL(fp32 || format) of the next-token distribution.
@@ -690,6 +728,9 @@ const std::vector<Check>& checks() {
                              fmt::format("K and V stored as {} codes; naive decode stores them the same way",
                                          kv_format_name(f)),
                              std::nullopt, [f](const Devices& d, Mutant m) { format_property(f, d, m); }});
+        v.push_back({"format-switch", "exact", "prefix-shared pool, A in one format, then B in another sharing 0..all",
+                     "a pool switched to another KV format evicts its cached blocks: no hit maps old-format rows",
+                     std::nullopt, format_switch_property});
         for (const VariantSetting& s : variant_settings())
             if (!is_exact(s.variant)) v.push_back(variant_check(s));
         for (KVFormat f : kKVFormats)

@@ -361,7 +361,7 @@ TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + wi
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
-    CHECK(r.out.find("mutants caught 15 of 15 (kill rate 100%)") != std::string::npos);
+    CHECK(r.out.find("mutants caught 16 of 16 (kill rate 100%)") != std::string::npos);
     CHECK(r.out.find("bitwise equal while T <= sinks + window; differs beyond") != std::string::npos);
     const Run j = run_kvlab("verify prefix-shared --cases 20 --json");
     REQUIRE(j.exit_code == 0);
@@ -446,7 +446,7 @@ TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and chec
     const nlohmann::json j = nlohmann::json::parse(one.out);
     CHECK(j["device"] == "gpu-host");
     CHECK(j["all_ok"] == true);
-    CHECK(j["rows"].size() == 14);  // 10 variants and scenarios, 4 KV formats
+    CHECK(j["rows"].size() == 15);  // 10 variants and scenarios, 4 KV formats, format-switch
     const Run two = run_kvlab("verify paged --device cpu,gpu-host --cases 20");
     INFO(two.out << two.err);
     CHECK(two.exit_code == 0);

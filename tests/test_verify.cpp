@@ -53,7 +53,8 @@ TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, ba
 }
 
 TEST_CASE("exact KV formats: bf16, fp16 and fp8 caches equal the format-aware naive decode", "[verify][exact]") {
-    for (const char* name : {"format-bf16", "format-fp16", "format-fp8-e5m2", "format-fp8-e4m3"}) check_rows(name);
+    for (const char* name : {"format-bf16", "format-fp16", "format-fp8-e5m2", "format-fp8-e4m3", "format-switch"})
+        check_rows(name);
 }
 
 TEST_CASE("an edited prompt is refused as a stale cache, and rolled back it continues exactly", "[verify][exact]") {
@@ -112,6 +113,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"format-fp16", "exact"},
                                                                     {"format-fp8-e5m2", "exact"},
                                                                     {"format-fp8-e4m3", "exact"},
+                                                                    {"format-switch", "exact"},
                                                                     {"quantized-int8-kivi", "approximate"},
                                                                     {"quantized-int8-token", "approximate"},
                                                                     {"quantized-int4-kivi", "approximate"},
@@ -135,7 +137,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"spec-rollback-short", "mutant"},
                                                                     {"fp8-scale-twice", "mutant"},
                                                                     {"bf16-truncates", "mutant"},
-                                                                    {"fp16-overflow-inf", "mutant"}};
+                                                                    {"fp16-overflow-inf", "mutant"},
+                                                                    {"prefix-keeps-format", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
