@@ -218,6 +218,110 @@ int run_bench_device(const BenchOptions& o) {
     return 0;
 }
 
+// The format table: one decode step at each T with the cache in each KV format, on a random
+// model of the shape with max_seq raised to the longest T. A step's time depends on T and the
+// format, not on the rows' values, so each cache is filled once with random rows (no prefill),
+// and the lengths are measured longest first (a rollback to T - 1 each time).
+struct FormatRow {
+    int T = 0;
+    KVFormat format = KVFormat::fp32;
+    double decode_s = 0;
+    std::int64_t bytes_per_token = 0, kv_bytes = 0;
+};
+
+std::vector<KVFormat> bench_formats(const std::string& names) {
+    if (names == "all") return {std::begin(kKVFormats), std::end(kKVFormats)};
+    std::vector<KVFormat> out;
+    std::size_t at = 0;
+    while (at <= names.size()) {
+        const std::size_t end = std::min(names.find(',', at), names.size());
+        const KVFormat f = parse_kv_format(std::string_view(names).substr(at, end - at));
+        if (std::find(out.begin(), out.end(), f) != out.end())
+            throw Error(fmt::format("--kv-format: {} named twice", kv_format_name(f)));
+        out.push_back(f);
+        at = end + 1;
+    }
+    return out;
+}
+
+int run_bench_formats(const BenchOptions& o) {
+    const std::vector<KVFormat> formats = bench_formats(o.kv_formats);
+    std::vector<int> lengths = parse_int_list("--lengths", o.lengths_given ? o.lengths : "1024,2048,4096,8192");
+    std::sort(lengths.begin(), lengths.end(), std::greater<>());
+    for (int T : lengths)
+        if (T < 2) throw Error(fmt::format("--lengths: T = {} is too short: a decode step needs T >= 2", T));
+    Config c = shape_from_string(o.shape);
+    c.max_seq = std::max(c.max_seq, lengths.front());
+    for (KVFormat f : formats)
+        check_size(fmt::format("a {} KV cache", kv_format_name(f)), kv_bytes(c, c.max_seq, f), 1);
+    const Model model = random_model(c, o.seed);
+    SplitMix64 rng(o.seed + 1);
+    std::vector<std::unique_ptr<ContiguousCache>> caches;
+    std::vector<std::unique_ptr<CachedDecoder>> decoders;
+    std::vector<float> k_row(std::size_t(c.kv_dim())), v_row(k_row.size());  // [kv_dim]
+    const int filled = lengths.front() - 1;
+    std::vector<int> tokens(std::size_t(lengths.front()));
+    for (int& t : tokens) t = int(rng.next() % std::uint64_t(c.vocab_size));
+    for (KVFormat f : formats) {
+        caches.push_back(std::make_unique<ContiguousCache>(c));
+        caches.back()->set_kv_format(f);
+        caches.back()->append(std::span(tokens).first(std::size_t(filled)));
+        for (int pos = 0; pos < filled; pos++)
+            for (int l = 0; l < c.n_layers; l++) {
+                for (float& x : k_row) x = float(rng.gaussian());
+                for (float& x : v_row) x = float(rng.gaussian());
+                caches.back()->write(l, pos, k_row.data(), v_row.data());
+            }
+        decoders.push_back(std::make_unique<CachedDecoder>(model, *caches.back(), o.threads));
+    }
+    std::vector<FormatRow> rows;
+    for (int T : lengths) {
+        // Interleaved round by round, each round starting at another format, as the variant table.
+        std::vector<std::vector<double>> samples(formats.size());
+        for (int r = 0; r < o.reps; r++)
+            for (std::size_t j = 0; j < formats.size(); j++) {
+                const std::size_t i = (j + std::size_t(r)) % formats.size();
+                caches[i]->truncate(T - 1);
+                const auto t0 = std::chrono::steady_clock::now();
+                decoders[i]->decode(tokens[std::size_t(T) - 1]);
+                samples[i].push_back(seconds_since(t0));
+            }
+        for (std::size_t i = 0; i < formats.size(); i++) {
+            std::sort(samples[i].begin(), samples[i].end());
+            rows.push_back({T, formats[i], samples[i][samples[i].size() / 2], kv_bytes(c, 1, formats[i]),
+                            kv_bytes(c, T, formats[i])});
+        }
+    }
+    if (o.json) {
+        nlohmann::json j;
+        j["shape"] = c.describe();
+        j["threads"] = o.threads;
+        j["reps"] = o.reps;
+        for (const FormatRow& r : rows)
+            j["formats"].push_back({{"T", r.T},
+                                    {"kv_format", kv_format_name(r.format)},
+                                    {"bytes_per_token", r.bytes_per_token},
+                                    {"kv_bytes", r.kv_bytes},
+                                    {"decode_tokens_per_second", 1.0 / r.decode_s}});
+        fmt::print("{}\n", j.dump(2));
+        return 0;
+    }
+    fmt::print(
+        "kvlab bench --kv-format: random model, {}\n{} thread(s), median of {} decode steps per figure "
+        "(formats interleaved); the cache holds T - 1 random rows, the step adds one\n\n",
+        c.describe(), o.threads, o.reps);
+    fmt::print("{:>6} {:<10} {:>15} {:>12} {:>14} {:>10}\n", "T", "format", "bytes/token", "KV MB", "decode tok/s",
+               "vs fp32");
+    for (const FormatRow& r : rows) {
+        const auto fp32 = std::find_if(rows.begin(), rows.end(),
+                                       [&](const FormatRow& x) { return x.T == r.T && x.format == KVFormat::fp32; });
+        fmt::print("{:>6} {:<10} {:>15} {:>12.2f} {:>14.1f} {:>10}\n", r.T, kv_format_name(r.format), r.bytes_per_token,
+                   r.kv_bytes / 1e6, 1.0 / r.decode_s,
+                   fp32 == rows.end() ? "-" : fmt::format("{:.2f}x", fp32->decode_s / r.decode_s));
+    }
+    return 0;
+}
+
 // The context lengths of --lengths, ascending, each within max_seq.
 std::vector<int> bench_lengths(const Config& c, const BenchOptions& o) {
     std::vector<int> lengths = parse_int_list("--lengths", o.lengths);
@@ -349,6 +453,10 @@ void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult&
 }
 
 int run_bench(const BenchOptions& options) {
+    if (!options.kv_formats.empty()) {
+        if (options.device != "cpu") throw Error("bench: --kv-format runs on the cpu (its table has no --device)");
+        return run_bench_formats(options);
+    }
     if (options.device != "cpu") return run_bench_device(options);
     const Config c = shape_from_string(options.shape);
     BenchOptions o = options;

@@ -65,7 +65,8 @@ struct BenchOptions {
     int group = 0;       // the quantized variants' (channels per value scale, positions per key scale);
                          // 0: the largest divisor of head_size up to 16
     std::string device = "cpu";  // cpu: the full table; gpu or gpu-host: the device table
-    bool lengths_given = false;  // --lengths was set (the device table defaults to 64,256,1024)
+    std::string kv_formats;      // the format table's formats ("all", or names); "": no format table
+    bool lengths_given = false;  // --lengths was set (the device and format tables have their own defaults)
     bool json = false;
 };
 int run_bench(const BenchOptions& o);

@@ -137,6 +137,9 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
                      "quantization group, for " + kvlab::variant_names(kvlab::variants_with("group")) +
                          " (divides head_size; default: its largest divisor up to 16)")
         ->check(CLI::Range(1, 1 << 24));
+    bench_cmd->add_option("--kv-format", bench.kv_formats,
+                          "KV formats to compare, e.g. fp32,fp8-e4m3, or all: bytes per token and decode tok/s per "
+                          "format (default T = 1024,2048,4096,8192)");
     bench_cmd->add_flag("--json", bench.json, "machine-readable output");
     return bench_cmd;
 }

@@ -197,4 +197,55 @@ void add(Exec& ex, float* x, const float* y, std::int64_t n) {
     for (std::int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
+namespace {
+
+// A code's magnitude bits `m` (exponent and mantissa, sign cleared) placed at fp32's, shifted
+// left by `shift` (23 - man_bits), are fp32 bits whose value is the code's times 2^-(127 - bias):
+// normals and subnormals alike (an fp32 subnormal for a subnormal code). Times 2^(127 - bias),
+// a power of two with an exact product, that is the code's value. Magnitudes from `special` up
+// are infinity (== special) or NaN; has_inf false: only `special` itself, NaN. Then the sign.
+// A code's magnitude bits `m` (exponent and mantissa, sign cleared) placed at fp32's, shifted
+// left by `shift` (23 - man_bits), are fp32 bits whose value is the code's times 2^-(127 - bias):
+// normals and subnormals alike (an fp32 subnormal for a subnormal code). Times 2^(127 - bias),
+// a power of two with an exact product, that is the code's value. Magnitudes from `special` up
+// are infinity (== special) or NaN; has_inf false: only `special` itself, NaN. Then the sign.
+template <class Code>
+void decode_row(const Code* c, int n, float* dst, std::uint32_t mag_mask, int shift, float rebias,
+                std::uint32_t special, bool has_inf) {
+    const std::uint32_t sign_shift = 31 - (8 * sizeof(Code) - 1);
+    for (int d = 0; d < n; d++) {
+        const std::uint32_t u = c[d], m = u & mag_mask, sign = (u & ~mag_mask) << sign_shift;
+        std::uint32_t bits = float_bits(float_from_bits(m << shift) * rebias);
+        if (m >= special) bits = has_inf && m == special ? 0x7f800000u : 0x7fc00000u;
+        dst[d] = float_from_bits(bits | sign);
+    }
+}
+
+}  // namespace
+
+void decode_kv_row(int format, const void* src, int n, float scale, float* dst) {
+    switch (format) {
+        case int(KVFormat::fp32): std::copy_n(static_cast<const float*>(src), n, dst); return;
+        case int(KVFormat::bf16): {
+            const auto* c = static_cast<const std::uint16_t*>(src);
+            for (int d = 0; d < n; d++) {
+                // fp32's top half; a NaN is decode_float's quiet NaN (the payload is not kept)
+                const std::uint32_t u = std::uint32_t(c[d]) << 16;
+                dst[d] = float_from_bits((u & 0x7fffffffu) > 0x7f800000u ? (u & 0x80000000u) | 0x7fc00000u : u);
+            }
+            return;
+        }
+        case int(KVFormat::fp16):
+            decode_row(static_cast<const std::uint16_t*>(src), n, dst, 0x7fffu, 13, 0x1p112f, 0x7c00u, true);
+            return;
+        case int(KVFormat::fp8_e5m2):
+            decode_row(static_cast<const std::uint8_t*>(src), n, dst, 0x7fu, 21, 0x1p112f, 0x7cu, true);
+            break;
+        default: decode_row(static_cast<const std::uint8_t*>(src), n, dst, 0x7fu, 20, 0x1p120f, 0x7fu, false);
+    }
+    // fp8's scale, as kv_load multiplies it (by 1 the product is the value itself: skipped)
+    if (scale != 1.0f)
+        for (int d = 0; d < n; d++) dst[d] = dst[d] * scale;
+}
+
 }  // namespace kvlab

@@ -473,6 +473,32 @@ TEST_CASE("kvlab --device: unknown devices, a missing GPU and a GPU-less build a
     CHECK((r.err.find("no CUDA device") != std::string::npos || r.err.find("no GPU support") != std::string::npos));
 }
 
+TEST_CASE("kvlab bench --kv-format: bytes per token and decode speed per format, every T", "[cli][bench]") {
+    const Run r = run_kvlab("bench --kv-format all --shape " + std::string(kTiny) + " --lengths 8,32 --reps 1 --json");
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    REQUIRE(j["formats"].size() == 2 * std::size(kvlab::kKVFormats));
+    const kvlab::Config c = kvlab::Config::parse(kTiny, kvlab::Config{});
+    for (const auto& row : j["formats"]) {
+        const kvlab::KVFormat f = kvlab::parse_kv_format(row["kv_format"].get<std::string>());
+        const std::int64_t per_token = 2ll * kvlab::kv_format_bytes(int(f)) * c.n_layers * c.kv_dim();
+        CHECK(row["bytes_per_token"] == per_token);
+        CHECK(row["kv_bytes"] == per_token * row["T"].get<std::int64_t>());
+        CHECK(row["decode_tokens_per_second"].get<double>() > 0);
+    }
+    CHECK(j["formats"][0]["T"] == 32);  // longest first
+    const Run text =
+        run_kvlab("bench --kv-format fp32,fp8-e4m3 --shape " + std::string(kTiny) + " --lengths 16 --reps 1");
+    CHECK(text.exit_code == 0);
+    CHECK(text.out.find("fp8-e4m3") != std::string::npos);
+    CHECK(text.out.find("1.00x") != std::string::npos);
+    check_refused("bench --kv-format fp9", "unknown KV format 'fp9'");
+    check_refused("bench --kv-format bf16,bf16", "bf16 named twice");
+    check_refused("bench --kv-format bf16 --device gpu-host", "--kv-format runs on the cpu");
+    check_refused("bench --kv-format bf16 --lengths 1", "too short");
+}
+
 TEST_CASE("kvlab bench --device gpu-host: the device table, with naive, graph and plain bitwise equal", "[cli][device]") {
     const Run r = run_kvlab("bench --device gpu-host --shape stories260K --lengths 8,24 --reps 1");
     INFO(r.out << r.err);

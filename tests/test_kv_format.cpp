@@ -379,3 +379,31 @@ TEST_CASE("KV formats counter-test: a cache that keeps an fp32 copy besides its 
         },
         "the allocator holds");
 }
+
+TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code, with and without a scale",
+          "[kv-format]") {
+    for (KVFormat f : kKVFormats) {
+        if (f == KVFormat::fp32) continue;
+        const int bits = 8 * kv_format_bytes(int(f));
+        const std::size_t n = std::size_t(1) << bits;
+        std::vector<std::uint8_t> row(n * std::size_t(kv_format_bytes(int(f))));  // every code once
+        for (std::size_t c = 0; c < n; c++) {
+            if (bits == 16)
+                reinterpret_cast<std::uint16_t*>(row.data())[c] = std::uint16_t(c);
+            else
+                row[c] = std::uint8_t(c);
+        }
+        for (float scale : {1.0f, 0.3125f, 7.5f}) {
+            std::vector<float> got(n);  // [n]
+            decode_kv_row(int(f), row.data(), int(n), scale, got.data());
+            int wrong = 0;
+            for (std::size_t c = 0; c < n; c++) {
+                const float want = kv_load(int(f), row.data(), std::int64_t(c), scale);
+                if (float_bits(got[c]) != float_bits(want) && wrong++ < 5)
+                    FAIL_CHECK(fmt::format("{} code 0x{:x}, scale {}: decode_kv_row 0x{:08x}, kv_load 0x{:08x}",
+                                           kv_format_name(f), c, scale, float_bits(got[c]), float_bits(want)));
+            }
+            CHECK(wrong == 0);
+        }
+    }
+}
