@@ -51,6 +51,7 @@ struct SpeculateOptions {
     int reps = 3;                  // timed runs of each decode; the fastest counts
     int threads = 1;
     std::string device = "cpu";
+    std::string kv_format = "fp32";  // the target's, plain decode's and the draft's caches
     bool json = false;
 };
 int run_speculate(const SpeculateOptions& o);

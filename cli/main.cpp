@@ -112,6 +112,8 @@ CLI::App* add_speculate(CLI::App& app, SpeculateOptions& spec) {
         ->check(CLI::Range(1, 1000));
     spec_cmd->add_option("--threads", spec.threads, "threads for the kernels")->check(CLI::Range(1, 256));
     spec_cmd->add_option("--device", spec.device, "cpu, gpu or gpu-host (target and draft both run there)");
+    spec_cmd->add_option("--kv-format", spec.kv_format,
+                         "every cache (target, draft, plain) stores K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3");
     spec_cmd->add_flag("--json", spec.json, "machine-readable output");
     return spec_cmd;
 }

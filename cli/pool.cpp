@@ -81,7 +81,9 @@ public:
           o_(o),
           backend_(lm.model),
           engine_(backend_, pool, lm.model.w.fingerprint()),
-          naive_(lm.model) {}
+          naive_(lm.model) {
+        naive_.kv_format = pool.kv_format();  // the naive check stores K and V as the pool does
+    }
 
     // Runs command `index` (1-based); an Error names it and nothing after it runs.
     void run(int index, const std::string& text, int width) {
@@ -427,6 +429,7 @@ int Session::finish(int n_commands) {
         j["block_size"] = pool_.block_size();
         j["blocks"] = pool_.n_blocks();
         j["block_bytes"] = pool_.block_bytes();
+        j["kv_format"] = kv_format_name(pool_.kv_format());
         j["prefix_cache"] = pool_.prefix_caching();
         j["commands"] = records_;
         j["summary"] = {{"commands", n_commands},
@@ -478,6 +481,7 @@ int run_pool(const PoolOptions& o) {
     const Config& c = lm.model.config();
     // Checks --block-size against max_seq, and --blocks x --block-size against kvlab's size limit.
     BlockPool pool(c, o.block_size, o.blocks, o.prefix_cache);
+    pool.set_kv_format(parse_kv_format(o.kv_format));
     Session session(lm, pool, o);
 
     int width = 7;
@@ -485,8 +489,9 @@ int run_pool(const PoolOptions& o) {
     if (!o.json) {
         fmt::print("kvlab pool: one paged block pool, scripted\n");
         fmt::print("model   {}  ({})\n", lm.source, c.describe());
-        fmt::print("pool    {} blocks of {} positions, {} B each; prefix caching {}\n\n", pool.n_blocks(),
-                   pool.block_size(), pool.block_bytes(), pool.prefix_caching() ? "on" : "off");
+        fmt::print("pool    {} blocks of {} positions, {} B each ({}); prefix caching {}\n\n", pool.n_blocks(),
+                   pool.block_size(), pool.block_bytes(), kv_format_name(pool.kv_format()),
+                   pool.prefix_caching() ? "on" : "off");
         fmt::print("{:>3}  {:<{}} {:>4} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>4}  {:<7}  {}\n", "#", "command",
                    width, "hit", "alloc", "share", "cow", "freed", "evict", "free", "cached", "used", "logits",
                    "what it did");
@@ -501,6 +506,9 @@ void add_pool_options(CLI::App* cmd, PoolOptions& o) {
     cmd->add_option("--block-size", o.block_size, "positions per block (default 4; at most max_seq)");
     cmd->add_option("--blocks", o.blocks, "blocks in the pool (default 32)")->check(CLI::Range(1, 1 << 16));
     cmd->add_flag("--no-prefix-cache{false}", o.prefix_cache, "do not publish full blocks for later requests");
+    cmd->add_option("--kv-format", o.kv_format,
+                    "every block stores K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3 (checked against a naive "
+                    "decode storing them so too)");
     cmd->add_option("--script", o.script,
                     "commands separated by ';': new NAME 1,2,3 / append NAME 4,5 / fork NAME NEWNAME / "
                     "rollback NAME N / free NAME / show")

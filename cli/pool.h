@@ -28,6 +28,7 @@ struct PoolOptions {
     int block_size = 4;        // positions per block; BlockPool checks it against max_seq
     int blocks = 32;           // blocks in the pool
     bool prefix_cache = true;  // publish full blocks for later requests to share (--no-prefix-cache: off)
+    std::string kv_format = "fp32";  // what every block stores K and V in (the naive check stores them so too)
     std::string script;        // the commands above
     bool events = false;       // print every CacheEvent of every command
     bool json = false;
@@ -37,7 +38,8 @@ struct PoolOptions {
 // Throws Error for a bad script, option or request (the first bad command; nothing after it runs).
 int run_pool(const PoolOptions& o);
 
-// Adds --model, --tokenizer, --model-seed, --block-size, --blocks, --no-prefix-cache, --script, --events, --json.
+// Adds --model, --tokenizer, --model-seed, --block-size, --blocks, --no-prefix-cache, --kv-format,
+// --script, --events, --json.
 void add_pool_options(CLI::App* cmd, PoolOptions& o);
 
 }  // namespace kvlab::cli

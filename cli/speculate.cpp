@@ -60,6 +60,9 @@ Race race(const SpeculateOptions& o, const Model& model, const Draft& d, const s
     const std::unique_ptr<Backend> draft_backend = d.model ? make_backend(devices[0], *d.model) : nullptr;
     CachedDecoder plain(*backend), target(*backend), draft(draft_backend ? *draft_backend : *backend);
     plain.exec.n_threads = target.exec.n_threads = draft.exec.n_threads = o.threads;
+    // Every cache in the format: speculative decoding must still give plain greedy decode's bits.
+    const KVFormat format = parse_kv_format(o.kv_format);
+    for (CachedDecoder* dec : {&plain, &target, &draft}) dec->cache().set_kv_format(format);
     SpeculativeDecoder spec(target, draft, o.k);
 
     // Each decode timed `reps` times, alternating; the fastest of each counts.
@@ -97,6 +100,7 @@ void print_json(const SpeculateOptions& o, const LoadedModel& lm, const Draft& d
     const SpeculativeStats& st = r.got.stats;
     nlohmann::json j = {{"model", lm.source},
                         {"draft", d.name},
+                        {"kv_format", o.kv_format},
                         {"k", o.k},
                         {"steps", o.steps},
                         {"prompt_tokens", prompt},
@@ -126,7 +130,8 @@ void print_report(const SpeculateOptions& o, const LoadedModel& lm, const Draft&
     const int vocab_size = lm.model.config().vocab_size;
     fmt::print("{}\n\n", decoded_text(lm, prompt, r.got.tokens));
     fmt::print("model       {}\n", lm.source);
-    fmt::print("draft       {}, k = {}\n", d.name, o.k);
+    fmt::print("draft       {}, k = {}{}\n", d.name, o.k,
+               o.kv_format == "fp32" ? "" : fmt::format("; every cache stores K and V in {}", o.kv_format));
     if (st.proposed)
         fmt::print("acceptance  {} of {} drafts accepted ({:.1f}%); {:.2f} accepted per target step (mean)\n",
                    st.accepted, st.proposed, 100.0 * st.acceptance_rate(), st.accepted_per_target_step());

@@ -150,6 +150,7 @@ public:
     MemoryStats memory() const;
 
     const KVStorage& storage() const { return storage_; }
+    KVFormat kv_format() const { return storage_.format; }
     // The format every block stores K and V in, and its scales (kv_format.h; empty: all 1);
     // changes only while no block is used. Cached blocks are evicted first: their rows are in
     // the old format, and a later prefix hit must not map them.

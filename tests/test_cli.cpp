@@ -240,6 +240,29 @@ TEST_CASE("kvlab generate --kv-format decodes greedily as the demo's format-awar
     CHECK(bad.err == "kvlab: error: unknown KV format 'int3' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)\n");
 }
 
+TEST_CASE("kvlab speculate --kv-format: speculative decoding in a format gives that format's greedy decode",
+          "[cli][speculate]") {
+    // Its tokens are generate's in the same format (checked against the format-aware naive decode
+    // above), and bitwise equal to plain greedy decode in it, with the target as its own draft
+    // (every draft accepted) and with a random draft (every draft rejected).
+    for (const char* format : {"bf16", "fp8-e5m2"}) {
+        const std::string args = std::string("--tokens 1,403,407,261 --steps 64 --json --kv-format ") + format;
+        const Run gen = run_kvlab("generate " + args);
+        REQUIRE(gen.exit_code == 0);
+        const auto g = nlohmann::json::parse(gen.out);
+        for (const char* draft : {"self", "random"}) {
+            const Run spec = run_kvlab("speculate --draft " + std::string(draft) + " --reps 1 " + args);
+            INFO(format << ", draft " << draft << ": " << spec.err);
+            REQUIRE(spec.exit_code == 0);
+            const auto j = nlohmann::json::parse(spec.out);
+            CHECK(j["kv_format"] == format);
+            CHECK(j["bitwise_equal"] == true);
+            CHECK(j["generated_tokens"] == g["generated_tokens"]);
+        }
+    }
+    check_refused("speculate --kv-format int3", "unknown KV format 'int3'");
+}
+
 TEST_CASE("kvlab demo with no arguments runs the main job", "[cli][demo]") {
     const Run r = run_kvlab("demo --steps 8");
     INFO(r.err);
@@ -409,6 +432,28 @@ TEST_CASE("kvlab memory: Llama 2 7B at fp16 holds 512 KiB per token, 2 GiB at 40
     const auto json = nlohmann::json::parse(r.out);
     CHECK(json["models"][0]["bytes_per_token"]["fp16"] == 2 * 32 * 32 * 128 * 2);
     CHECK(json["models"][0]["total_bytes"]["fp16"] == 2ll * 32 * 32 * 128 * 2 * 4096);
+}
+
+TEST_CASE("kvlab pool --kv-format: every block in the format, every prefill equal to the format-aware naive decode",
+          "[cli][pool]") {
+    const std::string script =
+        " --json --script \"new a 1,2,3,4,5,6; fork a b; append b 7,8; new c 1,2,3,4,9; "
+        "rollback c 2; append c 10,11; free a; show\"";
+    std::map<std::string, std::int64_t> block_bytes;
+    for (const char* format : {"fp32", "bf16", "fp8-e4m3"}) {
+        const Run r = run_kvlab(std::string("pool --kv-format ") + format + script);
+        INFO(format << ": " << r.err);
+        REQUIRE(r.exit_code == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        CHECK(j["kv_format"] == format);
+        CHECK(j["summary"]["prefills"].get<int>() == 4);  // new a, append b, new c, append c
+        CHECK(j["summary"]["prefills_bitwise_equal"] == j["summary"]["prefills"]);
+        CHECK(j["summary"]["prefix_hit_positions"].get<int>() > 0);
+        block_bytes[format] = j["block_bytes"].get<std::int64_t>();
+    }
+    CHECK(block_bytes["fp32"] == 2 * block_bytes["bf16"]);
+    CHECK(block_bytes["fp32"] == 4 * block_bytes["fp8-e4m3"]);
+    check_refused("pool --kv-format int3 --script \"new a 1\"", "unknown KV format 'int3'");
 }
 
 TEST_CASE("cache parameters and requests that cannot be met are one-line errors", "[cli][errors]") {
