@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "approx_metrics.h"
 #include "cache.h"
 #include "commands.h"
 #include "common.h"
@@ -31,7 +32,7 @@ struct StepRow {
     std::string differs;  // which one ("" when all equal)
     // With a KV format other than fp32: how far the format-aware naive logits are from fp32 naive
     // decode's, and whether their greedy tokens agree.
-    double drift = 0;
+    double drift = 0, kl = 0;  // max |dlogit|, KL(fp32 || format) of the next-token distributions
     bool same_top1 = true;
 };
 
@@ -120,9 +121,8 @@ const std::vector<float>& SideBySide::step(const std::string& kind, const std::v
         }
     }
     if (fp32) {  // outside the timed parts
-        const std::vector<float>& lf = fp32->forward(tokens);
-        for (std::size_t i = 0; i < lf.size(); i++) r.drift = std::max(r.drift, double(std::fabs(ln[i] - lf[i])));
-        r.same_top1 = argmax(ln) == argmax(lf);
+        const LogitError e = compare_logits(fp32->forward(tokens), ln);
+        r.drift = e.max_abs, r.kl = e.kl, r.same_top1 = e.top1_agree;
     }
     rows.push_back(r);
     return lc;
@@ -138,6 +138,7 @@ struct Summary {
     int T = 0;        // positions in the cache at the end
     std::int64_t kv_used = 0;
     double max_drift = 0;  // over the steps: max |logit - fp32 naive's logit|
+    double max_kl = 0;     // over the steps: KL(fp32 naive || format-aware naive)
     int same_top1 = 0;     // steps whose greedy token is fp32 naive decode's
 };
 
@@ -150,6 +151,7 @@ Summary summarize(const SideBySide& run, int P, const std::string& generated) {
         s.naive_flops += r.naive_flops, s.cached_flops += r.cached_flops;
         s.n_equal += r.cmp.equal;
         s.max_drift = std::max(s.max_drift, r.drift);
+        s.max_kl = std::max(s.max_kl, r.kl);
         s.same_top1 += r.same_top1;
     }
     s.T = run.cached.pos();
@@ -192,6 +194,7 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
     if (run.fp32)
         for (std::size_t i = 0; i < rows.size(); i++) {
             j["steps"][i]["drift_from_fp32"] = rows[i].drift;
+            j["steps"][i]["kl_from_fp32"] = rows[i].kl;
             j["steps"][i]["same_top1_as_fp32"] = rows[i].same_top1;
         }
     j["summary"] = {{"steps", o.steps},
@@ -205,9 +208,10 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
                     {"flop_ratio", double(s.naive_flops) / double(s.cached_flops)},
                     {"kv_positions", s.T},
                     {"kv_bytes", s.kv_used},
-                    {"kv_bytes_formula", kv_bytes(c, s.T)}};
+                    {"kv_bytes_formula", kv_bytes(c, s.T, run.format)}};
     if (run.fp32) {
         j["summary"]["max_drift_from_fp32"] = s.max_drift;
+        j["summary"]["max_kl_from_fp32"] = s.max_kl;
         j["summary"]["same_top1_as_fp32_steps"] = s.same_top1;
     }
     fmt::print("{}\n", j.dump(2));
@@ -259,8 +263,8 @@ void print_summary(const SideBySide& run, const Summary& s) {
     if (run.fp32)
         fmt::print(
             "format     {}: both decoders store K and V in it; against fp32 naive decode the logits move by "
-            "at most {:.3g}, and {} of {} steps pick the same greedy token\n",
-            kv_format_name(run.format), s.max_drift, s.same_top1, rows.size());
+            "at most {:.3g} (KL at most {:.3g}), and {} of {} steps pick the same greedy token\n",
+            kv_format_name(run.format), s.max_drift, s.max_kl, s.same_top1, rows.size());
     fmt::print("time       naive {:.1f} ms, cached {:.1f} ms: cached is {:.1f}x faster over the run\n",
                s.naive_total * 1e3, s.cached_total * 1e3, s.naive_total / s.cached_total);
     if (rows.size() >= 11) {

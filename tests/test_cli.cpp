@@ -310,6 +310,32 @@ TEST_CASE("kvlab generate on stories260K prints llama2.c's recorded greedy outpu
     CHECK(r.out == std::string(kvlab::test::kLlama2cExpected) + "\n");
 }
 
+// The drift of each KV format from fp32 on the real model, 200 greedy steps (the demo's prompt): the figures
+// in the README's format table, and the bounds it states (about twice what was measured).
+TEST_CASE("kvlab demo --kv-format on stories260K: each format stays within the drift the README states",
+          "[cli][stories260k]") {
+    KVLAB_MODEL_FILE_OR_SKIP(model, "stories260K.bin");
+    KVLAB_MODEL_FILE_OR_SKIP(tok, "tok512.bin");
+    struct Bound {
+        const char* format;
+        double max_abs, kl;
+        int same_top1;  // of 201 steps, at least
+    };
+    for (const Bound& b : {Bound{"bf16", 0.3, 1e-3, 201}, Bound{"fp16", 0.05, 1e-4, 201},
+                           Bound{"fp8-e5m2", 15.0, 1.0, 170}, Bound{"fp8-e4m3", 12.0, 0.3, 185}}) {
+        const Run r =
+            run_kvlab("demo --model " + model + " --tokenizer " + tok + " --steps 200 --json --kv-format " + b.format);
+        INFO(b.format << ": " << r.err);
+        REQUIRE(r.exit_code == 0);
+        const auto s = nlohmann::json::parse(r.out)["summary"];
+        CHECK(s["bitwise_equal_steps"] == 201);
+        CHECK(s["max_drift_from_fp32"].get<double>() <= b.max_abs);
+        CHECK(s["max_kl_from_fp32"].get<double>() <= b.kl);
+        CHECK(s["same_top1_as_fp32_steps"].get<int>() >= b.same_top1);
+        CHECK(s["max_drift_from_fp32"].get<double>() > 0);  // a format that stored fp32 would not move
+    }
+}
+
 TEST_CASE("kvlab speculate: tokens and logits bitwise equal to plain greedy decode, for any draft", "[cli][speculate]") {
     const fs::path model = exported_model("spec.bin", kTiny);
     const std::string base = "speculate --model " + model.string() + " --tokens 1,5,7 --steps 20 --k 3 --reps 1";
