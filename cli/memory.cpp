@@ -247,7 +247,10 @@ void add_memory_options(CLI::App* cmd, MemoryOptions& o) {
     cmd->add_option("--context", o.context, "tokens per sequence, and max_seq reserved per request (default 4096)")
         ->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--batch", o.batch, "sequences held at once (default 1)")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--precision", o.precision, "all (default), fp32, fp16, bf16, fp8, int4 or int2");
+    auto* precision = cmd->add_option("--precision", o.precision, "all (default), fp32, fp16, bf16, fp8, int4 or int2");
+    cmd->add_option("--kv-format", o.precision,
+                    "a KV format kvlab stores (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3): --precision by its name")
+        ->excludes(precision);
     cmd->add_option("--model", o.model,
                     "all (default) or one of: Llama 2 7B, Llama 3 8B, Llama 3 70B, Mistral 7B, GPT-3 175B, DeepSeek-V3 "
                     "(case, spaces and dashes ignored: llama2-7b)");

@@ -458,6 +458,11 @@ TEST_CASE("kvlab memory: Llama 2 7B at fp16 holds 512 KiB per token, 2 GiB at 40
     const auto json = nlohmann::json::parse(r.out);
     CHECK(json["models"][0]["bytes_per_token"]["fp16"] == 2 * 32 * 32 * 128 * 2);
     CHECK(json["models"][0]["total_bytes"]["fp16"] == 2ll * 32 * 32 * 128 * 2 * 4096);
+    // kvlab's own format names: --kv-format fp8-e4m3 is one byte per element.
+    const Run f = run_kvlab("memory --json --model llama3-8b --kv-format fp8-e4m3");
+    REQUIRE(f.exit_code == 0);
+    CHECK(nlohmann::json::parse(f.out)["models"][0]["bytes_per_token"]["fp8-e4m3"] == 2 * 32 * 8 * 128);
+    check_refused("memory --kv-format fp8-e4m3 --precision fp16", "excludes");
 }
 
 TEST_CASE("kvlab pool --kv-format: every block in the format, every prefill equal to the format-aware naive decode",
