@@ -21,6 +21,7 @@ namespace kvlab::cli {
 struct ViewCommand::Options {
     viz::ViewOptions view;
     std::string variant = "contiguous";
+    std::string kv_format = "fp32";
     std::string shape;  // random model's shape: "n_layers=2,n_heads=4,n_kv_heads=2" over stories260K's
     std::string size = "1600x1000";
     std::string step;  // a step number, or "end"
@@ -46,6 +47,8 @@ ViewCommand::ViewCommand(CLI::App& app)
     cmd->add_option("--n-blocks", s.n_blocks, "paged variants: blocks in the pool (0: enough for every sequence)")
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--bits", s.quant_bits, "quantized: 8 or 4")->check(CLI::IsMember({8, 4}));
+    cmd->add_option("--kv-format", o_->kv_format,
+                    "K and V stored in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3 (variants that take a format)");
     cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--window", s.window, "window: positions in the sliding window")->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--fork-at", s.fork_at, "prefix-shared: A forks into C after this decode step")
@@ -75,6 +78,7 @@ int ViewCommand::run() {
         throw Error(
             fmt::format("unknown variant '{}' (variants: {})", one_line(o.variant), variant_names(viz::kVariants)));
     v.settings.variant = *variant;
+    v.settings.kv_format = parse_kv_format(o.kv_format);
     if (!o.shape.empty()) {
         v.settings.shape = shape_from_string(o.shape);
         v.settings.random_model = true;

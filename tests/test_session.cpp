@@ -221,3 +221,33 @@ TEST_CASE("session: a pool too small for the run stops with a message, never a c
     CHECK(session.n_steps() == 1 + (16 - 9));  // the prefill, then decode up to 16 positions
     CHECK(session.failure().find("stopped") != std::string::npos);
 }
+
+TEST_CASE("session in a KV format: exact, and the bits panel's K row is what layer 0 computes and the cache holds") {
+    for (KVFormat f : kKVFormats)
+        for (Variant v : {Variant::contiguous_head, Variant::paged, Variant::prefix_shared}) {
+            INFO(to_string(v) << " in " << kv_format_name(f));
+            Settings s = small(v, 6);
+            s.kv_format = f;
+            const Session session(s);
+            CHECK(session.info().kv_format == f);
+            for (const auto& st : run_all(session)) {
+                for (const Exactness& e : st->exact) CHECK(e.bitwise_equal);  // the format-aware naive decode
+                const int hs = session.info().config.head_size();
+                REQUIRE(int(st->k_fp32.size()) == hs);
+                REQUIRE(int(st->k_codes.size()) == hs);
+                REQUIRE(int(st->k_held.size()) == hs);
+                for (int d = 0; d < hs; d++) {
+                    const float x = st->k_fp32[std::size_t(d)];
+                    // The code is the format's conversion of the fp32 value, and the cache holds its value.
+                    const std::uint32_t want =
+                        f == KVFormat::fp32 ? float_bits(x) : encode_float(float_format(int(f)), x);
+                    CHECK(st->k_codes[std::size_t(d)] == want);
+                    CHECK(float_bits(st->k_held[std::size_t(d)]) == float_bits(store_value(int(f), x)));
+                }
+            }
+        }
+    // A variant that stores K and V its own way refuses a format before the session starts.
+    Settings q = small(Variant::quantized, 2);
+    q.kv_format = KVFormat::bf16;
+    CHECK_THROWS_WITH(Session(q), Catch::Contains("stores K and V in its own way"));
+}

@@ -176,6 +176,44 @@ TEST_CASE("cache growth panel, planted bug: a panel that leaves the newest colum
     CHECK(g.filled != (kP + 4) * kKvHeads);
 }
 
+// The bits panel's rows for element 0: fp32's, and the code's in the cache's format. Cells of each
+// field's colours (set or clear): sign, exponent, mantissa.
+struct FieldCells {
+    long sign, exp, man;
+};
+FieldCells field_cells(const Shot& s, const std::string& region) {
+    return {s.cells(region, {s.colour("bit_sign_on"), s.colour("bit_sign_off")}),
+            s.cells(region, {s.colour("bit_exp_on"), s.colour("bit_exp_off")}),
+            s.cells(region, {s.colour("bit_man_on"), s.colour("bit_man_off")})};
+}
+
+TEST_CASE("bits panel: a K element in fp32 and as each format's code, with the format's sign, exponent and mantissa") {
+    SKIP_WITHOUT_DISPLAY();
+    struct Case {
+        const char* format;
+        long exp, man;
+    };
+    for (const Case& c : {Case{"bf16", 8, 7}, Case{"fp16", 5, 10}, Case{"fp8-e5m2", 5, 2}, Case{"fp8-e4m3", 4, 3}}) {
+        INFO(c.format);
+        const Shot s = headless(kModel + " --step 3 --kv-format " + c.format, std::string("bits_") + c.format);
+        CHECK(s.layout["state"]["kv_format"] == c.format);
+        const FieldCells fp32 = field_cells(s, "bits.fp32.d0"), code = field_cells(s, "bits.code.d0");
+        CHECK((fp32.sign == 1 && fp32.exp == 8 && fp32.man == 23));
+        CHECK(code.sign == 1);
+        CHECK(code.exp == c.exp);
+        CHECK(code.man == c.man);
+    }
+    const Shot s = headless(kModel + " --step 3", "bits_fp32");
+    CHECK(!s.layout["regions"].contains("bits.code.d0"));  // fp32 is stored as it is
+    CHECK(field_cells(s, "bits.fp32.d0").man == 23);
+}
+
+TEST_CASE("bits panel, planted bug: a code drawn with fp32's field widths is caught") {
+    SKIP_WITHOUT_DISPLAY();
+    const Shot s = headless(kModel + " --step 3 --kv-format bf16 --plant bits-fp32-fields", "bits_planted");
+    CHECK(field_cells(s, "bits.code.d0").man != 7);
+}
+
 TEST_CASE("phases timeline: the marker sits on the prefill block at step 0 and to its right on decode") {
     SKIP_WITHOUT_DISPLAY();
     for (int d : {0, 3}) {

@@ -94,10 +94,12 @@ void App::frame(float dt, int width, int height, Report* report) {
         ImGui::SetNextWindowPos(ImVec2(x, y), ImGuiCond_Always);
         ImGui::SetNextWindowSize(ImVec2(w, h), ImGuiCond_Always);
     };
-    place(0, 0, left, std::floor(H * 0.45f));
+    place(0, 0, left, std::floor(H * 0.40f));
     draw_controls();
-    place(0, std::floor(H * 0.45f), left, H - std::floor(H * 0.45f));
+    place(0, std::floor(H * 0.40f), left, std::floor(H * 0.30f));
     draw_exactness(frame_);
+    place(0, std::floor(H * 0.70f), left, H - std::floor(H * 0.70f));
+    draw_bits(frame_);
     place(left, 0, right_w, top_h);
     draw_phases(frame_);
     place(left, top_h, std::floor(right_w * 0.5f), mid_h);

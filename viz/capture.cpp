@@ -73,6 +73,9 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
     p["newest"] = color(palette::newest), p["evicted"] = color(palette::evicted), p["read"] = color(palette::read);
     p["marker"] = color(palette::marker), p["block_free"] = color(palette::block_free);
     p["block_cached"] = color(palette::block_cached);
+    p["bit_sign_on"] = color(palette::bit_sign_on), p["bit_sign_off"] = color(palette::bit_sign_off);
+    p["bit_exp_on"] = color(palette::bit_exp_on), p["bit_exp_off"] = color(palette::bit_exp_off);
+    p["bit_man_on"] = color(palette::bit_man_on), p["bit_man_off"] = color(palette::bit_man_off);
     for (int s = 0; s < 8; s++) p["owners"].push_back(color(palette::owner(s)));
 
     // What the session's state says, for the tests to compare with the pixels.
@@ -80,6 +83,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
     const Config& c = info.config;
     json& st = j["state"];
     st["variant"] = std::string(to_string(info.settings.variant));
+    st["kv_format"] = kv_format_name(info.kv_format);
     st["device"] = info.device;
     st["n_layers"] = c.n_layers, st["n_heads"] = c.n_heads, st["n_kv_heads"] = c.n_kv_heads;
     st["max_seq"] = c.max_seq;

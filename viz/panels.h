@@ -9,6 +9,7 @@
 //   cost       cumulative FLOPs and time against T, naive and cached; KV bytes against T
 //   attention  the newest row's attention weights per head over the positions it attended
 //   exactness  naive against cached logits, every step: bitwise equal, or the ULP distance
+//   bits       a K row's bits in fp32 and in the cache's KV format, and the cache's bytes per format
 //
 // Panels report where they drew what the tests look for (Report): the pixel tests find the
 // cache cells, the phase marker and the pool's blocks by colour inside those rectangles.
@@ -50,6 +51,7 @@ struct Frame {
     //   growth-skips-newest  the growth panel leaves the newest cells unpainted
     //   marker-stuck         the timeline's marker stays on the first step
     //   pool-hides-shared    the paged panel draws shared blocks as free
+    //   bits-fp32-fields     the bits panel draws a format's code with fp32's field widths
     std::string plant;
 
     const Step& step() const { return *steps[cursor]; }
@@ -75,6 +77,10 @@ inline constexpr ImU32 block_cached = rgb(96, 96, 110);    // unreferenced, publ
 inline constexpr ImU32 block_shared = rgb(255, 255, 255);  // outline of a block with refcount > 1
 // A block owned by sequence s (A, B, C, ...) is filled with owner(s).
 ImU32 owner(int seq);
+// The bits panel: a bit of a float's sign, exponent or mantissa, set (bright) or clear.
+inline constexpr ImU32 bit_sign_on = rgb(250, 110, 110), bit_sign_off = rgb(110, 50, 50);
+inline constexpr ImU32 bit_exp_on = rgb(110, 200, 250), bit_exp_off = rgb(40, 80, 110);
+inline constexpr ImU32 bit_man_on = rgb(170, 240, 120), bit_man_off = rgb(60, 100, 45);
 inline constexpr ImU32 equal = rgb(70, 200, 90);   // bitwise equal
 inline constexpr ImU32 differ = rgb(230, 70, 60);  // not equal
 }  // namespace palette
@@ -89,5 +95,6 @@ void draw_paged(const Frame& f);
 void draw_cost(const Frame& f);
 void draw_attention(const Frame& f);
 void draw_exactness(const Frame& f);
+void draw_bits(const Frame& f);
 
 }  // namespace kvlab::viz

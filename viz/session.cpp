@@ -114,6 +114,7 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     // worker starts. Every event goes to one trace, split into steps as they are published.
     CacheSpec spec = default_spec(s.variant, c);  // the registry's defaults; the viewer's settings below
     spec.model_identity = m.lm().model.w.fingerprint();
+    spec.kv_format = s.kv_format;  // make_cache refuses it for a variant that takes no format
     switch (s.variant) {
         case Variant::paged:
         case Variant::prefix_shared: {
@@ -162,10 +163,13 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     m.engine->decoder().observer = &m.probe;
     info_.exact = is_exact(s.variant);
     info_.total_steps = 1 + (s.variant == Variant::prefix_shared ? 1 : 0) + s.steps;
-    info_.kv_bytes_per_token = kv_bytes(c, 1);
+    info_.kv_bytes_per_token = kv_bytes(c, 1, s.kv_format);
+    info_.kv_format = s.kv_format;
     m.seqs.reserve(3);  // A, B, C: run() holds references to them while B and C are added
     m.naive.emplace(*m.backend);
     if (info_.device != "cpu") m.cpu_naive.emplace(m.lm().model);
+    for (std::optional<NaiveDecoder>* n : {&m.naive, &m.cpu_naive})
+        if (*n) (*n)->kv_format = s.kv_format;  // the format-aware naive decode
     worker_ = std::thread([this] { run(); });
 }
 
@@ -212,6 +216,35 @@ void Session::run() {
     CachedDecoder& cached = engine.decoder();
 
     // Freezes what the panels need after a step.
+    // A's newest position at layer 0, KV head 0: K as layer 0 computes it (from the token and the
+    // position alone: embed, rmsnorm, the wk product, RoPE, by core's kernels, which every backend
+    // matches bit for bit), each element's code in the cache's format, and what the cache holds.
+    auto k_row_bits = [&](Step& st, const Cache& a) {
+        const Model& model = m.lm().model;
+        const Weights& w = model.w;
+        const int pos = a.length() - 1, hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
+        if (pos < 0) return;
+        const int token = a.tokens()[std::size_t(pos)];
+        Exec ex;
+        std::vector<float> x(w.token_embedding.begin() + std::ptrdiff_t(token) * dim,
+                             w.token_embedding.begin() + std::ptrdiff_t(token + 1) * dim);          // [dim]
+        std::vector<float> xb(static_cast<std::size_t>(dim)), k(static_cast<std::size_t>(kv_dim));  // [dim], [kv_dim]
+        assert(x.size() == std::size_t(dim));
+        rmsnorm(ex, xb.data(), x.data(), w.rms_att.data(), 1, dim);
+        matmul(ex, k.data(), kv_dim, xb.data(), dim, w.wk.data(), kv_dim, 1, dim, kv_dim);
+        const int positions[] = {pos};
+        rope(ex, k.data(), 1, c.n_kv_heads, hs, positions, model.rope);
+        const int f = int(a.kv_format());
+        const float scale = kv_format_scaled(f) ? a.storage().scale(0, 0) : 1.0f;
+        st.k_scale = scale;
+        st.k_fp32.assign(k.begin(), k.begin() + hs);
+        for (float v : st.k_fp32)
+            st.k_codes.push_back(f == int(KVFormat::fp32) ? float_bits(v) : encode_float(float_format(f), v / scale));
+        if (a.storage().memory().host_visible()) {
+            const float* held = a.key(0, 0, pos);
+            st.k_held.assign(held, held + hs);
+        }
+    };
     auto snapshot = [&](Step& st) {
         for (const Seq& q : m.seqs) {
             SeqView v{q.id, q.name, q.alive, {}, {}};
@@ -256,6 +289,7 @@ void Session::run() {
         engine.clear_events();
         st.attended = m.last_attended;
         st.weights = m.last_weights;
+        k_row_bits(st, a);
     };
     // A's newest row: the positions it attended (the cache's own list) and the weights.
     std::vector<std::int64_t> slots(std::size_t(c.max_seq));  // [max_seq]

@@ -42,6 +42,7 @@ struct Settings {
     int quant_bits = 8;    // quantized: 8 or 4
     int sinks = 2;         // window
     int window = 16;       // window
+    KVFormat kv_format = KVFormat::fp32;  // what the caches store K and V in (variants that take one)
     int fork_at = 8;       // prefix_shared: decode step after which A forks into C
     int free_fork_at = 0;  // prefix_shared: decode step after which C is freed (0 = never)
     // Builds the device's backend; empty: make_backend (gpu/device.h). Tests plant a wrong
@@ -115,6 +116,13 @@ struct Step {
     std::vector<int> attended;     // [n_attended] logical positions, increasing
     std::vector<char> resident;    // window: [length] whether t's rows are still in the ring (empty: all are)
     std::vector<float> weights;    // [n_layers, n_heads, n_attended]
+    // A's newest position, layer 0, KV head 0: the K row as computed (fp32, before it is stored),
+    // each element's code in the cache's format, and what the cache holds for it (read back from
+    // host-visible storage: empty when the rows live on a device).
+    std::vector<float> k_fp32;           // [head_size]
+    std::vector<std::uint32_t> k_codes;  // [head_size]
+    std::vector<float> k_held;           // [head_size] or empty
+    float k_scale = 1;                   // layer 0's K scale (fp8; 1 otherwise)
     std::vector<Exactness> exact;  // one per live sequence that ran this step
     std::string note;              // a message for this step ("pool exhausted: C stopped")
 };
@@ -129,7 +137,8 @@ struct SessionInfo {
     bool exact = true;                    // the variant promises bitwise equality
     std::vector<int> prompt;              // [prompt_len] token ids
     int total_steps = 0;                  // steps the session will run: prefills + decode steps
-    std::int64_t kv_bytes_per_token = 0;  // 2 * n_layers * kv_dim * 4: the formula's slope
+    std::int64_t kv_bytes_per_token = 0;  // 2 * n_layers * kv_dim * bytes per element: the formula's slope
+    KVFormat kv_format = KVFormat::fp32;  // what the caches store K and V in
     std::string error;                    // non-empty when the settings could not start a session
     std::vector<std::string> pieces;      // [vocab_size] the tokenizer's pieces, or empty
 };

@@ -161,7 +161,8 @@ const char* rescale(std::initializer_list<Series*> series, std::initializer_list
 }
 
 constexpr const char* kHelp =
-    "KV bytes per token = 2 (K and V) x n_layers x kv_dim x 4 bytes (fp32), with kv_dim = "
+    "KV bytes per token = 2 (K and V) x n_layers x kv_dim x bytes per element (4 in fp32, 2 in bf16 or fp16, "
+    "1 in fp8), with kv_dim = "
     "n_kv_heads x head_size. A cache of T positions holds that times T: memory grows linearly.\n\n"
     "Naive decoding recomputes the whole prefix every step: step t runs t rows through every "
     "matrix product and a t x t attention per head, so its cost is about that of a prefill of t "
@@ -226,10 +227,10 @@ void draw_cost(const Frame& f) {
     ImGui::TextWrapped("KV cache: reserved %s, used %s", bytes(double(cur.kv_reserved_bytes)).c_str(),
                        bytes(double(cur.kv_used_bytes)).c_str());
     ImGui::PushTextWrapPos(0.0f);
-    ImGui::TextDisabled("formula: %" PRId64 " B/token (2 x n_layers %d x kv_dim %d x 4 B) x T %d = %s",
-                        info.kv_bytes_per_token, info.config.n_layers,
-                        info.config.n_heads > 0 ? info.config.kv_dim() : 0, cur.length,
-                        bytes(double(info.kv_bytes_per_token) * cur.length).c_str());
+    ImGui::TextDisabled(
+        "formula: %" PRId64 " B/token (2 x n_layers %d x kv_dim %d x %d B, %s) x T %d = %s", info.kv_bytes_per_token,
+        info.config.n_layers, info.config.n_heads > 0 ? info.config.kv_dim() : 0, kv_format_bytes(int(info.kv_format)),
+        kv_format_name(info.kv_format), cur.length, bytes(double(info.kv_bytes_per_token) * cur.length).c_str());
     ImGui::PopTextWrapPos();
 
     // Why the reservation has the shape it has, per variant.
