@@ -23,6 +23,7 @@ struct DemoOptions {
     bool graphs = true;
     bool json = false;
     std::string kv_format = "fp32";  // core/kv_format.h: the format the cache stores K and V in
+    std::string kv_calibrate;        // fp8: text whose fp32 prefill sets the scales ("": all 1)
 };
 int run_demo(const DemoOptions& o);
 
@@ -38,6 +39,7 @@ struct GenerateOptions {
     bool graphs = true;
     bool json = false;
     std::string kv_format = "fp32";  // core/kv_format.h: the format the cache stores K and V in
+    std::string kv_calibrate;        // fp8: text whose fp32 prefill sets the scales ("": all 1)
 };
 int run_generate(const GenerateOptions& o);
 

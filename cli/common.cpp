@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "decode.h"
+
 namespace kvlab::cli {
 
 void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer, std::uint64_t& seed) {
@@ -41,6 +43,13 @@ void check_numbers(CLI::App& app) {
         if (type.rfind("UINT", 0) == 0) opt->check(non_negative);
     }
     for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) check_numbers(*sub);
+}
+
+std::vector<float> kv_calibration(const LoadedModel& lm, KVFormat format, const std::string& text) {
+    if (text.empty()) return {};
+    if (!kv_format_scaled(int(format)))
+        throw Error(fmt::format("--kv-calibrate sets fp8 scales; {} takes none", kv_format_name(format)));
+    return calibrate_kv_scales(lm.model, checked_prompt(lm, text, "", "", 0, 0), format);
 }
 
 }  // namespace kvlab::cli

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "kv_format.h"
 #include "model_loader.h"
 
 namespace CLI {
@@ -21,6 +23,10 @@ void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer
 // value that is not finite (nan, inf) for a floating-point option, and a negative one for an
 // unsigned option (which would wrap to 2^64 - 1). Call once, after every option is added.
 void check_numbers(CLI::App& app);
+
+// The fp8 scales --kv-calibrate asks for (core/decode.h: calibrate_kv_scales), or none when the
+// text is empty; an Error for a format without scales or a text the model cannot hold.
+std::vector<float> kv_calibration(const LoadedModel& lm, KVFormat format, const std::string& text);
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

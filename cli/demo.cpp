@@ -58,6 +58,7 @@ struct SideBySide {
     const std::unique_ptr<CachedDecoder> cached2;
     // With a format other than fp32: fp32 naive decode, the yardstick of the format's drift.
     const std::unique_ptr<NaiveDecoder> fp32;
+    std::vector<float> scales;  // fp8 with --kv-calibrate: [n_layers, 2]; empty: all 1
     std::vector<StepRow> rows;
 };
 
@@ -85,9 +86,10 @@ SideBySide::SideBySide(const LoadedModel& lm, const DemoOptions& o)
       cached2(backend2 ? std::make_unique<CachedDecoder>(*backend2, *cache2) : nullptr),
       fp32(format != KVFormat::fp32 ? std::make_unique<NaiveDecoder>(*backend) : nullptr) {
     naive.exec.n_threads = cached.exec.n_threads = o.threads;
-    cache.set_kv_format(format);
-    naive.kv_format = format;
-    if (backend2) cache2->set_kv_format(format), naive2->kv_format = format;
+    scales = kv_calibration(lm, format, o.kv_calibrate);
+    cache.set_kv_format(format, scales);
+    naive.kv_format = format, naive.kv_scales = scales;
+    if (backend2) cache2->set_kv_format(format, scales), naive2->kv_format = format, naive2->kv_scales = scales;
     if (fp32) fp32->exec.n_threads = o.threads;
 }
 
@@ -212,6 +214,7 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
     if (run.fp32) {
         j["summary"]["max_drift_from_fp32"] = s.max_drift;
         j["summary"]["max_kl_from_fp32"] = s.max_kl;
+        if (!run.scales.empty()) j["summary"]["kv_scales"] = run.scales;
         j["summary"]["same_top1_as_fp32_steps"] = s.same_top1;
     }
     fmt::print("{}\n", j.dump(2));
@@ -265,6 +268,12 @@ void print_summary(const SideBySide& run, const Summary& s) {
             "format     {}: both decoders store K and V in it; against fp32 naive decode the logits move by "
             "at most {:.3g} (KL at most {:.3g}), and {} of {} steps pick the same greedy token\n",
             kv_format_name(run.format), s.max_drift, s.max_kl, s.same_top1, rows.size());
+    if (!run.scales.empty())
+        fmt::print(
+            "scales     calibrated from the --kv-calibrate text: K and V of layer 0 {:.3g} and {:.3g}, "
+            "of every layer between {:.3g} and {:.3g}\n",
+            run.scales[0], run.scales[1], *std::min_element(run.scales.begin(), run.scales.end()),
+            *std::max_element(run.scales.begin(), run.scales.end()));
     fmt::print("time       naive {:.1f} ms, cached {:.1f} ms: cached is {:.1f}x faster over the run\n",
                s.naive_total * 1e3, s.cached_total * 1e3, s.naive_total / s.cached_total);
     if (rows.size() >= 11) {

@@ -27,7 +27,8 @@ int run_generate(const GenerateOptions& o) {
     bo.graphs = o.graphs;
     const std::unique_ptr<Backend> backend = make_backend(devices[0], lm.model, bo);
     ContiguousCache cache(c, ContiguousCache::Layout::head_major, backend->memory());
-    cache.set_kv_format(parse_kv_format(o.kv_format));
+    const KVFormat format = parse_kv_format(o.kv_format);
+    cache.set_kv_format(format, kv_calibration(lm, format, o.kv_calibrate));
     CachedDecoder dec(*backend, cache);
     dec.exec.n_threads = o.threads;
 

@@ -49,6 +49,10 @@ struct Commands {
     CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd;
 };
 
+constexpr const char* kKvCalibrateHelp =
+    "fp8 formats: each layer's K and V scale from an fp32 prefill of this text (its largest |value| over the "
+    "format's largest finite one); default: scale 1";
+
 CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
     auto* demo_cmd = app.add_subcommand("demo", "decode naive and cached side by side, checking bitwise equality");
     add_model_options(demo_cmd, demo.m.model, demo.m.tokenizer, demo.m.seed);
@@ -67,6 +71,7 @@ CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
     demo_cmd->add_option("--kv-format", demo.kv_format,
                          "store K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3; naive decode stores them the same "
                          "way, and each step's drift from fp32 naive decode is reported");
+    demo_cmd->add_option("--kv-calibrate", demo.kv_calibrate, kKvCalibrateHelp);
     return demo_cmd;
 }
 
@@ -92,6 +97,7 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
     gen_cmd->add_flag("!--no-graph", gen.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     gen_cmd->add_flag("--json", gen.json, "machine-readable output");
     gen_cmd->add_option("--kv-format", gen.kv_format, "store K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3");
+    gen_cmd->add_option("--kv-calibrate", gen.kv_calibrate, kKvCalibrateHelp);
     return gen_cmd;
 }
 

@@ -468,4 +468,27 @@ void AttentionProbe::attention_weights(int l, int count, std::span<const float> 
                     weights.data() + (std::size_t(l) * n_heads_ + h) * std::size_t(max_seq_));
 }
 
+std::vector<float> calibrate_kv_scales(const Model& model, std::span<const int> tokens, KVFormat format) {
+    if (!kv_format_scaled(int(format)))
+        throw Error(fmt::format("KV scales: {} takes no scale (fp8-e5m2 and fp8-e4m3 do)", kv_format_name(format)));
+    const Config& c = model.config();
+    ContiguousCache cache(c);
+    CachedDecoder(model, cache).prefill(tokens);
+    const FloatFormat f = float_format(int(format));
+    const float largest = decode_float(f, f.max_finite());
+    std::vector<float> scales(std::size_t(2 * c.n_layers), 1.0f);  // [n_layers, 2]
+    assert(scales.size() == std::size_t(2 * c.n_layers));
+    for (int l = 0; l < c.n_layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            float amax = 0.0f;
+            for (int t = 0; t < cache.length(); t++)
+                for (int h = 0; h < c.n_kv_heads; h++) {
+                    const float* row = kv ? cache.value(l, h, t) : cache.key(l, h, t);
+                    for (int d = 0; d < c.head_size(); d++) amax = std::max(amax, std::fabs(row[d]));
+                }
+            if (amax > 0.0f && std::isfinite(amax)) scales[std::size_t(2 * l + kv)] = amax / largest;
+        }
+    return scales;
+}
+
 }  // namespace kvlab

@@ -222,6 +222,13 @@ private:
     int prefix_hit_ = 0;
 };
 
+// fp8 scales [n_layers, 2] calibrated once from a prompt, as engines calibrate k_scale and
+// v_scale: an fp32 prefill of `tokens`, then for each layer the largest |K| (and |V|) over every
+// position and KV head divided by the format's largest finite value, so that the largest value
+// seen is stored unclipped; a layer whose K (or V) is all zero gets 1. Throws Error for a format
+// that takes no scale.
+std::vector<float> calibrate_kv_scales(const Model& model, std::span<const int> tokens, KVFormat format);
+
 // Shared by both decoders and the baseline: one-line errors for tokens outside the
 // vocabulary and sequences longer than max_seq (never truncated silently).
 void check_tokens(const Config& c, std::span<const int> tokens, int start_pos);

@@ -217,6 +217,28 @@ TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode; 
     CHECK(bad.err == "kvlab: error: unknown KV format 'fp9' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)\n");
 }
 
+TEST_CASE("kvlab demo and generate --kv-calibrate: fp8 scales from a prompt, still bitwise equal to the naive decode",
+          "[cli][demo]") {
+    const std::string args =
+        "--tokens 1,403,407,261 --steps 40 --json --kv-format fp8-e4m3 --kv-calibrate \"Once upon a time\"";
+    const Run demo = run_kvlab("demo " + args), gen = run_kvlab("generate " + args);
+    INFO(demo.err << gen.err);
+    REQUIRE(demo.exit_code == 0);
+    REQUIRE(gen.exit_code == 0);
+    const auto d = nlohmann::json::parse(demo.out), g = nlohmann::json::parse(gen.out);
+    CHECK(d["summary"]["all_bitwise_equal"] == true);
+    const auto& scales = d["summary"]["kv_scales"];
+    REQUIRE(scales.size() == 2 * 5);  // the default model's 5 layers, K and V
+    for (const auto& x : scales) CHECK(x.get<double>() > 0);
+    CHECK(scales != nlohmann::json(std::vector<double>(10, 1.0)));
+    CHECK(g["generated_tokens"] == d["generated_tokens"]);
+    // Without the scales the text is another: generate must have used them.
+    const Run plain = run_kvlab("generate --tokens 1,403,407,261 --steps 40 --json --kv-format fp8-e4m3");
+    REQUIRE(plain.exit_code == 0);
+    CHECK(nlohmann::json::parse(plain.out)["generated_tokens"] != g["generated_tokens"]);
+    check_refused("demo --kv-format bf16 --kv-calibrate hello", "bf16 takes none");
+}
+
 TEST_CASE("kvlab generate --kv-format decodes greedily as the demo's format-aware runs do", "[cli][demo]") {
     // The demo checks every step against the format-aware naive decode; generate's greedy tokens
     // in the same format must be the demo's. On the default model (stories260K, or the random

@@ -386,19 +386,16 @@ TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code,
         if (f == KVFormat::fp32) continue;
         const int bits = 8 * kv_format_bytes(int(f));
         const std::size_t n = std::size_t(1) << bits;
-        std::vector<std::uint8_t> row(n * std::size_t(kv_format_bytes(int(f))));  // every code once
-        for (std::size_t c = 0; c < n; c++) {
-            if (bits == 16)
-                reinterpret_cast<std::uint16_t*>(row.data())[c] = std::uint16_t(c);
-            else
-                row[c] = std::uint8_t(c);
-        }
+        std::vector<std::uint16_t> wide(n);   // [n] every code once, 16-bit formats
+        std::vector<std::uint8_t> narrow(n);  // [n] the same, fp8
+        for (std::size_t c = 0; c < n; c++) wide[c] = std::uint16_t(c), narrow[c] = std::uint8_t(c);
+        const void* row = bits == 16 ? static_cast<const void*>(wide.data()) : narrow.data();
         for (float scale : {1.0f, 0.3125f, 7.5f}) {
             std::vector<float> got(n);  // [n]
-            decode_kv_row(int(f), row.data(), int(n), scale, got.data());
+            decode_kv_row(int(f), row, int(n), scale, got.data());
             int wrong = 0;
             for (std::size_t c = 0; c < n; c++) {
-                const float want = kv_load(int(f), row.data(), std::int64_t(c), scale);
+                const float want = kv_load(int(f), row, std::int64_t(c), scale);
                 if (float_bits(got[c]) != float_bits(want) && wrong++ < 5)
                     FAIL_CHECK(fmt::format("{} code 0x{:x}, scale {}: decode_kv_row 0x{:08x}, kv_load 0x{:08x}",
                                            kv_format_name(f), c, scale, float_bits(got[c]), float_bits(want)));
@@ -406,4 +403,40 @@ TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code,
             CHECK(wrong == 0);
         }
     }
+}
+
+TEST_CASE(
+    "KV formats: scales calibrated from a prompt store its largest |K| and |V| of each layer at the format's "
+    "largest finite code, and nothing past it",
+    "[kv-format]") {
+    rc::prop("random models and prompts, fp8-e5m2 and fp8-e4m3", [] {
+        const Config c = draw_config(2);
+        const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+        const KVFormat format = kKVFormats[std::size_t(draw(3, 4))];
+        const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+        const std::vector<float> scales = calibrate_kv_scales(m, tokens, format);
+        RC_ASSERT(scales.size() == std::size_t(2 * c.n_layers));
+        ContiguousCache cache(c);
+        CachedDecoder(m, cache).prefill(tokens);
+        const FloatFormat f = float_format(int(format));
+        for (int l = 0; l < c.n_layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                const float s = scales[std::size_t(2 * l + kv)];
+                RC_ASSERT(std::isfinite(s) && s > 0.0f);
+                std::uint32_t top = 0;
+                for (int t = 0; t < cache.length(); t++)
+                    for (int h = 0; h < c.n_kv_heads; h++)
+                        for (int d = 0; d < c.head_size(); d++) {
+                            const float x = (kv ? cache.value(l, h, t) : cache.key(l, h, t))[d];
+                            // Within the range: x / s at most the largest finite value (one rounding off).
+                            RC_ASSERT(std::fabs(x / s) <= decode_float(f, f.max_finite()) * (1.0f + 0x1p-20f));
+                            top = std::max(top, encode_float(f, x / s) & (f.sign_bit() - 1));
+                        }
+                if (s != 1.0f) RC_ASSERT(top == f.max_finite());  // the largest value uses the whole range
+            }
+    });
+    const Config c =
+        Config::parse("dim=8,hidden_dim=8,n_layers=1,n_heads=2,n_kv_heads=1,vocab_size=16,max_seq=8", Config{});
+    CHECK_THROWS_WITH(calibrate_kv_scales(random_model(c, 1), std::vector<int>{1}, KVFormat::bf16),
+                      Catch::Contains("bf16 takes no scale"));
 }
