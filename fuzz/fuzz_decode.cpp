@@ -2,11 +2,13 @@
 // README, on weights nobody chose).
 //
 // Input: u8 cache variant (one of the registry's exact ones, core/cache_factory.h, at its defaults),
-// u8 block size (1 + b % 8, for the variants with one), u8 prompt length P (1 + b % 8), u8 decode
+// u8 block size and KV format (1 + b % 8, for the variants with a block size; the format
+// kKVFormats[b / 8 % 5], for those that take one, else fp32), u8 prompt length P (1 + b % 8), u8 decode
 // steps D (b % 8), P + D token bytes (each taken mod vocab_size), then a llama2.c checkpoint.
 // Seeds: tiny `kvlab export` checkpoints behind a few headers (fuzz/make_seeds.cpp).
 // Checks, after the prefill and after every decode step:
-//   - the cached decoder's logits equal naive decode of the whole sequence bit for bit;
+//   - the cached decoder's logits equal naive decode of the whole sequence bit for bit (the
+//     format-aware naive decode, storing K and V in the cache's format);
 //   - they equal a second cached decoder fed one token at a time (prefill == stepwise decode).
 // Non-finite values: NUMERICS.md's argument needs finite activations. Naive decode's masked
 // entries add 0 * v for rows the cached path never reads, and 0 * inf is NaN, so a model whose
@@ -54,7 +56,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     static const std::vector<Variant> exact = exact_variants();
     fuzz::Input in(data, size);
     const Variant variant = exact[in.u8() % exact.size()];
-    const int block_size = 1 + in.u8() % 8;
+    const int block_and_format = in.u8(), block_size = 1 + block_and_format % 8;
+    const KVFormat format =
+        variant_info(variant).kv_formats ? kKVFormats[std::size_t(block_and_format / 8 % 5)] : KVFormat::fp32;
     const int P = 1 + in.u8() % 8, D = in.u8() % 8;
     std::vector<int> tokens(std::size_t(P + D));
     for (int& t : tokens) t = in.u8();
@@ -69,11 +73,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         CacheSpec spec = default_spec(variant, c);
         if (const VariantParam* p = find_param(variant_info(variant), "block_size")) p->set(spec, block_size);
         spec.model_identity = m.w.fingerprint();
+        spec.kv_format = format;
 
         NaiveDecoder naive(m, 1);
+        naive.kv_format = format;
         CacheAndPool cp = make_cache(c, spec);
         CachedDecoder cached(m, *cp.cache, 1);
         CachedDecoder stepwise(m, 1);  // contiguous-head, one token per call
+        stepwise.cache().set_kv_format(format);
 
         std::vector<float> want, got, step;
         for (int T = 1; T <= int(tokens.size()); T++) {
