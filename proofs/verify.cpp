@@ -164,9 +164,13 @@ CacheUnderTest cache_under_test(const VariantSetting& s, const Config& c, Mutant
     u.wrapper = planted_cache(mutant, *u.cache);
     return u;
 }
-CacheUnderTest cache_under_test(Variant v, const Config& c, Mutant mutant, Memory& memory) {
-    return cache_under_test(variant_settings(v).front(), c, mutant, memory);
+CacheUnderTest cache_under_test(Variant v, const Config& c, Mutant mutant, Memory& memory,
+                                KVFormat format = KVFormat::fp32) {
+    return cache_under_test(variant_settings(v).front(), c, mutant, memory, format);
 }
+
+// Any KV format, fp32 included: the scenarios run in each (their naive decode stores the same way).
+KVFormat draw_kv_format() { return kKVFormats[std::size_t(draw(0, int(std::size(kKVFormats)) - 1))]; }
 
 // ----------------------------------------------------------------------------------------------
 // Any variant, from the registry
@@ -262,12 +266,15 @@ void fork_property(const Devices& devices, Mutant mutant) {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_children = draw(1, 3);
+    const KVFormat format = draw_kv_format();
     Oracle oracle(m, devices, mutant);
+    oracle.set_kv_format(format, {});
     const std::unique_ptr<BlockPool> pool =
         planted_pool(mutant, c, bs, (n_children + 1) * per_seq, false, oracle.memory());
+    pool->set_kv_format(format);
     const int f = draw(1, c.max_seq - 1);  // fork after f positions
-    const std::string what =
-        fmt::format("paged(block_size={}), {}, fork at {} into {} children", bs, c.describe(), f, n_children);
+    const std::string what = fmt::format("paged(block_size={}) in {}, {}, fork at {} into {} children", bs,
+                                         kv_format_name(format), c.describe(), f, n_children);
     std::vector<std::unique_ptr<PagedCache>> seqs;
     seqs.push_back(std::make_unique<PagedCache>(*pool, 0, 0));
     std::vector<std::vector<int>> tokens(1, draw_tokens(c, f));
@@ -301,12 +308,14 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     const Variant variant = exact[draw(std::size_t{0}, exact.size() - 1)];
     const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const KVFormat format = draw_kv_format();
     Oracle oracle(m, devices, mutant);
-    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory());
+    oracle.set_kv_format(format, {});
+    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory(), format);
     const auto cached = oracle.cached(*u);
     std::vector<int> kept;
     const int rounds = draw(1, 3);
-    std::string what = fmt::format("{}, {}", describe(u.spec), c.describe());
+    std::string what = fmt::format("{} in {}, {}", describe(u.spec), kv_format_name(format), c.describe());
     for (int r = 0; r <= rounds; r++) {
         if (r > 0) {
             const int n = draw(0, int(kept.size()));
@@ -333,8 +342,11 @@ void batch_property(const Devices& devices, Mutant mutant) {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_seqs = draw(2, 4);
+    const KVFormat format = draw_kv_format();
     Oracle oracle(m, devices, mutant);
+    oracle.set_kv_format(format, {});
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, n_seqs * per_seq, false, oracle.memory());
+    pool->set_kv_format(format);
     std::vector<std::unique_ptr<PagedCache>> seqs;
     std::vector<std::vector<int>> tokens;
     std::vector<int> prompt, joins, next;
@@ -345,7 +357,8 @@ void batch_property(const Devices& devices, Mutant mutant) {
         joins.push_back(draw(0, 2));
         next.push_back(0);
     }
-    const std::string what = fmt::format("batch of {} over paged(block_size={}), {}", n_seqs, bs, c.describe());
+    const std::string what = fmt::format("batch of {} over paged(block_size={}) in {}, {}", n_seqs, bs,
+                                         kv_format_name(format), c.describe());
     const auto dec = oracle.cached(*seqs[0]);
     for (int step = 0;; step++) {
         std::vector<Cache*> caches;
@@ -420,22 +433,26 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq));
     const int P = int(prompt.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token needs no position
+    const KVFormat format = draw_kv_format();      // every cache's, and naive decode's
     Oracle oracle(target, devices, mutant);
+    oracle.set_kv_format(format, {});
     CacheUnderTest u = cache_under_test(*rc::gen::arbitrary<bool>() ? Variant::contiguous_head : Variant::paged, c,
-                                        mutant, oracle.memory());
+                                        mutant, oracle.memory(), format);
     const auto cached = oracle.cached(*u);
     // The draft runs on the tested device too: on the target's backend when it is the target.
     const std::unique_ptr<Backend> draft_backend = draft_model ? devices.make(devices.tested, *draft_model) : nullptr;
     CachedDecoder draft(draft_backend ? *draft_backend : oracle.backend());
+    draft.cache().set_kv_format(format);
     SpeculativeDecoder spec(*cached, draft, k);
-    const std::string what = fmt::format("speculate k = {}, draft {}, target {}, {}, prompt {} + {} steps", k,
+    const std::string what = fmt::format("speculate k = {}, draft {}, target {} in {}, {}, prompt {} + {} steps", k,
                                          draft_kind == 0   ? "another random model"
                                          : draft_kind == 1 ? "(" + dc.describe() + ")"
                                                            : "= target",
-                                         u->name(), c.describe(), P, steps);
+                                         u->name(), kv_format_name(format), c.describe(), P, steps);
 
     // The reference: plain greedy cached decode with the target, itself checked against naive.
     CachedDecoder plain(oracle.backend());
+    plain.cache().set_kv_format(format);
     const DecodeRun want = greedy_decode(plain, prompt, steps);
     std::vector<int> sequence = prompt;
     const std::size_t V = std::size_t(c.vocab_size);
@@ -703,18 +720,19 @@ const std::vector<Check>& checks() {
         std::vector<Check> v;
         for (const VariantSetting& s : variant_settings())
             if (is_exact(s.variant)) v.push_back(variant_check(s));
-        v.push_back({"fork", "exact", "paged: fork anywhere into 1-3 children, interleaved",
+        v.push_back({"fork", "exact", "paged: fork anywhere into 1-3 children, interleaved; any KV format",
                      "children share the parent's blocks; a shared partial block is copied on first write",
                      std::nullopt, fork_property});
-        v.push_back({"rollback", "exact", "any exact variant, 1-3 rollbacks of any length",
+        v.push_back({"rollback", "exact", "any exact variant, 1-3 rollbacks of any length; any KV format",
                      "decode, roll back any number of positions, decode other tokens", std::nullopt,
                      rollback_property});
-        v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins",
+        v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins; any KV format",
                      "sequences of different lengths stepped together over one pool", std::nullopt, batch_property});
         v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
                      "a cache continued with an edited prompt refuses; rolled back, it continues exactly", std::nullopt,
                      stale_property});
-        v.push_back({"speculate", "exact", "draft another model/shape/the target, k 1..4, contiguous-head or paged",
+        v.push_back({"speculate", "exact",
+                     "draft another model/shape/the target, k 1..4, contiguous-head or paged; any KV format",
                      "greedy speculative decoding emits plain greedy decode's tokens and logits", std::nullopt,
                      speculate_property});
         std::string format_variants_text;
