@@ -88,6 +88,50 @@ TEST_CASE("gpu: CUDA naive and cached decode equal the CPU's, bit for bit, at ev
     });
 }
 
+TEST_CASE("gpu: caches in every KV format (codes on the device) decode as the CPU's, bit for bit", "[gpu][kv-format]") {
+    KVLAB_GPU_OR_SKIP();
+    rc::prop("CPU format-aware naive = CPU cached = CUDA naive = CUDA cached, graphs on, fp8 with scales", [] {
+        const auto [c, seed, tokens, prompt_len] = test::gen_decode_case();
+        const Model m = random_model(c, seed);
+        const KVFormat format = kKVFormats[std::size_t(*rc::gen::inRange(1, 5))];
+        std::vector<float> scales;
+        if (kv_format_scaled(int(format)))
+            for (int i = 0; i < 2 * c.n_layers; i++) scales.push_back(float(*rc::gen::inRange(1, 64)) / 16.0f);
+        const auto gpu = cuda(m, true);
+        const bool paged = *rc::gen::arbitrary<bool>();
+        std::unique_ptr<BlockPool> pool;
+        std::unique_ptr<Cache> device_cache;
+        if (paged) {
+            const int bs = *rc::gen::inRange(1, 9);
+            pool = std::make_unique<BlockPool>(c, bs, (c.max_seq + bs - 1) / bs, false, gpu->memory());
+            pool->set_kv_format(format, scales);
+            device_cache = std::make_unique<PagedCache>(*pool);
+        } else {
+            device_cache = std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::head_major, gpu->memory());
+            device_cache->set_kv_format(format, scales);
+        }
+        ContiguousCache host_cache(c);
+        host_cache.set_kv_format(format, scales);
+        NaiveDecoder cpu_naive(m), gpu_naive(*gpu);
+        for (NaiveDecoder* n : {&cpu_naive, &gpu_naive}) n->kv_format = format, n->kv_scales = scales;
+        CachedDecoder cpu_cached(m, host_cache), gpu_cached(*gpu, *device_cache);
+        const int pl = prompt_len;
+        for (int T = pl; T <= int(tokens.size()); T++) {
+            const std::span<const int> prefix(tokens.data(), std::size_t(T));
+            const std::span<const int> fresh = T == pl ? prefix : prefix.subspan(std::size_t(T - 1));
+            const std::vector<float> ref = cpu_naive.forward(prefix);
+            const std::string where =
+                fmt::format("T = {} (prompt {}), {} cache in {}, {}, seed {}", T, pl, paged ? "paged" : "head-major",
+                            kv_format_name(format), c.describe(), seed);
+            for (const auto& [what, got] : {std::pair{"cpu cached", cpu_cached.prefill(fresh)},
+                                            std::pair{"cuda naive", gpu_naive.forward(prefix)},
+                                            std::pair{"cuda cached", gpu_cached.prefill(fresh)}})
+                if (auto diff = first_difference(got, ref))
+                    RC_FAIL(fmt::format("{} vs cpu naive at {}: {}", what, where, *diff));
+        }
+    });
+}
+
 TEST_CASE("gpu: a replayed graph decodes as the first capture did (decode steps reuse one graph)", "[gpu]") {
     KVLAB_GPU_OR_SKIP();
     const Config c{32, 48, 2, 4, 2, 40, 24};
