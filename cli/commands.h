@@ -87,6 +87,7 @@ struct VerifyCommandOptions {
     int cases = 100;
     std::uint64_t seed = 1;
     std::string device = "cpu";  // where the decoders run; two devices: the second checked against the first
+    std::string kv_format;       // "": variant rows in fp32, scenarios draw; a name: every format-taking cache in it
     bool json = false;
     bool list = false;
 };

@@ -170,6 +170,10 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
             "), a preset, scenario or planted bug (see --list), or all, exact, approximate, mutants");
     verify_cmd->add_option("--cases", ver.cases, "generated cases per property")->check(CLI::Range(1, 1000000));
     verify_cmd->add_option("--seed", ver.seed, "RapidCheck seed: the same seed draws the same cases");
+    verify_cmd->add_option("--kv-format", ver.kv_format,
+                           "bf16, fp16, fp8-e5m2, fp8-e4m3 or fp32: the variant rows and scenarios store K and V in it "
+                           "wherever the variant takes a format, naive decode too (default: variant rows in fp32, "
+                           "scenarios draw a format per case)");
     verify_cmd->add_option("--device", ver.device,
                            "cpu (default), gpu or gpu-host: the decoders and caches under test and naive decode run "
                            "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "

@@ -42,7 +42,9 @@ int print_list() {
 int run_verify(const VerifyCommandOptions& o) {
     if (o.list) return print_list();
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<VerifyRow> rows = verify(o.variant, VerifyOptions{o.cases, o.seed, o.device});
+    VerifyOptions vo{o.cases, o.seed, o.device};
+    vo.kv_format = o.kv_format;
+    const std::vector<VerifyRow> rows = verify(o.variant, vo);
     const double seconds = seconds_since(t0);
     int n_ok = 0, n_mutants = 0, n_caught = 0;
     for (const VerifyRow& r : rows) {
@@ -54,6 +56,7 @@ int run_verify(const VerifyCommandOptions& o) {
         j["seed"] = o.seed;
         j["cases"] = o.cases;
         j["device"] = o.device;
+        if (!o.kv_format.empty()) j["kv_format"] = o.kv_format;
         j["seconds"] = seconds;
         j["all_ok"] = n_ok == int(rows.size());
         if (n_mutants) j["kill_rate"] = double(n_caught) / n_mutants;
@@ -76,6 +79,11 @@ int run_verify(const VerifyCommandOptions& o) {
     else
         fmt::print("devices {0},{1}: naive decode on {0} is the reference; naive and cached on {1} must equal it\n",
                    devices[0], devices[1]);
+    if (!o.kv_format.empty())
+        fmt::print(
+            "KV format {}: the variant rows and scenarios store K and V in it where the variant takes a format, "
+            "and naive decode stores them the same way\n",
+            o.kv_format);
     fmt::print("{} case(s) per property, seed {}; counterexamples are RapidCheck's shrunk cases\n\n", o.cases, o.seed);
     std::size_t w_name = 7, w_params = 10, w_result = 6;
     for (const VerifyRow& r : rows) {

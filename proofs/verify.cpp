@@ -33,6 +33,7 @@ namespace {
 struct Devices {
     std::string reference = "cpu", tested = "cpu";
     std::function<std::unique_ptr<Backend>(std::string_view, const Model&)> make;
+    std::optional<KVFormat> format;  // VerifyOptions::kv_format, when given
 };
 
 // The oracle for one generated model on the devices of a run: naive decode on the reference
@@ -169,8 +170,16 @@ CacheUnderTest cache_under_test(Variant v, const Config& c, Mutant mutant, Memor
     return cache_under_test(variant_settings(v).front(), c, mutant, memory, format);
 }
 
-// Any KV format, fp32 included: the scenarios run in each (their naive decode stores the same way).
-KVFormat draw_kv_format() { return kKVFormats[std::size_t(draw(0, int(std::size(kKVFormats)) - 1))]; }
+// The scenarios' KV format: the one --kv-format names, else any, fp32 included (their naive
+// decode stores the same way).
+KVFormat draw_kv_format(const Devices& d) {
+    if (d.format) return *d.format;
+    return kKVFormats[std::size_t(draw(0, int(std::size(kKVFormats)) - 1))];
+}
+// A variant row's: the one --kv-format names, where the variant takes a format; else fp32.
+KVFormat row_kv_format(const Devices& d, Variant v) {
+    return d.format && variant_info(v).kv_formats ? *d.format : KVFormat::fp32;
+}
 
 // ----------------------------------------------------------------------------------------------
 // Any variant, from the registry
@@ -184,12 +193,15 @@ void decode_property(const VariantSetting& s, const Devices& devices, Mutant mut
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
+    const KVFormat format = row_kv_format(devices, s.variant);
     Oracle oracle(m, devices, mutant);
-    CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory());
+    oracle.set_kv_format(format, {});
+    CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory(), format);
     const auto cached = oracle.cached(*u);
     const std::int64_t limit = info.exact ? c.max_seq : info.exact_up_to(u.spec);
-    const std::string what =
-        fmt::format("{}, {}, prompt {} of {}", describe(u.spec), c.describe(), prompt, tokens.size());
+    const std::string what = fmt::format("{}{}, {}, prompt {} of {}", describe(u.spec),
+                                         format == KVFormat::fp32 ? "" : fmt::format(" in {}", kv_format_name(format)),
+                                         c.describe(), prompt, tokens.size());
     auto check = [&](int T, const std::vector<float>& logits) {
         if (T > limit && !everywhere) return;
         const std::vector<float>& ref = oracle.naive(std::span(tokens).first(T), what);
@@ -217,8 +229,11 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     const VariantParam& block_size = *find_param(variant_info(Variant::prefix_shared), "block_size");
     const int bs = draw_value(block_size, c, {}), per_seq = (c.max_seq + bs - 1) / bs;
     Oracle oracle_a(ma, devices, mutant), oracle_b(mb, devices, mutant);
+    const KVFormat format = row_kv_format(devices, Variant::prefix_shared);
+    oracle_a.set_kv_format(format, {}), oracle_b.set_kv_format(format, {});
     // Room for all three: nothing is evicted here.
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 3 * per_seq, true, oracle_a.memory());
+    pool->set_kv_format(format);
     const std::vector<int> a = draw_tokens(c, draw(1, c.max_seq));
     const int la = int(a.size());
     const int share_kind = draw(0, 3);  // none, part, all of A, a multiple of block_size
@@ -266,7 +281,7 @@ void fork_property(const Devices& devices, Mutant mutant) {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_children = draw(1, 3);
-    const KVFormat format = draw_kv_format();
+    const KVFormat format = draw_kv_format(devices);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
     const std::unique_ptr<BlockPool> pool =
@@ -308,7 +323,7 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     const Variant variant = exact[draw(std::size_t{0}, exact.size() - 1)];
     const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = draw_kv_format();
+    const KVFormat format = draw_kv_format(devices);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
     CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory(), format);
@@ -342,7 +357,7 @@ void batch_property(const Devices& devices, Mutant mutant) {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     const int n_seqs = draw(2, 4);
-    const KVFormat format = draw_kv_format();
+    const KVFormat format = draw_kv_format(devices);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, n_seqs * per_seq, false, oracle.memory());
@@ -390,9 +405,11 @@ void batch_property(const Devices& devices, Mutant mutant) {
 void stale_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_config(2, 2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const KVFormat format = devices.format.value_or(KVFormat::fp32);
     Oracle oracle(m, devices, mutant);
+    oracle.set_kv_format(format, {});
     CacheUnderTest u = cache_under_test(*rc::gen::arbitrary<bool>() ? Variant::contiguous_head : Variant::paged, c,
-                                        mutant, oracle.memory());
+                                        mutant, oracle.memory(), format);
     const auto cached = oracle.cached(*u);
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
     const int i = draw(0, int(prompt.size()) - 1);
@@ -433,7 +450,7 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq));
     const int P = int(prompt.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token needs no position
-    const KVFormat format = draw_kv_format();      // every cache's, and naive decode's
+    const KVFormat format = draw_kv_format(devices);  // every cache's, and naive decode's
     Oracle oracle(target, devices, mutant);
     oracle.set_kv_format(format, {});
     CacheUnderTest u = cache_under_test(*rc::gen::arbitrary<bool>() ? Variant::contiguous_head : Variant::paged, c,
@@ -895,7 +912,8 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
         throw Error(fmt::format("verify: unknown variant '{}' (one of: {})", which, list));
     }
     const std::vector<std::string> devices = parse_devices(o.device);
-    Devices d{devices.front(), devices.back(), o.make_backend};
+    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt};
+    if (!o.kv_format.empty()) d.format = parse_kv_format(o.kv_format);
     if (!d.make) d.make = [](std::string_view device, const Model& m) { return make_backend(device, m); };
     if (const std::string why = d.tested == "gpu" ? gpu_unavailable() : ""; !why.empty()) throw Error(why);
     std::vector<VerifyRow> rows;

@@ -41,6 +41,10 @@ struct VerifyOptions {
     // Builds a device's backend; empty: make_backend (gpu/device.h). Tests put a planted kernel
     // behind a device name with it, to show that a two-device run catches it.
     std::function<std::unique_ptr<Backend>(std::string_view device, const Model& model)> make_backend = nullptr;
+    // A KV format name (kv_format.h): the caches of the variant rows and scenarios store K and V in
+    // it, wherever the variant takes a format, and naive decode stores them the same way. "": the
+    // variant rows run in fp32 and the scenarios draw a format per case.
+    std::string kv_format = "";
 };
 
 struct VerifyRow {

@@ -537,6 +537,24 @@ TEST_CASE("kvlab demo --device: two devices side by side, all four logit vectors
     CHECK(one.exit_code == 0);
 }
 
+TEST_CASE("kvlab verify --kv-format: the variant rows and scenarios in one format, every planted bug still caught",
+          "[cli][verify]") {
+    const Run r = run_kvlab("verify --kv-format fp8-e4m3 --cases 30 --seed 4 --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["all_ok"] == true);
+    CHECK(j["kv_format"] == "fp8-e4m3");
+    CHECK(j["kill_rate"] == 1.0);
+    // The caches really are in the format: a planted paged bug's counterexample says so.
+    bool named = false;
+    for (const auto& row : j["rows"])
+        if (row["variant"] == "slot-wrong-block")
+            named = row["counterexample"].get<std::string>().find(" in fp8-e4m3") != std::string::npos;
+    CHECK(named);
+    check_refused("verify --kv-format fp9", "unknown KV format 'fp9'");
+}
+
 TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and checked against the CPU", "[cli][device]") {
     const Run one = run_kvlab("verify exact --device gpu-host --cases 20 --json");
     INFO(one.out << one.err);
