@@ -105,6 +105,7 @@ KVLAB_HD inline float round_through(FloatFormat f, float x) { return decode_floa
 // The formats a cache stores K and V in. An int on the device (RowKV::format).
 enum class KVFormat : int { fp32 = 0, bf16, fp16, fp8_e5m2, fp8_e4m3 };
 
+// The FloatFormat of a narrow KVFormat (fp32 has none: callers test for it first).
 KVLAB_HD inline FloatFormat float_format(int format) {
     switch (format) {
         case int(KVFormat::bf16): return kBf16;
@@ -123,6 +124,7 @@ KVLAB_HD inline int kv_format_bytes(int format) {
         default: return 1;
     }
 }
+// Whether the format reads a scale per (layer, K or V): the fp8 ones.
 KVLAB_HD inline bool kv_format_scaled(int format) {
     return format == int(KVFormat::fp8_e5m2) || format == int(KVFormat::fp8_e4m3);
 }
@@ -151,7 +153,7 @@ KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float
 }
 
 // What element x of a K or V row reads as once stored in `format` (an int: KVFormat's value):
-// kv_load of kv_store, without the storage (tests hold the two to it).
+// kv_load of kv_store, without the storage.
 KVLAB_HD inline float store_value(int format, float x, float scale = 1.0f) {
     switch (format) {
         case int(KVFormat::fp32): return x;
