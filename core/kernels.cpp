@@ -270,22 +270,17 @@ void decode_kv_row(int format, const void* src, int n, float scale, float* dst) 
         case int(KVFormat::fp16):
             decode_row(static_cast<const std::uint16_t*>(src), n, dst, 0x7fffu, 13, 0x1p112f, 0x7c00u, true);
             return;
-        case int(KVFormat::fp8_e5m2): {
+        default: {  // fp8: eight codes at a time where the build has AVX2, the rest one by one
             const auto* c = static_cast<const std::uint8_t*>(src);
+            const bool e5m2 = format == int(KVFormat::fp8_e5m2);
             int d = 0;
 #if defined(__AVX2__)
-            d = decode_fp8_avx2<2, 15, true>(c, n, dst);
+            d = e5m2 ? decode_fp8_avx2<2, 15, true>(c, n, dst) : decode_fp8_avx2<3, 7, false>(c, n, dst);
 #endif
-            decode_row(c + d, n - d, dst + d, 0x7fu, 21, 0x1p112f, 0x7cu, true);
-            break;
-        }
-        default: {
-            const auto* c = static_cast<const std::uint8_t*>(src);
-            int d = 0;
-#if defined(__AVX2__)
-            d = decode_fp8_avx2<3, 7, false>(c, n, dst);
-#endif
-            decode_row(c + d, n - d, dst + d, 0x7fu, 20, 0x1p120f, 0x7fu, false);
+            if (e5m2)
+                decode_row(c + d, n - d, dst + d, 0x7fu, 21, 0x1p112f, 0x7cu, true);
+            else
+                decode_row(c + d, n - d, dst + d, 0x7fu, 20, 0x1p120f, 0x7fu, false);
         }
     }
     // fp8's scale, as kv_load multiplies it (by 1 the product is the value itself: skipped)

@@ -121,37 +121,30 @@ private:
     }
 };
 
-// bf16-truncates: fp32 to bf16 by dropping the low 16 bits instead of rounding.
-class Bf16Truncates final : public StoreRewrite {
+// A wrong conversion to one format, written as what it does to each finite element before the
+// store rounds it: bf16-truncates drops the low 16 bits instead of rounding; fp16-overflow-inf
+// turns a value past fp16's range into infinity, as a plain cast does, where kvlab saturates.
+class WrongConversion final : public StoreRewrite {
 public:
-    using StoreRewrite::StoreRewrite;
+    WrongConversion(Backend& inner, KVFormat format, float (*wrong)(float))
+        : StoreRewrite(inner), format_(format), wrong_(wrong) {}
 
 private:
     bool rewrite(std::vector<RowKV>& rows, std::vector<float>& k, std::vector<float>& v) override {
-        if (rows[0].format != int(KVFormat::bf16)) return false;
+        if (rows[0].format != int(format_)) return false;
         for (std::vector<float>* t : {&k, &v})
             for (float& x : *t)
-                if (std::isfinite(x)) x = float_from_bits(float_bits(x) & 0xffff0000u);
+                if (std::isfinite(x)) x = wrong_(x);
         return true;
     }
+    KVFormat format_;
+    float (*wrong_)(float);
 };
 
-// fp16-overflow-inf: a finite value past fp16's range becomes infinity, as a plain cast does,
-// where kvlab's formats saturate.
-class Fp16OverflowInf final : public StoreRewrite {
-public:
-    using StoreRewrite::StoreRewrite;
-
-private:
-    bool rewrite(std::vector<RowKV>& rows, std::vector<float>& k, std::vector<float>& v) override {
-        if (rows[0].format != int(KVFormat::fp16)) return false;
-        for (std::vector<float>* t : {&k, &v})
-            for (float& x : *t)
-                if (std::isfinite(x) && std::fabs(x) >= 65520.0f)
-                    x = std::copysign(std::numeric_limits<float>::infinity(), x);
-        return true;
-    }
-};
+float truncated_to_bf16(float x) { return float_from_bits(float_bits(x) & 0xffff0000u); }
+float overflowing_fp16(float x) {
+    return std::fabs(x) >= 65520.0f ? std::copysign(std::numeric_limits<float>::infinity(), x) : x;
+}
 
 // ----------------------------------------------------------------------------------------------
 // Cache wrappers
@@ -230,8 +223,9 @@ std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner) {
         case Mutant::read_before_write: return std::make_unique<ReadsBeforeWrite>(inner);
         case Mutant::kv_wrong_layer: return std::make_unique<WritesNextLayer>(inner);
         case Mutant::fp8_scale_twice: return std::make_unique<ScaleTwice>(inner);
-        case Mutant::bf16_truncates: return std::make_unique<Bf16Truncates>(inner);
-        case Mutant::fp16_overflow_inf: return std::make_unique<Fp16OverflowInf>(inner);
+        case Mutant::bf16_truncates: return std::make_unique<WrongConversion>(inner, KVFormat::bf16, truncated_to_bf16);
+        case Mutant::fp16_overflow_inf:
+            return std::make_unique<WrongConversion>(inner, KVFormat::fp16, overflowing_fp16);
         default: return nullptr;
     }
 }

@@ -531,8 +531,33 @@ Config quant_config() {
     return c;
 }
 
-// Quantized decode against exact cached decode (which equals naive): with bound, the error
-// stays within it; without, the logits are required bitwise equal (and are not).
+// An approximate cache against exact cached decode (which equals naive), both on `backend`, over
+// a drawn sequence: with bound, every step's error stays within max_abs and kl; without, the
+// logits are required bitwise equal (and are not). `name` says which cache in a failure.
+void within_bound(const Config& c, Backend& backend, Cache& approx, const std::string& name, double max_abs, double kl,
+                  bool bound, ErrorSummary* summary) {
+    CachedDecoder exact(backend), other(backend, approx);
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    const std::span<const int> all(tokens);
+    auto check = [&](int T, const std::vector<float>& ref, const std::vector<float>& got) {
+        const LogitError e = compare_logits(ref, got);
+        if (summary) summary->add(e);
+        const std::string what = fmt::format("{}, {} tokens, prompt {}", name, tokens.size(), prompt);
+        if (!bound) {
+            if (auto diff = first_difference(ref, got))
+                fail(fmt::format("{}: first differs at T = {}, {}", what, T, *diff));
+        } else if (!(e.max_abs <= max_abs && e.kl <= kl)) {
+            fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
+                             e.max_abs, max_abs, e.kl, kl));
+        }
+    };
+    check(prompt, exact.prefill(all.first(prompt)), other.prefill(all.first(prompt)));
+    for (int T = prompt + 1; T <= int(tokens.size()); T++)
+        check(T, exact.decode(tokens[T - 1]), other.decode(tokens[T - 1]));
+}
+
+// Quantized decode within its bits' bound (within_bound).
 void quant_property(const VariantSetting& s, const Devices& devices, bool bound, ErrorSummary* summary) {
     const Config c = quant_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
@@ -540,25 +565,7 @@ void quant_property(const VariantSetting& s, const Devices& devices, bool bound,
     const QuantBound& b = quant_bound(spec);
     const CacheAndPool cp = make_cache(c, spec);
     const std::unique_ptr<Backend> backend = devices.make(quant_device(devices), m);
-    CachedDecoder exact(*backend), quant(*backend, *cp.cache);
-    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const int prompt = draw(1, int(tokens.size()));
-    const std::span<const int> all(tokens);
-    auto check = [&](int T, const std::vector<float>& ref, const std::vector<float>& got) {
-        const LogitError e = compare_logits(ref, got);
-        if (summary) summary->add(e);
-        const std::string what = fmt::format("{}, {} tokens, prompt {}", cp.cache->name(), tokens.size(), prompt);
-        if (!bound) {
-            if (auto diff = first_difference(ref, got))
-                fail(fmt::format("{}: first differs at T = {}, {}", what, T, *diff));
-        } else if (!(e.max_abs <= b.max_abs && e.kl <= b.kl)) {
-            fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
-                             e.max_abs, b.max_abs, e.kl, b.kl));
-        }
-    };
-    check(prompt, exact.prefill(all.first(prompt)), quant.prefill(all.first(prompt)));
-    for (int T = prompt + 1; T <= int(tokens.size()); T++)
-        check(T, exact.decode(tokens[T - 1]), quant.decode(tokens[T - 1]));
+    within_bound(c, *backend, *cp.cache, cp.cache->name(), b.max_abs, b.kl, bound, summary);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -670,8 +677,7 @@ const FormatBound& format_bound(KVFormat f) {
     throw Error(fmt::format("verify: no drift bound stated for {}", kv_format_name(f)));
 }
 
-// A contiguous cache in `format` against exact fp32 cached decode (which equals naive): with
-// bound, the error stays within the format's; without, the logits are required bitwise equal.
+// A contiguous cache in `format` within the format's bound of fp32 (within_bound).
 void drift_property(KVFormat format, const Devices& devices, bool bound, ErrorSummary* summary) {
     const Config c = quant_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
@@ -680,26 +686,8 @@ void drift_property(KVFormat format, const Devices& devices, bool bound, ErrorSu
     CacheSpec spec = default_spec(Variant::contiguous_head, c);
     spec.kv_format = format;
     const CacheAndPool cp = make_cache(c, spec, backend->memory());
-    CachedDecoder exact(*backend), stored(*backend, *cp.cache);
-    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const int prompt = draw(1, int(tokens.size()));
-    const std::span<const int> all(tokens);
-    auto check = [&](int T, const std::vector<float>& ref, const std::vector<float>& got) {
-        const LogitError e = compare_logits(ref, got);
-        if (summary) summary->add(e);
-        const std::string what = fmt::format("{} in {}, {} tokens, prompt {}", cp.cache->name(), kv_format_name(format),
-                                             tokens.size(), prompt);
-        if (!bound) {
-            if (auto diff = first_difference(ref, got))
-                fail(fmt::format("{}: first differs from fp32 at T = {}, {}", what, T, *diff));
-        } else if (!(e.max_abs <= b.max_abs && e.kl <= b.kl)) {
-            fail(fmt::format("{}: at T = {} max |logit error| {:.3g} (bound {}), KL {:.3g} (bound {})", what, T,
-                             e.max_abs, b.max_abs, e.kl, b.kl));
-        }
-    };
-    check(prompt, exact.prefill(all.first(prompt)), stored.prefill(all.first(prompt)));
-    for (int T = prompt + 1; T <= int(tokens.size()); T++)
-        check(T, exact.decode(tokens[T - 1]), stored.decode(tokens[T - 1]));
+    within_bound(c, *backend, *cp.cache, fmt::format("{} in {}", cp.cache->name(), kv_format_name(format)), b.max_abs,
+                 b.kl, bound, summary);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -823,38 +811,16 @@ VerifyRow run_regime(const Check& check, const Devices& d, const VerifyOptions& 
     return row;
 }
 
-VerifyRow run_quant(const Check& check, const Devices& d, const VerifyOptions& o) {
-    const VariantSetting& s = *check.setting;
+// An approximate row with an error bound: within it (property(true, summary)) and never bitwise
+// equal (property(false, nullptr)); the figures are the errors measured.
+VerifyRow run_bounded(const Check& check, const VerifyOptions& o,
+                      const std::function<void(bool bound, ErrorSummary* summary)>& property, double max_abs, double kl,
+                      const std::string& where) {
     ErrorSummary summary;
-    const PropertyOutcome within = check_property([&] { quant_property(s, d, true, &summary); }, o.cases, o.seed);
-    const PropertyOutcome equal = check_property([&] { quant_property(s, d, false, nullptr); }, o.cases, o.seed);
-    const QuantBound& b = quant_bound(setting_spec(s, quant_config()));
-    const std::string where =
-        quant_device(d) == d.tested ? "" : fmt::format(" (on {}: quantizing is host-side)", quant_device(d));
-    VerifyRow row{check.name,
-                  check.kind,
-                  fmt::format("{}; |dlogit| <= {}, KL <= {}{}", check.parameters, b.max_abs, b.kl, where),
-                  within.cases,
-                  "",
-                  false,
-                  "",
-                  ""};
-    row.ok = within.passed && !equal.passed;
-    row.result = !within.passed ? "FAILED its error bound" : equal.passed ? "never differed" : "within bound; differs";
-    row.counterexample = within.passed ? equal.counterexample : within.counterexample;
-    row.figures = fmt::format("max |dlogit| {:.3g}, max KL {:.3g}, mean KL {:.3g}, top-1 agreement {:.1f}%",
-                              summary.max_abs, summary.max_kl, summary.mean_kl(), 100.0 * summary.top1_rate());
-    return row;
-}
-
-VerifyRow run_drift(const Check& check, const Devices& d, const VerifyOptions& o) {
-    const KVFormat f = *check.drift;
-    ErrorSummary summary;
-    const PropertyOutcome within = check_property([&] { drift_property(f, d, true, &summary); }, o.cases, o.seed);
-    const PropertyOutcome equal = check_property([&] { drift_property(f, d, false, nullptr); }, o.cases, o.seed);
-    const FormatBound& b = format_bound(f);
+    const PropertyOutcome within = check_property([&] { property(true, &summary); }, o.cases, o.seed);
+    const PropertyOutcome equal = check_property([&] { property(false, nullptr); }, o.cases, o.seed);
     VerifyRow row{
-        check.name,   check.kind, fmt::format("{}; |dlogit| <= {}, KL <= {}", check.parameters, b.max_abs, b.kl),
+        check.name,   check.kind, fmt::format("{}; |dlogit| <= {}, KL <= {}{}", check.parameters, max_abs, kl, where),
         within.cases, "",         false,
         "",           ""};
     row.ok = within.passed && !equal.passed;
@@ -863,6 +829,24 @@ VerifyRow run_drift(const Check& check, const Devices& d, const VerifyOptions& o
     row.figures = fmt::format("max |dlogit| {:.3g}, max KL {:.3g}, mean KL {:.3g}, top-1 agreement {:.1f}%",
                               summary.max_abs, summary.max_kl, summary.mean_kl(), 100.0 * summary.top1_rate());
     return row;
+}
+
+VerifyRow run_quant(const Check& check, const Devices& d, const VerifyOptions& o) {
+    const VariantSetting& s = *check.setting;
+    const QuantBound& b = quant_bound(setting_spec(s, quant_config()));
+    const std::string where =
+        quant_device(d) == d.tested ? "" : fmt::format(" (on {}: quantizing is host-side)", quant_device(d));
+    return run_bounded(
+        check, o, [&](bool bound, ErrorSummary* summary) { quant_property(s, d, bound, summary); }, b.max_abs, b.kl,
+        where);
+}
+
+VerifyRow run_drift(const Check& check, const Devices& d, const VerifyOptions& o) {
+    const KVFormat f = *check.drift;
+    const FormatBound& b = format_bound(f);
+    return run_bounded(
+        check, o, [&](bool bound, ErrorSummary* summary) { drift_property(f, d, bound, summary); }, b.max_abs, b.kl,
+        "");
 }
 
 VerifyRow run_check(const Check& check, const Devices& d, const VerifyOptions& o) {
