@@ -293,6 +293,17 @@ void print_summary(const SideBySide& run, const Summary& s) {
     }
     fmt::print("FLOPs      naive {:.2f} M, cached {:.2f} M: ratio {:.1f}x (counted by the kernels)\n",
                s.naive_flops / 1e6, s.cached_flops / 1e6, double(s.naive_flops) / double(s.cached_flops));
+    if (kv_format_int(int(run.format))) {
+        // An integer row is its groups' codes plus a scale and a minimum per group, padded.
+        const int f = int(run.format), group = kv_int_group(c.head_size());
+        const int groups = c.head_size() / group;
+        fmt::print(
+            "KV cache   {} positions = {} bytes = 2 (K,V) x {} layers x {} x {} KV heads x {} B a row ({} "
+            "group{} of {} {}-bit codes, each with an fp32 scale and minimum)\n",
+            s.T, s.kv_used, c.n_layers, s.T, c.n_kv_heads, kv_row_bytes(f, c.head_size()), groups,
+            groups == 1 ? "" : "s", group, kv_int_bits(f));
+        return;
+    }
     fmt::print("KV cache   {} positions = {} bytes = 2 (K,V) x {} B x {} layers x {} x {} KV heads x {} head_size{}\n",
                s.T, s.kv_used, kv_format_bytes(int(run.format)), c.n_layers, s.T, c.n_kv_heads, c.head_size(),
                run.fp32 ? fmt::format(" ({} codes)", kv_format_name(run.format)) : "");

@@ -68,9 +68,10 @@ CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
                          "or e.g. cpu,gpu-host");
     demo_cmd->add_flag("!--no-graph", demo.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     demo_cmd->add_flag("--json", demo.json, "machine-readable output");
-    demo_cmd->add_option("--kv-format", demo.kv_format,
-                         "store K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3; naive decode stores them the same "
-                         "way, and each step's drift from fp32 naive decode is reported");
+    demo_cmd->add_option(
+        "--kv-format", demo.kv_format,
+        "store K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4; naive decode stores them the same "
+        "way, and each step's drift from fp32 naive decode is reported");
     demo_cmd->add_option("--kv-calibrate", demo.kv_calibrate, kKvCalibrateHelp);
     return demo_cmd;
 }
@@ -96,7 +97,8 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
     gen_cmd->add_option("--device", gen.device, "cpu, gpu or gpu-host");
     gen_cmd->add_flag("!--no-graph", gen.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     gen_cmd->add_flag("--json", gen.json, "machine-readable output");
-    gen_cmd->add_option("--kv-format", gen.kv_format, "store K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3");
+    gen_cmd->add_option("--kv-format", gen.kv_format,
+                        "store K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
     gen_cmd->add_option("--kv-calibrate", gen.kv_calibrate, kKvCalibrateHelp);
     return gen_cmd;
 }
@@ -118,8 +120,9 @@ CLI::App* add_speculate(CLI::App& app, SpeculateOptions& spec) {
         ->check(CLI::Range(1, 1000));
     spec_cmd->add_option("--threads", spec.threads, "threads for the kernels")->check(CLI::Range(1, 256));
     spec_cmd->add_option("--device", spec.device, "cpu, gpu or gpu-host (target and draft both run there)");
-    spec_cmd->add_option("--kv-format", spec.kv_format,
-                         "every cache (target, draft, plain) stores K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3");
+    spec_cmd->add_option(
+        "--kv-format", spec.kv_format,
+        "every cache (target, draft, plain) stores K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
     spec_cmd->add_flag("--json", spec.json, "machine-readable output");
     return spec_cmd;
 }
@@ -170,10 +173,11 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
             "), a preset, scenario or planted bug (see --list), or all, exact, approximate, mutants");
     verify_cmd->add_option("--cases", ver.cases, "generated cases per property")->check(CLI::Range(1, 1000000));
     verify_cmd->add_option("--seed", ver.seed, "RapidCheck seed: the same seed draws the same cases");
-    verify_cmd->add_option("--kv-format", ver.kv_format,
-                           "bf16, fp16, fp8-e5m2, fp8-e4m3 or fp32: the variant rows and scenarios store K and V in it "
-                           "wherever the variant takes a format, naive decode too (default: variant rows in fp32, "
-                           "scenarios draw a format per case)");
+    verify_cmd->add_option(
+        "--kv-format", ver.kv_format,
+        "bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4 or fp32: the variant rows and scenarios store K and V in it "
+        "wherever the variant takes a format, naive decode too (default: variant rows in fp32, "
+        "scenarios draw a format per case)");
     verify_cmd->add_option("--device", ver.device,
                            "cpu (default), gpu or gpu-host: the decoders and caches under test and naive decode run "
                            "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "

@@ -178,7 +178,8 @@ void print_json(const MemoryOptions& o, const Figures& f) {
 
 // The two tables (bytes per token, and for --context x --batch) and their sources.
 void print_sizes(const MemoryOptions& o, const Figures& f) {
-    fmt::print("kvlab memory: KV cache of published model shapes (payload only: int4/int2 group scales excluded)\n");
+    fmt::print(
+        "kvlab memory: KV cache of published model shapes (payload only: int8/int4/int2 group scales excluded)\n");
     const auto header = [&](const std::string& title) {
         fmt::print("\n{}\n{:<12} {:>6}  {:<22}", title, "model", "layers", "n_kv_heads x head_size");
         for (const auto& p : f.precs) fmt::print(" {:>9}", p.name);
@@ -248,8 +249,9 @@ void add_memory_options(CLI::App* cmd, MemoryOptions& o) {
         ->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--batch", o.batch, "sequences held at once (default 1)")->check(CLI::Range(1, 1 << 20));
     auto* precision = cmd->add_option("--precision", o.precision, "all (default), fp32, fp16, bf16, fp8, int4 or int2");
-    cmd->add_option("--kv-format", o.precision,
-                    "a KV format kvlab stores (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3): --precision by its name")
+    cmd->add_option(
+           "--kv-format", o.precision,
+           "a KV format kvlab stores (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4): --precision by its name")
         ->excludes(precision);
     cmd->add_option("--model", o.model,
                     "all (default) or one of: Llama 2 7B, Llama 3 8B, Llama 3 70B, Mistral 7B, GPT-3 175B, DeepSeek-V3 "

@@ -506,9 +506,10 @@ void add_pool_options(CLI::App* cmd, PoolOptions& o) {
     cmd->add_option("--block-size", o.block_size, "positions per block (default 4; at most max_seq)");
     cmd->add_option("--blocks", o.blocks, "blocks in the pool (default 32)")->check(CLI::Range(1, 1 << 16));
     cmd->add_flag("--no-prefix-cache{false}", o.prefix_cache, "do not publish full blocks for later requests");
-    cmd->add_option("--kv-format", o.kv_format,
-                    "every block stores K and V in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3 (checked against a naive "
-                    "decode storing them so too)");
+    cmd->add_option(
+        "--kv-format", o.kv_format,
+        "every block stores K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4 (checked against a naive "
+        "decode storing them so too)");
     cmd->add_option("--script", o.script,
                     "commands separated by ';': new NAME 1,2,3 / append NAME 4,5 / fork NAME NEWNAME / "
                     "rollback NAME N / free NAME / show")

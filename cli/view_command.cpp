@@ -47,8 +47,9 @@ ViewCommand::ViewCommand(CLI::App& app)
     cmd->add_option("--n-blocks", s.n_blocks, "paged variants: blocks in the pool (0: enough for every sequence)")
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--bits", s.quant_bits, "quantized: 8 or 4")->check(CLI::IsMember({8, 4}));
-    cmd->add_option("--kv-format", o_->kv_format,
-                    "K and V stored in fp32, bf16, fp16, fp8-e5m2 or fp8-e4m3 (variants that take a format)");
+    cmd->add_option(
+        "--kv-format", o_->kv_format,
+        "K and V stored in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4 (variants that take a format)");
     cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--window", s.window, "window: positions in the sliding window")->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--fork-at", s.fork_at, "prefix-shared: A forks into C after this decode step")

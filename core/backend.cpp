@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cassert>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -36,6 +37,7 @@ public:
     void download(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
     void copy(void* dst, const void* src, std::int64_t bytes) override { move_bytes(dst, src, bytes); }
     void fill_nan(void* x, std::int64_t n, int format) override {
+        assert(!kv_format_int(format));  // KVStorage fills those rows as fp32 words
         if (format == int(KVFormat::fp32)) {
             std::fill_n(static_cast<float*>(x), n, kNaN);
             return;

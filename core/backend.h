@@ -41,7 +41,8 @@ public:
     virtual void upload(void* dst, const void* src, std::int64_t bytes) = 0;    // host -> this
     virtual void download(void* dst, const void* src, std::int64_t bytes) = 0;  // this -> host
     virtual void copy(void* dst, const void* src, std::int64_t bytes) = 0;      // this -> this
-    // n elements of `format` (KVFormat's value), each set to the format's quiet NaN.
+    // n elements of a float `format` (KVFormat's value), each set to the format's quiet NaN. (An
+    // integer format's row is filled as fp32 words: its scales and minimums are then NaN.)
     virtual void fill_nan(void* x, std::int64_t n, int format = 0) = 0;
     // Waits for queued work (a device's stream); the host's is synchronous.
     virtual void synchronize() {}
@@ -86,27 +87,25 @@ private:
 };
 
 // Where one query row finds its cache's K and V. The storage holds rows of head_size elements
-// in `format` (kv_format.h: 4, 2 or 1 bytes each, codes of the format, no fp32 copy); the row
-// of (layer l, KV head h, slot s) is row l*layer_rows + h*head_rows + s of k (and of v). Slots
-// are the cache's physical row indices (Cache::attended); a slot of -1 is a position whose rows
-// are not held: it reads as NaN.
+// in `format` (kv_format.h: codes of the format, no fp32 copy; row_bytes each, an integer
+// format's group scales included); the row of (layer l, KV head h, slot s) is row
+// l*layer_rows + h*head_rows + s of k (and of v). Slots are the cache's physical row indices
+// (Cache::attended); a slot of -1 is a position whose rows are not held: it reads as NaN.
 struct RowKV {
-    void* k = nullptr;  // [n_rows, head_size] elements of `format`
+    void* k = nullptr;  // [n_rows, row_bytes] bytes: rows of head_size elements of `format`
     void* v = nullptr;
     const float* scales = nullptr;  // [n_layers, 2] layer l's K scale, then V scale (fp8); null: all 1
     std::int64_t layer_rows = 0;
     std::int64_t head_rows = 0;
     std::int64_t write_slot = -1;  // where this row's own K and V go
+    std::int64_t row_bytes = 0;    // kv_row_bytes(format, head_size)
     int n = 0;                     // rows attended: slots[0..n)
     int format = 0;                // KVFormat of the storage
+    int group = 0;                 // kv_row_group(format, head_size): an integer format's channels per scale
     KVLAB_HD std::int64_t row(int l, int h, std::int64_t slot) const { return l * layer_rows + h * head_rows + slot; }
-    // The first byte of a stored row of head_size elements.
-    KVLAB_HD void* k_row(std::int64_t row, int head_size) const {
-        return static_cast<char*>(k) + row * head_size * kv_format_bytes(format);
-    }
-    KVLAB_HD void* v_row(std::int64_t row, int head_size) const {
-        return static_cast<char*>(v) + row * head_size * kv_format_bytes(format);
-    }
+    // The first byte of a stored row.
+    KVLAB_HD void* k_row(std::int64_t row) const { return static_cast<char*>(k) + row * row_bytes; }
+    KVLAB_HD void* v_row(std::int64_t row) const { return static_cast<char*>(v) + row * row_bytes; }
     KVLAB_HD float k_scale(int l) const { return scales ? scales[2 * l] : 1.0f; }
     KVLAB_HD float v_scale(int l) const { return scales ? scales[2 * l + 1] : 1.0f; }
 };

@@ -47,7 +47,7 @@ std::string describe(const CacheEvent& e, std::string_view who) {
 }
 
 std::int64_t kv_bytes(const Config& c, std::int64_t T, KVFormat format) {
-    return 2ll * kv_format_bytes(int(format)) * c.n_layers * T * c.n_kv_heads * c.head_size();
+    return 2ll * kv_row_bytes(int(format), c.head_size()) * c.n_layers * T * c.n_kv_heads;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -58,11 +58,11 @@ namespace {
 // Bytes in each of K and V for n_rows rows, once the size limit has allowed them: every cache's
 // rows (contiguous, growing, paged, window, quantized) are allocated here.
 std::int64_t storage_bytes(std::int64_t n_rows, int head_size, KVFormat format) {
-    const int eb = kv_format_bytes(int(format));
+    const std::int64_t rb = kv_row_bytes(int(format), head_size);
     check_size(
         fmt::format("a KV cache ({} rows of head_size {}, K and V in {})", n_rows, head_size, kv_format_name(format)),
-        n_rows, 2 * std::int64_t(eb) * head_size);
-    return n_rows * head_size * eb;
+        n_rows, 2 * rb);
+    return n_rows * rb;
 }
 
 }  // namespace
@@ -90,8 +90,8 @@ KVStorage::KVStorage(Memory& memory, std::int64_t n_rows_, int head_size_, std::
       head_rows(head_rows_),
       head_size(head_size_),
       format(format_) {
-    memory.fill_nan(k.data(), n_rows * head_size, int(format));
-    memory.fill_nan(v.data(), n_rows * head_size, int(format));
+    fill_nan_rows(k.data(), n_rows);
+    fill_nan_rows(v.data(), n_rows);
     if (!host_scales.empty()) scales.upload(host_scales);
     assert(k.size() == n_rows * row_bytes() && v.size() == n_rows * row_bytes());
     assert(host_scales.size() == std::size_t(scales.size()));
@@ -112,9 +112,23 @@ float* KVStorage::v_f32() const {
 void KVStorage::poison(const Config& c, std::int64_t slot, std::int64_t count) {
     for (int l = 0; l < c.n_layers; l++)
         for (int h = 0; h < c.n_kv_heads; h++) {
-            memory().fill_nan(k_row(row(l, h, slot)), count * head_size, int(format));
-            memory().fill_nan(v_row(row(l, h, slot)), count * head_size, int(format));
+            fill_nan_rows(k_row(row(l, h, slot)), count);
+            fill_nan_rows(v_row(row(l, h, slot)), count);
         }
+}
+
+void KVStorage::fill_nan_rows(std::uint8_t* row, std::int64_t n) const {
+    if (kv_format_int(int(format))) {
+        assert(row_bytes() % 4 == 0);  // kv_group_bytes pads every group to 4 bytes
+        memory().fill_nan(row, n * row_bytes() / 4, int(KVFormat::fp32));
+    } else {
+        memory().fill_nan(row, n * head_size, int(format));
+    }
+}
+
+std::int64_t KVStorage::group_scale_bytes() const {
+    if (!kv_format_int(int(format))) return 0;
+    return 2 * n_rows * (head_size / group()) * 2 * std::int64_t(sizeof(float));  // K and V, a scale and a min
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -170,8 +184,8 @@ void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
     assert(old_k.size() == std::size_t(config_.n_kv_heads) * std::size_t(rb));
     for (int h = 0; h < config_.n_kv_heads; h++)
         for (int d = 0; d < hs; d++) {
-            kv_store(f, new_k.data() + h * rb, d, k_row[h * hs + d], st.scale(l, 0));
-            kv_store(f, new_v.data() + h * rb, d, v_row[h * hs + d], st.scale(l, 1));
+            kv_store_element(f, new_k.data() + h * rb, d, k_row + h * hs, st.scale(l, 0), st.group());
+            kv_store_element(f, new_v.data() + h * rb, d, v_row + h * hs, st.scale(l, 1), st.group());
         }
     for (int h = 0; h < config_.n_kv_heads; h++) {
         st.memory().download(old_k.data() + h * rb, st.k_row(st.row(l, h, s)), rb);
@@ -208,6 +222,8 @@ RowKV Cache::row_kv() const {
     r.layer_rows = st.layer_rows;
     r.head_rows = st.head_rows;
     r.format = int(st.format);
+    r.row_bytes = st.row_bytes();
+    r.group = st.group();
     return r;
 }
 
@@ -233,7 +249,7 @@ const float* decoded_row(const KVStorage& st, const std::uint8_t* row, float sca
     if (st.format == KVFormat::fp32) return reinterpret_cast<const float*>(row);
     out.resize(std::size_t(st.head_size));
     assert(out.size() == std::size_t(st.head_size));
-    for (int d = 0; d < st.head_size; d++) out[std::size_t(d)] = kv_load(int(st.format), row, d, scale);
+    for (int d = 0; d < st.head_size; d++) out[std::size_t(d)] = kv_load(int(st.format), row, d, scale, st.group());
     return out.data();
 }
 
@@ -337,8 +353,10 @@ int ContiguousCache::attended(int pos, std::int64_t* slots, int* positions) cons
 MemoryStats ContiguousCache::memory() const {
     MemoryStats m;
     m.used_bytes = kv_bytes(config_, length(), storage_.format);
-    m.payload_bytes = kv_bytes(config_, capacity_, storage_.format);
-    m.metadata_bytes = std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size());
+    // An integer format's group scales live inside its rows: metadata, not payload.
+    m.payload_bytes = kv_bytes(config_, capacity_, storage_.format) - storage_.group_scale_bytes();
+    m.metadata_bytes =
+        std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size()) + storage_.group_scale_bytes();
     m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
     m.allocated_bytes = storage_.bytes();
     return m;

@@ -59,11 +59,11 @@ std::string describe(const CacheEvent& e, std::string_view who);
 // Memory a cache holds. reserved_bytes counts what the variant says it allocated for K and V
 // (payload plus metadata); allocated_bytes is measured from its buffers; they must agree.
 struct MemoryStats {
-    std::int64_t used_bytes = 0;       // fp32 K and V of the valid positions
+    std::int64_t used_bytes = 0;       // K and V of the valid positions, in the cache's format
     std::int64_t reserved_bytes = 0;   // payload + metadata the variant accounts for
     std::int64_t allocated_bytes = 0;  // summed from the buffers themselves
-    std::int64_t payload_bytes = 0;    // K and V values as stored (fp32, int8, packed int4)
-    std::int64_t metadata_bytes = 0;   // scales and zero points
+    std::int64_t payload_bytes = 0;    // K and V values as stored (fp32, bf16, ..., int8, packed int4)
+    std::int64_t metadata_bytes = 0;   // scales and zero points (fp8's per layer, integer groups')
     std::int64_t scratch_bytes = 0;    // working memory outside the cache proper (dequantized rows)
     std::int64_t reallocations = 0;    // growing cache: times the arrays moved
     std::int64_t bytes_copied = 0;     // growing cache: bytes those moves copied
@@ -71,10 +71,10 @@ struct MemoryStats {
 };
 
 // A cache's K and V rows: two buffers of rows of head_size elements in `format` (kv_format.h),
-// codes only, and the format's scales. The row of (layer l, KV head h, slot s) is row
-// l * layer_rows + h * head_rows + s of each (backend.h: RowKV).
+// codes only (and an integer format's group scales, inside each row), and the fp8 scales. The row of (layer l, KV head
+// h, slot s) is row l * layer_rows + h * head_rows + s of each (backend.h: RowKV).
 struct KVStorage {
-    Buffer<std::uint8_t> k, v;       // [n_rows, head_size] elements of `format`: n_rows * row_bytes() bytes each
+    Buffer<std::uint8_t> k, v;       // [n_rows, row_bytes()] bytes: rows of head_size elements of `format`
     Buffer<float> scales;            // [n_layers, 2] layer l's K scale, then V scale (read by fp8); none: all 1
     std::vector<float> host_scales;  // the same, on the host
     std::int64_t n_rows = 0, layer_rows = 0, head_rows = 0;
@@ -88,7 +88,8 @@ struct KVStorage {
     float scale(int l, int kv) const { return host_scales.empty() ? 1.0f : host_scales[std::size_t(2 * l + kv)]; }
     Memory& memory() const { return *k.memory(); }
     std::int64_t row(int l, int h, std::int64_t slot) const { return l * layer_rows + h * head_rows + slot; }
-    std::int64_t row_bytes() const { return std::int64_t(head_size) * kv_format_bytes(int(format)); }
+    std::int64_t row_bytes() const { return kv_row_bytes(int(format), head_size); }
+    int group() const { return kv_row_group(int(format), head_size); }  // integer formats' channels per scale
     std::uint8_t* k_row(std::int64_t r) const { return k.data() + r * row_bytes(); }
     std::uint8_t* v_row(std::int64_t r) const { return v.data() + r * row_bytes(); }
     // fp32 storage read as floats [n_rows, head_size] (host code over an fp32 cache).
@@ -96,6 +97,11 @@ struct KVStorage {
     float* v_f32() const;
     // NaN in `count` consecutive slots from `slot`, for every layer and KV head.
     void poison(const Config& c, std::int64_t slot, std::int64_t count);
+    // NaN in n_rows rows of one tensor from `row` (its first byte).
+    void fill_nan_rows(std::uint8_t* row, std::int64_t n_rows) const;
+    // Bytes of the integer formats' scales and minimums in both tensors (inside the rows), 0 for
+    // the float formats: the metadata that memory() reports apart from the codes.
+    std::int64_t group_scale_bytes() const;
     std::int64_t payload_bytes() const { return k.bytes() + v.bytes(); }
     std::int64_t bytes() const { return k.bytes() + v.bytes() + scales.bytes(); }
 };

@@ -125,15 +125,15 @@ void CpuBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const flo
         const float ks = r.k_scale(l), vs = r.v_scale(l);
         for (int h = 0; h < c.n_kv_heads; h++) {
             const std::int64_t at = r.row(l, h, r.write_slot), from = std::int64_t(i) * kv_dim + h * hs;
-            void *kr = r.k_row(at, hs), *vr = r.v_row(at, hs);
+            void *kr = r.k_row(at), *vr = r.v_row(at);
             if (r.format == int(KVFormat::fp32)) {
                 std::memcpy(kr, k + from, sizeof(float) * hs);
                 std::memcpy(vr, v + from, sizeof(float) * hs);
                 continue;
             }
             for (int d = 0; d < hs; d++) {  // as gpu/kernels.h's store_kv_element
-                kv_store(r.format, kr, d, k[from + d], ks);
-                kv_store(r.format, vr, d, v[from + d], vs);
+                kv_store_element(r.format, kr, d, k + from, ks, r.group);
+                kv_store_element(r.format, vr, d, v + from, vs, r.group);
             }
         }
     }
@@ -147,10 +147,10 @@ void CpuBackend::load_kv(Exec&, const RowKV* rows, int n_rows, int l, float* k, 
         const float ks = r.k_scale(l), vs = r.v_scale(l);
         for (int h = 0; h < c.n_kv_heads; h++) {
             const std::int64_t at = r.row(l, h, r.write_slot), to = std::int64_t(i) * kv_dim + h * hs;
-            const void *kr = r.k_row(at, hs), *vr = r.v_row(at, hs);
+            const void *kr = r.k_row(at), *vr = r.v_row(at);
             for (int d = 0; d < hs; d++) {  // as gpu/kernels.h's load_kv_element
-                k[to + d] = kv_load(r.format, kr, d, ks);
-                v[to + d] = kv_load(r.format, vr, d, vs);
+                k[to + d] = kv_load(r.format, kr, d, ks, r.group);
+                v[to + d] = kv_load(r.format, vr, d, vs, r.group);
             }
         }
     }
@@ -195,9 +195,9 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         const bool fp32 = r.format == int(KVFormat::fp32);
         auto row = [&](void* storage, float scale, int t) -> const float* {
             if (s[t] < 0) return nan_row_.data();
-            const void* at = static_cast<const char*>(storage) + (base + s[t]) * hs * kv_format_bytes(r.format);
+            const void* at = static_cast<const char*>(storage) + (base + s[t]) * r.row_bytes;
             if (fp32) return static_cast<const float*>(at);
-            decode_kv_row(r.format, at, hs, scale, decoded);
+            decode_kv_row(r.format, at, hs, scale, decoded, r.group);
             return decoded;
         };
         const float ks = r.k_scale(l), vs = r.v_scale(l);

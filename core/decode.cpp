@@ -125,7 +125,9 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
     if (stores) {
         // Position t's rows of a [T, kv_dim] seq-major store: slot t * n_kv_heads of KV head 0,
         // the same rows for every layer (layer_rows 0), layer l's scales.
-        const std::int64_t n = std::int64_t(T) * c.kv_dim(), bytes = n * kv_format_bytes(int(kv_format));
+        const std::int64_t n = std::int64_t(T) * c.kv_dim();
+        const std::int64_t row_bytes = kv_row_bytes(int(kv_format), c.head_size());
+        const std::int64_t bytes = std::int64_t(T) * c.n_kv_heads * row_bytes;
         upload(scales_, memory, std::span<const float>(checked_kv_scales(c.n_layers, kv_scales)));
         ensure(k_codes_, memory, bytes);
         ensure(v_codes_, memory, bytes);
@@ -138,6 +140,8 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
             r.k = k_codes_.data(), r.v = v_codes_.data(), r.scales = scales_.data();
             r.layer_rows = 0, r.head_rows = 1, r.write_slot = std::int64_t(t) * c.n_kv_heads;
             r.format = int(kv_format);
+            r.row_bytes = row_bytes;
+            r.group = kv_row_group(r.format, c.head_size());
         }
         upload(store_rows_, memory, std::span<const RowKV>(rows));
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cstring>
 #include <xsimd/xsimd.hpp>
 
 #if defined(__AVX2__)
@@ -253,9 +254,34 @@ int decode_fp8_avx2(const std::uint8_t* c, int n, float* dst) {
 }
 #endif
 
+// An integer row, group by group: kv_load_int's arithmetic (code * scale + min, one multiply and
+// one add each, no contraction), the loop over a group's codes left to the vectorizer.
+void decode_int_row(int format, const char* row, int n, int group, float* dst) {
+    const int bits = kv_int_bits(format), stride = kv_group_bytes(bits, group);
+    for (int g0 = 0; g0 < n; g0 += group, row += stride) {
+        float meta[2];  // the group's scale and minimum
+        std::memcpy(meta, row, sizeof meta);
+        const float scale = meta[0], min = meta[1];
+        const auto* codes = reinterpret_cast<const std::uint8_t*>(row + 8);
+        float* out = dst + g0;
+        if (bits == 8) {
+            for (int j = 0; j < group; j++) out[j] = float(codes[j]) * scale + min;
+        } else {
+            for (int j = 0; j < group; j++) {
+                const unsigned code = j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4u;
+                out[j] = float(code) * scale + min;
+            }
+        }
+    }
+}
+
 }  // namespace
 
-void decode_kv_row(int format, const void* src, int n, float scale, float* dst) {
+void decode_kv_row(int format, const void* src, int n, float scale, float* dst, int group) {
+    if (kv_format_int(format)) {
+        decode_int_row(format, static_cast<const char*>(src), n, group, dst);
+        return;
+    }
     switch (format) {
         case int(KVFormat::fp32): std::copy_n(static_cast<const float*>(src), n, dst); return;
         case int(KVFormat::bf16): {

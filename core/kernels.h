@@ -73,10 +73,11 @@ void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n);
 void add(Exec& ex, float* x, const float* y, std::int64_t n);
 
 // dst[n] = a stored row's elements src[n] in `format` (KVFormat's value) decoded to fp32, each
-// exactly kv_load(format, src, d, scale): bf16 by a shift, fp16 and fp8 through a table of every
-// code's value (decode_float), fp8 then times the scale. The CPU's attention decodes a row with
-// it before the row's dot products; the GPU kernel calls kv_load per element.
-void decode_kv_row(int format, const void* src, int n, float scale, float* dst);
+// exactly kv_load(format, src, d, scale, group): bf16 by a shift, fp16 and fp8 by moving their
+// fields into fp32's (fp8 then times the scale), int8 and int4 group by group as code * scale +
+// min. The CPU's attention decodes a row with it before the row's dot products; the GPU kernel
+// calls kv_load per element.
+void decode_kv_row(int format, const void* src, int n, float scale, float* dst, int group = 0);
 
 // Attention for one query row of one head, over logical positions t = 0..n-1 in order:
 //   score[t] = (q · k_t) / sqrt(head_size);  p = softmax(score);  out = sum_t p[t] v_t

@@ -9,6 +9,10 @@
 //   fp16       16    5         10        15    65504           yes       0x7e00 | sign
 //   fp8-e5m2   8     5         2         15    57344           yes       0x7e | sign
 //   fp8-e4m3   8     4         3         7     448             no (fn)   0x7f | sign (the only NaN)
+//
+// And two integer formats, int8 and int4: a row is cut into groups of consecutive channels, each
+// stored as its own affine map (an fp32 scale and minimum) and one unsigned code per channel
+// (below, "Integer formats").
 #pragma once
 
 #include <cstdint>
@@ -103,7 +107,98 @@ KVLAB_HD inline float decode_float(FloatFormat f, std::uint32_t code) {
 KVLAB_HD inline float round_through(FloatFormat f, float x) { return decode_float(f, encode_float(f, x)); }
 
 // The formats a cache stores K and V in. An int on the device (RowKV::format).
-enum class KVFormat : int { fp32 = 0, bf16, fp16, fp8_e5m2, fp8_e4m3 };
+enum class KVFormat : int { fp32 = 0, bf16, fp16, fp8_e5m2, fp8_e4m3, int8, int4 };
+
+// ----------------------------------------------------------------------------------------------
+// Integer formats
+//
+// One group's affine quantization (asymmetric min/max with a zero point), the arithmetic of the
+// int8 and int4 formats, of QuantizedCache and of lessons/09-approximate:
+//   scale = (max - min) / (2^bits - 1),  code = round((x - min) / scale) in [0, 2^bits - 1],
+//   x_hat = code * scale + min           (max == min: scale 0, every code 0, x_hat = min).
+// round is half away from zero; a NaN quotient is code 0, so a NaN input reads back as NaN
+// through its group's NaN minimum.
+struct QuantRange {
+    float scale, min;
+};
+
+// The range of the n floats x[0], x[stride], ..., x[(n-1) * stride], for codes 0..2^bits - 1.
+// The comparisons are std::min's and std::max's, in increasing index, so -0 and +0 are kept
+// the same way everywhere.
+KVLAB_HD inline QuantRange quant_fit(const float* x, int n, std::int64_t stride, int bits) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        const float xi = x[i * stride];
+        lo = xi < lo ? xi : lo;
+        hi = hi < xi ? xi : hi;
+    }
+    return {(hi - lo) / float((1 << bits) - 1), lo};
+}
+
+KVLAB_HD inline unsigned quant_encode(float x, QuantRange r, int bits) {
+    if (r.scale == 0.0f) return 0;
+    const float q = (x - r.min) / r.scale;
+    const unsigned levels = (1u << bits) - 1;
+    if (!(q > 0.0f)) return 0;  // also a NaN, rather than an undefined conversion
+    if (q >= float(levels)) return levels;
+    const unsigned n = unsigned(q);  // q < 255: q - n is exact, and so is the test below
+    return q - float(n) >= 0.5f ? n + 1 : n;
+}
+
+KVLAB_HD inline float quant_decode(unsigned code, QuantRange r) { return float(code) * r.scale + r.min; }
+
+KVLAB_HD inline bool kv_format_int(int format) {
+    return format == int(KVFormat::int8) || format == int(KVFormat::int4);
+}
+KVLAB_HD inline int kv_int_bits(int format) { return format == int(KVFormat::int8) ? 8 : 4; }
+
+// The channels per group of an integer format's row: the largest divisor of head_size up to 32
+// (32 is KIVI's and llama.cpp's group), so groups tile the row and a row needs nothing else.
+KVLAB_HD inline int kv_int_group(int head_size) {
+    for (int g = head_size < 32 ? head_size : 32; g > 1; g--)
+        if (head_size % g == 0) return g;
+    return 1;
+}
+
+// A group as stored: its scale and minimum (fp32), then its codes (one byte each for int8, two
+// per byte for int4, even index in the low nibble), padded to 4 bytes so that the next group's
+// scale is aligned. A row is head_size / group such groups.
+KVLAB_HD inline int kv_group_bytes(int bits, int group) { return 8 + ((group * bits + 7) / 8 + 3) / 4 * 4; }
+
+// Element d of an integer row: x is the row's head_size inputs. The group's range is fitted from
+// its inputs by every element's call alike (a GPU thread per element needs no other thread); the
+// group's first element writes the scale and minimum. An int4 byte holds two codes: its even
+// element writes it whole, the odd one nothing, so no two elements write one byte.
+KVLAB_HD inline void kv_store_int(int format, void* row, std::int64_t d, const float* x, int group) {
+    const int bits = kv_int_bits(format), gi = int(d / group), j = int(d % group);
+    char* at = static_cast<char*>(row) + std::int64_t(gi) * kv_group_bytes(bits, group);
+    const float* xg = x + std::int64_t(gi) * group;
+    const QuantRange r = quant_fit(xg, group, 1, bits);
+    if (j == 0) {
+        reinterpret_cast<float*>(at)[0] = r.scale;
+        reinterpret_cast<float*>(at)[1] = r.min;
+    }
+    auto* codes = reinterpret_cast<std::uint8_t*>(at + 8);
+    if (bits == 8) {
+        codes[j] = std::uint8_t(quant_encode(xg[j], r, 8));
+    } else if (j % 2 == 0) {
+        const unsigned hi = j + 1 < group ? quant_encode(xg[j + 1], r, 4) : 0u;
+        codes[j / 2] = std::uint8_t(quant_encode(xg[j], r, 4) | hi << 4);
+    }
+}
+
+// Element d of an integer row, decoded: code * scale + min of its group.
+KVLAB_HD inline float kv_load_int(int format, const void* row, std::int64_t d, int group) {
+    const int bits = kv_int_bits(format), gi = int(d / group), j = int(d % group);
+    const char* at = static_cast<const char*>(row) + std::int64_t(gi) * kv_group_bytes(bits, group);
+    const QuantRange r{reinterpret_cast<const float*>(at)[0], reinterpret_cast<const float*>(at)[1]};
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(at + 8);
+    const unsigned code = bits == 8 ? codes[j] : (j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4);
+    return quant_decode(code, r);
+}
+
+// ----------------------------------------------------------------------------------------------
+// All formats
 
 // The FloatFormat of a narrow KVFormat (fp32 has none: callers test for it first).
 KVLAB_HD inline FloatFormat float_format(int format) {
@@ -115,7 +210,8 @@ KVLAB_HD inline FloatFormat float_format(int format) {
     }
 }
 
-// Bytes one element of a K or V row takes in storage: 4, 2 or 1.
+// Bytes one element of a K or V row takes in a float format: 4, 2 or 1 (an integer format's
+// element has no size of its own: kv_row_bytes).
 KVLAB_HD inline int kv_format_bytes(int format) {
     switch (format) {
         case int(KVFormat::fp32): return 4;
@@ -124,15 +220,28 @@ KVLAB_HD inline int kv_format_bytes(int format) {
         default: return 1;
     }
 }
+// The group of a row of head_size elements in `format`: integer formats' channels per scale, 0
+// for the float formats (which have none).
+KVLAB_HD inline int kv_row_group(int format, int head_size) {
+    return kv_format_int(format) ? kv_int_group(head_size) : 0;
+}
+// Bytes of one stored row of head_size elements, scales and padding included.
+KVLAB_HD inline std::int64_t kv_row_bytes(int format, int head_size) {
+    if (!kv_format_int(format)) return std::int64_t(head_size) * kv_format_bytes(format);
+    const int group = kv_int_group(head_size);
+    return std::int64_t(head_size / group) * kv_group_bytes(kv_int_bits(format), group);
+}
 // Whether the format reads a scale per (layer, K or V): the fp8 ones.
 KVLAB_HD inline bool kv_format_scaled(int format) {
     return format == int(KVFormat::fp8_e5m2) || format == int(KVFormat::fp8_e4m3);
 }
 
-// Element d of a stored row (`row`: its first byte) in `format`: the code of x, and back. An fp8
-// format stores x / scale and reads code * scale, as engines apply k_scale and v_scale; the
-// scale is the cache's, per (layer, K or V), fixed when the cache is made. Other formats ignore
-// it. Both divide and multiply are IEEE-rounded, so every backend gets the same bits.
+// Element d of a stored row (`row`: its first byte) in a float `format`: the code of x, and back.
+// An fp8 format stores x / scale and reads code * scale, as engines apply k_scale and v_scale;
+// the scale is the cache's, per (layer, K or V), fixed when the cache is made. Other formats
+// ignore it. Both divide and multiply are IEEE-rounded, so every backend gets the same bits.
+// kv_load reads every format; an integer row is stored with kv_store_int (its group's inputs
+// are needed) and read with its group (kv_row_group).
 KVLAB_HD inline void kv_store(int format, void* row, std::int64_t d, float x, float scale) {
     switch (format) {
         case int(KVFormat::fp32): static_cast<float*>(row)[d] = x; return;
@@ -143,7 +252,8 @@ KVLAB_HD inline void kv_store(int format, void* row, std::int64_t d, float x, fl
         default: static_cast<std::uint8_t*>(row)[d] = std::uint8_t(encode_float(float_format(format), x / scale));
     }
 }
-KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float scale) {
+KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float scale, int group = 0) {
+    if (kv_format_int(format)) return kv_load_int(format, row, d, group);
     switch (format) {
         case int(KVFormat::fp32): return static_cast<const float*>(row)[d];
         case int(KVFormat::bf16):
@@ -152,8 +262,18 @@ KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float
     }
 }
 
-// What element x of a K or V row reads as once stored in `format` (an int: KVFormat's value):
-// kv_load of kv_store, without the storage.
+// Element d of a row of any format, from the row's inputs x (x[d] is the element): kv_store for
+// a float format, kv_store_int (which fits the group from x) for an integer one. Every store of
+// K and V goes through here: the backends' store_kv and Cache::write.
+KVLAB_HD inline void kv_store_element(int format, void* row, std::int64_t d, const float* x, float scale, int group) {
+    if (kv_format_int(format))
+        kv_store_int(format, row, d, x, group);
+    else
+        kv_store(format, row, d, x[d], scale);
+}
+
+// What element x of a K or V row reads as once stored in a float `format` (an int: KVFormat's
+// value): kv_load of kv_store, without the storage.
 KVLAB_HD inline float store_value(int format, float x, float scale = 1.0f) {
     switch (format) {
         case int(KVFormat::fp32): return x;
@@ -164,12 +284,14 @@ KVLAB_HD inline float store_value(int format, float x, float scale = 1.0f) {
 }
 
 #if !defined(__CUDACC__)
-// Names as the command line spells them: fp32, bf16, fp16, fp8-e5m2, fp8-e4m3.
+// Names as the command line spells them: fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4.
 const char* kv_format_name(KVFormat format);
 // Throws Error, naming the formats, for any other name.
 KVFormat parse_kv_format(std::string_view name);
-inline constexpr KVFormat kKVFormats[] = {KVFormat::fp32, KVFormat::bf16, KVFormat::fp16, KVFormat::fp8_e5m2,
-                                          KVFormat::fp8_e4m3};
+inline constexpr KVFormat kKVFormats[] = {KVFormat::fp32,     KVFormat::bf16, KVFormat::fp16, KVFormat::fp8_e5m2,
+                                          KVFormat::fp8_e4m3, KVFormat::int8, KVFormat::int4};
+// The float formats (those with a FloatFormat: fp32's own bits apart), then the integer ones.
+inline constexpr KVFormat kFloatKVFormats[] = {KVFormat::bf16, KVFormat::fp16, KVFormat::fp8_e5m2, KVFormat::fp8_e4m3};
 #endif
 
 }  // namespace kvlab

@@ -64,10 +64,12 @@ Precision parse_precision(const std::string& name) {
     if (key == "bf16") return {"bf16", 16};  // same storage as fp16, different number format
     if (key == "fp8e4m3") return {"fp8-e4m3", 8};  // kvlab's KV format names (--kv-format)
     if (key == "fp8e5m2") return {"fp8-e5m2", 8};
+    if (key == "int8") return {"int8", 8};  // kvlab's int8 format (its group scales excluded, as int4's)
     for (const auto& p : precisions())
         if (p.name == key) return p;
-    throw Error(fmt::format(
-        "unknown precision '{}' (precisions: fp32, fp16, bf16, fp8, fp8-e4m3, fp8-e5m2, int4, int2)", one_line(name)));
+    throw Error(
+        fmt::format("unknown precision '{}' (precisions: fp32, fp16, bf16, fp8, fp8-e4m3, fp8-e5m2, int8, int4, int2)",
+                    one_line(name)));
 }
 
 std::int64_t kv_bits_per_token(const PublishedShape& s, int bits) {

@@ -272,8 +272,10 @@ void BlockPool::event(EventKind kind, int seq, int block, int from, int pos, int
 
 MemoryStats BlockPool::memory() const {
     MemoryStats m;
-    m.payload_bytes = std::int64_t(n_blocks_) * block_bytes();
-    m.metadata_bytes = std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size());
+    // An integer format's group scales live inside its rows: metadata, not payload.
+    m.payload_bytes = std::int64_t(n_blocks_) * block_bytes() - storage_.group_scale_bytes();
+    m.metadata_bytes =
+        std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size()) + storage_.group_scale_bytes();
     m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
     m.allocated_bytes = storage_.bytes();
     m.blocks_total = n_blocks_;

@@ -14,42 +14,7 @@ namespace {
 
 constexpr float kPoison = kNaN;
 
-// One group's affine map: x_hat = code * scale + min.
-struct Range {
-    float scale, min;
-};
-
-// The range of the n floats x[0], x[stride], ..., for codes 0..levels.
-Range fit(const float* x, int n, std::int64_t stride, int levels) {
-    float lo = x[0], hi = x[0];
-    for (int i = 1; i < n; i++) {
-        lo = std::min(lo, x[i * stride]);
-        hi = std::max(hi, x[i * stride]);
-    }
-    return {(hi - lo) / float(levels), lo};
-}
-
-unsigned encode(float x, Range r, int levels) {
-    if (r.scale == 0.0f) return 0;
-    float q = std::round((x - r.min) / r.scale);
-    // Written so that a NaN becomes code 0 rather than an undefined float-to-int conversion.
-    if (!(q > 0.0f)) q = 0.0f;
-    if (q > float(levels)) q = float(levels);
-    return unsigned(q);
-}
-
-float decode(unsigned code, Range r) { return float(code) * r.scale + r.min; }
-
 }  // namespace
-
-QuantRange quant_fit(const float* x, int n, std::int64_t stride, int bits) {
-    const Range r = fit(x, n, stride, (1 << bits) - 1);
-    return {r.scale, r.min};
-}
-
-unsigned quant_encode(float x, QuantRange r, int bits) { return encode(x, {r.scale, r.min}, (1 << bits) - 1); }
-
-float quant_decode(unsigned code, QuantRange r) { return decode(code, {r.scale, r.min}); }
 
 void QuantizedCache::put_code(std::uint8_t* codes, int i, unsigned code, int bits) {
     if (bits == 8) {
@@ -105,34 +70,34 @@ void QuantizedCache::reserve(int new_length) { assert(new_length <= config_.max_
 
 void QuantizedCache::quantize_row(const float* x, std::int64_t r, std::vector<std::uint8_t>& codes,
                                   std::vector<float>& scales, std::vector<float>& mins, float* mirror) {
-    const int hs = config_.head_size(), g = spec_.group, levels = (1 << spec_.bits) - 1;
+    const int hs = config_.head_size(), g = spec_.group;
     std::uint8_t* code_row = codes.data() + r * row_bytes_;
     float* out = mirror + r * hs;
     for (int gi = 0; gi < token_groups_; gi++) {
-        const Range range = fit(x + gi * g, g, 1, levels);
+        const QuantRange range = quant_fit(x + gi * g, g, 1, spec_.bits);
         scales[r * token_groups_ + gi] = range.scale;
         mins[r * token_groups_ + gi] = range.min;
         for (int d = gi * g; d < (gi + 1) * g; d++) {
-            const unsigned code = encode(x[d], range, levels);
+            const unsigned code = quant_encode(x[d], range, spec_.bits);
             put_code(code_row, d, code, spec_.bits);
-            out[d] = decode(get_code(code_row, d, spec_.bits), range);
+            out[d] = quant_decode(get_code(code_row, d, spec_.bits), range);
         }
     }
 }
 
 void QuantizedCache::quantize_key_group(int l, int h, int gi, const float* rows) {
-    const int hs = config_.head_size(), g = spec_.group, levels = (1 << spec_.bits) - 1;
+    const int hs = config_.head_size(), g = spec_.group;
     const std::int64_t meta = ((std::int64_t(l) * config_.n_kv_heads + h) * channel_groups_ + gi) * hs;
     for (int d = 0; d < hs; d++) {
         // Channel d over the group's positions: rows is [group, head_size], so stride head_size.
-        const Range range = fit(rows + d, g, hs, levels);
+        const QuantRange range = quant_fit(rows + d, g, hs, spec_.bits);
         k_scales_[meta + d] = range.scale;
         k_mins_[meta + d] = range.min;
         for (int i = 0; i < g; i++) {
             const std::int64_t r = row_index(l, h, gi * g + i);
             std::uint8_t* code_row = k_codes_.data() + r * row_bytes_;
-            put_code(code_row, d, encode(rows[i * hs + d], range, levels), spec_.bits);
-            k_mirror_[r * hs + d] = decode(get_code(code_row, d, spec_.bits), range);
+            put_code(code_row, d, quant_encode(rows[i * hs + d], range, spec_.bits), spec_.bits);
+            k_mirror_[r * hs + d] = quant_decode(get_code(code_row, d, spec_.bits), range);
         }
     }
 }

@@ -26,17 +26,8 @@
 
 namespace kvlab {
 
-// One group's affine quantization, the arithmetic every group of QuantizedCache uses (public so
-// that lessons/09-approximate's reference solution calls it): the range of the n floats x[0],
-// x[stride], ..., x[(n-1) * stride] for codes 0..2^bits - 1, and one value's code and
-// reconstruction (the formulas above).
-struct QuantRange {
-    float scale, min;
-};
-QuantRange quant_fit(const float* x, int n, std::int64_t stride, int bits);
-unsigned quant_encode(float x, QuantRange r, int bits);
-float quant_decode(unsigned code, QuantRange r);
-
+// One group's arithmetic (quant_fit, quant_encode, quant_decode) is kv_format.h's, shared with the
+// int8 and int4 KV formats and with lessons/09-approximate.
 struct QuantSpec {
     enum class Axis { per_token, per_channel };
     int bits = 8;                       // 8 or 4

@@ -83,8 +83,10 @@ MemoryStats WindowCache::memory() const {
     for (int t : owner_) resident_positions += t >= 0 && t < length();
     MemoryStats m;
     m.used_bytes = kv_bytes(config_, resident_positions, storage_.format);
-    m.payload_bytes = kv_bytes(config_, ring_size_, storage_.format);
-    m.metadata_bytes = std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size());
+    // An integer format's group scales live inside its rows: metadata, not payload.
+    m.payload_bytes = kv_bytes(config_, ring_size_, storage_.format) - storage_.group_scale_bytes();
+    m.metadata_bytes =
+        std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size()) + storage_.group_scale_bytes();
     m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
     m.allocated_bytes = storage_.bytes();
     return m;

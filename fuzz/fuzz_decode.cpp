@@ -3,7 +3,7 @@
 //
 // Input: u8 cache variant (one of the registry's exact ones, core/cache_factory.h, at its defaults),
 // u8 block size and KV format (1 + b % 8, for the variants with a block size; the format
-// kKVFormats[b / 8 % 5], for those that take one, else fp32), u8 prompt length P (1 + b % 8), u8 decode
+// kKVFormats[b / 8 % 7], for those that take one, else fp32), u8 prompt length P (1 + b % 8), u8 decode
 // steps D (b % 8), P + D token bytes (each taken mod vocab_size), then a llama2.c checkpoint.
 // Seeds: tiny `kvlab export` checkpoints behind a few headers (fuzz/make_seeds.cpp).
 // Checks, after the prefill and after every decode step:
@@ -57,8 +57,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::Input in(data, size);
     const Variant variant = exact[in.u8() % exact.size()];
     const int block_and_format = in.u8(), block_size = 1 + block_and_format % 8;
-    const KVFormat format =
-        variant_info(variant).kv_formats ? kKVFormats[std::size_t(block_and_format / 8 % 5)] : KVFormat::fp32;
+    const KVFormat format = variant_info(variant).kv_formats
+                                ? kKVFormats[std::size_t(block_and_format / 8) % std::size(kKVFormats)]
+                                : KVFormat::fp32;
     const int P = 1 + in.u8() % 8, D = in.u8() % 8;
     std::vector<int> tokens(std::size_t(P + D));
     for (int& t : tokens) t = in.u8();

@@ -144,19 +144,19 @@ KVLAB_HD inline void causal_attention_head(float* att, const float* q, const flo
 
 // Row is backend.h's RowKV (a template, so that this header needs only numerics.h and
 // kv_format.h): the row of (layer l, KV head h, slot s) is row l * layer_rows + h * head_rows + s
-// of its k and of its v, head_size elements of its format each (kv_format_bytes).
+// of its k and of its v, head_size elements of its format each (row_bytes bytes).
 
 // Element d of KV head h of row i's K and V (k, v: [rows, kv_dim]) into layer l at its write_slot,
-// stored in the row's format with layer l's scales (kv_store: fp32 as it is, a narrower format
-// as its code).
+// stored in the row's format with layer l's scales (kv_store_element: fp32 as it is, a narrower
+// format as its code, an integer format with its group's range fitted from the row's inputs).
 template <class Row>
 KVLAB_HD void store_kv_element(const Row* rows, int l, const float* k, const float* v, int kv_dim, int head_size,
                                int i, int h, int d) {
     const Row& r = rows[i];
     const std::int64_t at = r.row(l, h, r.write_slot);
-    const std::int64_t from = std::int64_t(i) * kv_dim + h * head_size + d;
-    kv_store(r.format, r.k_row(at, head_size), d, k[from], r.k_scale(l));
-    kv_store(r.format, r.v_row(at, head_size), d, v[from], r.v_scale(l));
+    const std::int64_t from = std::int64_t(i) * kv_dim + h * head_size;  // the head row's first input
+    kv_store_element(r.format, r.k_row(at), d, k + from, r.k_scale(l), r.group);
+    kv_store_element(r.format, r.v_row(at), d, v + from, r.v_scale(l), r.group);
 }
 
 // The inverse: element d of KV head h of row i's stored K and V at its write_slot of layer l,
@@ -167,8 +167,8 @@ KVLAB_HD void load_kv_element(const Row* rows, int l, float* k, float* v, int kv
     const Row& r = rows[i];
     const std::int64_t at = r.row(l, h, r.write_slot);
     const std::int64_t to = std::int64_t(i) * kv_dim + h * head_size + d;
-    k[to] = kv_load(r.format, r.k_row(at, head_size), d, r.k_scale(l));
-    v[to] = kv_load(r.format, r.v_row(at, head_size), d, r.v_scale(l));
+    k[to] = kv_load(r.format, r.k_row(at), d, r.k_scale(l), r.group);
+    v[to] = kv_load(r.format, r.v_row(at), d, r.v_scale(l), r.group);
 }
 
 // Cached attention, query row i of head h at layer l, exactly kernels.h attention_row: over
@@ -187,10 +187,10 @@ KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l,
     // of -1 holds nothing and reads NaN.
     const float ks = r.k_scale(l), vs = r.v_scale(l);
     auto key = [&](int t, int d) {
-        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.k_row(base + s[t], head_size), d, ks);
+        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.k_row(base + s[t]), d, ks, r.group);
     };
     auto value = [&](int t, int d) {
-        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.v_row(base + s[t], head_size), d, vs);
+        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.v_row(base + s[t]), d, vs, r.group);
     };
     auto score = [&](int t) {
         float x = 0.0f;

@@ -31,6 +31,7 @@ public:
             r.k = const_cast<float*>(k);  // only read
             r.v = const_cast<float*>(v);
             r.head_rows = 1;
+            r.row_bytes = std::int64_t(sizeof(float)) * c.head_size();  // fp32
             r.n = std::min(i + 1, T - 1) + 1;
             for (int j = 0; j < r.n; j++) slots[std::size_t(i) * T + j] = std::int64_t(j) * c.n_kv_heads;
         }
@@ -178,6 +179,36 @@ public:
     void truncate(int n) override { inner().truncate(n > 0 && n < length() ? n + 1 : n); }
 };
 
+// int-scale-prev-block: in a paged cache of an integer format, a block's first row is stored
+// with the group scales and minimums of the previous block's last row, as a kernel does that
+// indexes a per-block scale array with the block before. Codes stay right; host or device
+// memory alike (the bytes move through the storage's Memory).
+class ScalesFromPreviousBlock final : public ForwardingCache {
+public:
+    using ForwardingCache::ForwardingCache;
+    void stored(int l, std::span<const int> positions) override {
+        inner().stored(l, positions);
+        const auto* paged = dynamic_cast<const PagedCache*>(&inner());
+        const KVStorage& st = storage();
+        if (!paged || !kv_format_int(int(st.format))) return;
+        const int bs = paged->pool().block_size(), group = st.group();
+        const int group_bytes = kv_group_bytes(kv_int_bits(int(st.format)), group);
+        for (int pos : positions) {
+            if (pos == 0 || pos % bs != 0) continue;
+            for (int h = 0; h < config().n_kv_heads; h++)
+                for (const Buffer<std::uint8_t>* tensor : {&st.k, &st.v}) {
+                    std::uint8_t* to = tensor->data() + st.row(l, h, slot(pos)) * st.row_bytes();
+                    const std::uint8_t* from = tensor->data() + st.row(l, h, slot(pos - 1)) * st.row_bytes();
+                    for (int g = 0; g < st.head_size / group; g++) {
+                        std::uint8_t meta[8];  // the group's scale and minimum
+                        st.memory().download(meta, from + g * group_bytes, sizeof meta);
+                        st.memory().upload(to + g * group_bytes, meta, sizeof meta);
+                    }
+                }
+        }
+    }
+};
+
 // ----------------------------------------------------------------------------------------------
 // Pool overrides
 
@@ -263,6 +294,7 @@ std::unique_ptr<Cache> planted_cache(Mutant m, Cache& inner) {
         case Mutant::stale_prefix: return std::make_unique<ForgetsTokens>(inner);
         case Mutant::rollback_keeps_length: return std::make_unique<RollbackKeepsLength>(inner);
         case Mutant::spec_rollback_short: return std::make_unique<RollbackShort>(inner);
+        case Mutant::int_scale_prev_block: return std::make_unique<ScalesFromPreviousBlock>(inner);
         default: return nullptr;
     }
 }

@@ -50,6 +50,7 @@ enum class Mutant {
     bf16_truncates,         // bf16 cache: the store truncates to 16 bits instead of rounding
     fp16_overflow_inf,      // fp16 cache: a finite value past 65504 is stored as infinity
     prefix_keeps_format,    // prefix cache: a pool switched to another format keeps its cached blocks
+    int_scale_prev_block,   // int8/int4 paged cache: a block's first row gets the previous block's group scales
 };
 
 struct MutantInfo {
@@ -59,7 +60,7 @@ struct MutantInfo {
     std::string_view check;  // the verify check that must catch it (verify.cpp)
 };
 
-inline constexpr std::array<MutantInfo, 16> kMutants{{
+inline constexpr std::array<MutantInfo, 17> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -78,6 +79,8 @@ inline constexpr std::array<MutantInfo, 16> kMutants{{
     {Mutant::fp16_overflow_inf, "fp16-overflow-inf", "fp16 overflow stored as infinity, not saturated", "format-fp16"},
     {Mutant::prefix_keeps_format, "prefix-keeps-format",
      "a prefix hit maps blocks written in another KV format (a format switch keeps the prefix cache)", "format-switch"},
+    {Mutant::int_scale_prev_block, "int-scale-prev-block",
+     "a paged block's first row gets the previous block's group scales (int8, int4)", "format-int8"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
@@ -88,7 +91,8 @@ std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner);
 std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner);
 // A cached decoder's plan transform (rope-decode-off, gqa-modulo, batch-mixes-blocks).
 std::function<void(StepPlan&)> planted_transform(Mutant m);
-// A cache of any variant (stale-prefix, rollback-keeps-length, spec-rollback-short).
+// A cache of any variant (stale-prefix, rollback-keeps-length, spec-rollback-short,
+// int-scale-prev-block).
 std::unique_ptr<Cache> planted_cache(Mutant m, Cache& inner);
 // A block pool: planted for slot-wrong-block, cow-no-copy, hash-ignores-model and
 // prefix-keeps-format, a correct

@@ -675,6 +675,8 @@ std::uint32_t oracle_code(KVFormat format, float x) {
         case KVFormat::fp16: return proofs::oracle_encode(kFp16, oracle_table(kFp16), x);
         case KVFormat::fp8_e5m2: return proofs::oracle_encode(kFp8E5M2, oracle_table(kFp8E5M2), x);
         case KVFormat::fp8_e4m3: return proofs::oracle_encode(kFp8E4M3, oracle_table(kFp8E4M3), x);
+        case KVFormat::int8:
+        case KVFormat::int4: break;  // a code of its group: IntGroupOracle
     }
     return 0;
 }
@@ -693,6 +695,25 @@ float oracle_stored(KVFormat format, float x) {
     if (m.inf) return m.negative ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
     return float(m.value);  // exact: every value of these formats is an fp32
 }
+
+// One group of an integer format by its definition (kv_format.h, "Integer formats"), written
+// with the standard library rather than kvlab's functions: the range by min_element and
+// max_element (the first of equals, as kvlab's comparisons keep), codes by std::round and a
+// clamp, the value as code * scale + min.
+struct IntGroupOracle {
+    float scale = 0, min = 0;
+    std::vector<unsigned> codes;
+    IntGroupOracle(const float* x, int n, int bits) {
+        const float levels = float((1 << bits) - 1);
+        min = *std::min_element(x, x + n);
+        scale = (*std::max_element(x, x + n) - min) / levels;
+        for (int j = 0; j < n; j++) {
+            const float q = scale == 0.0f ? 0.0f : std::round((x[j] - min) / scale);
+            codes.push_back(std::isnan(q) ? 0u : unsigned(std::clamp(q, 0.0f, levels)));
+        }
+    }
+    float value(int j) const { return float(codes[std::size_t(j)]) * scale + min; }
+};
 
 // -- store_kv, then load_kv: row i's K and V (k, v: [n_rows, kv_dim]) into its cache (i % caches)
 // at layer l, at its write slot (distinct within a cache), stored in `format` with layer l's
@@ -722,10 +743,15 @@ void run_store_kv(const Case& k, const Backends& backends) {
         rows[std::size_t(i)].layer_rows = st.layer_rows;
         rows[std::size_t(i)].head_rows = st.head_rows;
         rows[std::size_t(i)].format = int(format);
+        rows[std::size_t(i)].row_bytes = kv_row_bytes(int(format), hs);
+        rows[std::size_t(i)].group = kv_row_group(int(format), hs);
     }
-    // Storage in words of 4 bytes: each cache's K and V hold st.n_floats elements of `eb` bytes.
-    const int eb = kv_format_bytes(int(format));
-    const std::int64_t n_bytes = st.n_floats * eb, n_words = (n_bytes + 3) / 4;
+    // Storage in words of 4 bytes: each cache's K and V hold st.n_floats / hs rows of rb bytes
+    // (a float format's elements are eb bytes each).
+    const bool integer = kv_format_int(int(format));
+    const int eb = integer ? 1 : kv_format_bytes(int(format));
+    const std::int64_t rb = kv_row_bytes(int(format), hs);
+    const std::int64_t n_bytes = st.n_floats / hs * rb, n_words = (n_bytes + 3) / 4;
     std::vector<std::vector<float>> init;     // [caches * 2] K then V of each cache, [n_words]
     std::vector<std::vector<char>> writable;  // the same shape: the words a stored row touches
     for (int s = 0; s < 2 * st.caches; s++) {
@@ -735,7 +761,7 @@ void run_store_kv(const Case& k, const Backends& backends) {
     for (int i = 0; i < n_rows; i++)
         for (int h = 0; h < c.n_kv_heads; h++)
             for (int kv = 0; kv < 2; kv++) {
-                const std::int64_t from = st.at(l, h, rows[std::size_t(i)].write_slot, hs) * eb, to = from + hs * eb;
+                const std::int64_t from = st.at(l, h, rows[std::size_t(i)].write_slot, hs) / hs * rb, to = from + rb;
                 std::fill(writable[std::size_t(2 * (i % st.caches) + kv)].begin() + from / 4,
                           writable[std::size_t(2 * (i % st.caches) + kv)].begin() + (to + 3) / 4, 1);
             }
@@ -754,6 +780,29 @@ void run_store_kv(const Case& k, const Backends& backends) {
     auto want_value = [&](int kv, float x) {
         const float s = scale_of(kv), v = oracle_stored(format, x / s);
         return s == 1.0f ? v : v * s;
+    };
+    // An integer format's row by the group oracle: its bytes (padding left out) and its values.
+    const int group = kv_row_group(int(format), hs);
+    auto int_row = [&](const float* x, std::vector<std::pair<std::int64_t, std::uint8_t>>* bytes, float* values) {
+        const int bits = format == KVFormat::int8 ? 8 : 4;
+        std::int64_t at = 0;  // the group's first byte in the row
+        for (int g0 = 0; g0 < hs; g0 += group) {
+            const IntGroupOracle o(x + g0, group, bits);
+            std::uint8_t meta[8];
+            std::memcpy(meta, &o.scale, 4);
+            std::memcpy(meta + 4, &o.min, 4);
+            for (int b = 0; b < 8; b++) bytes->emplace_back(at + b, meta[b]);
+            for (int j = 0; j < group; j++) {
+                values[g0 + j] = o.value(j);
+                if (bits == 8)
+                    bytes->emplace_back(at + 8 + j, std::uint8_t(o.codes[std::size_t(j)]));
+                else if (j % 2 == 0)
+                    bytes->emplace_back(at + 8 + j / 2,
+                                        std::uint8_t(o.codes[std::size_t(j)] |
+                                                     (j + 1 < group ? o.codes[std::size_t(j + 1)] : 0u) << 4));
+            }
+            at += 8 + ((group * bits + 7) / 8 + 3) / 4 * 4;
+        }
     };
     run_on_backends(
         k, m, backends,
@@ -782,27 +831,42 @@ void run_store_kv(const Case& k, const Backends& backends) {
                 std::memcpy(want.data(), init[std::size_t(s)].data(), want.size());
                 std::memcpy(got.data(), o[std::size_t(s)].second.data(), got.size());
                 for (int i = s / 2; i < n_rows; i += st.caches)
-                    for (int h = 0; h < c.n_kv_heads; h++)
-                        for (int d = 0; d < hs; d++) {
-                            const std::uint32_t code =
-                                want_code(s % 2, (s % 2 ? new_v : new_k)[std::size_t(i) * kv_dim + h * hs + d]);
-                            const std::int64_t at = (st.at(l, h, rows[std::size_t(i)].write_slot, hs) + d) * eb;
-                            std::memcpy(want.data() + at, &code, std::size_t(eb));  // little-endian
+                    for (int h = 0; h < c.n_kv_heads; h++) {
+                        const std::int64_t row = st.at(l, h, rows[std::size_t(i)].write_slot, hs) / hs * rb;
+                        const float* x = (s % 2 ? new_v : new_k).data() + std::size_t(i) * kv_dim + h * hs;
+                        if (integer) {
+                            std::vector<std::pair<std::int64_t, std::uint8_t>> bytes;
+                            std::vector<float> values(std::size_t(hs), 0.0f);  // [head_size]
+                            int_row(x, &bytes, values.data());
+                            for (const auto& [b, byte] : bytes) want[std::size_t(row + b)] = byte;
+                            continue;
                         }
+                        for (int d = 0; d < hs; d++) {
+                            const std::uint32_t code = want_code(s % 2, x[d]);
+                            std::memcpy(want.data() + row + std::int64_t(d) * eb, &code,
+                                        std::size_t(eb));  // little-endian
+                        }
+                    }
                 for (std::size_t b = 0; b < want.size(); b++)
                     if (want[b] != got[b])
                         kvlab::fail(
-                            fmt::format("store_kv row: {} of cache {}: byte {} (element {} in {}) is 0x{:02x}, "
+                            fmt::format("store_kv row: {} of cache {}: byte {} (row {} of {} B in {}) is 0x{:02x}, "
                                         "the format oracle's is 0x{:02x}",
-                                        s % 2 ? "V" : "K", s / 2, b, std::int64_t(b) / eb, kv_format_name(format),
+                                        s % 2 ? "V" : "K", s / 2, b, std::int64_t(b) / rb, rb, kv_format_name(format),
                                         got[b], want[b]));
             }
             // Read back: the value of each stored element, as the oracle means its code.
             for (int kv = 0; kv < 2; kv++) {
                 const std::vector<float>& got = o[std::size_t(2 * st.caches + kv)].second;
                 const std::vector<float>& x = kv ? new_v : new_k;
+                std::vector<float> int_values(x.size(), 0.0f);  // [n_rows, kv_dim] integer formats' reads
+                if (integer) {
+                    std::vector<std::pair<std::int64_t, std::uint8_t>> unused;
+                    for (std::size_t r0 = 0; r0 < x.size(); r0 += std::size_t(hs))
+                        int_row(x.data() + r0, &unused, int_values.data() + r0);
+                }
                 for (std::size_t e = 0; e < got.size(); e++) {
-                    const float w = want_value(kv, x[e]);
+                    const float w = integer ? int_values[e] : want_value(kv, x[e]);
                     if (float_bits(got[e]) != float_bits(w))
                         kvlab::fail(
                             fmt::format("store_kv row {}: {} element {} reads back as 0x{:08x}, the row's "
@@ -840,6 +904,7 @@ void run_attention(const Case& k, const Backends& backends) {
         RowKV& r = rows[std::size_t(i)];
         r.layer_rows = st.layer_rows;
         r.head_rows = st.head_rows;
+        r.row_bytes = std::int64_t(sizeof(float)) * hs;  // fp32
         r.n = val.uniform(1, max_n);
         for (int t = 0; t < r.n; t++) {
             const bool hole = holes && val.uniform(0, 8) == 0;
@@ -995,7 +1060,11 @@ const std::vector<KernelEntry>& kernel_table() {
           "n_heads=2 n_kv_heads=2 head_size=8 n_slots=4 n_rows=4 layout=seq format=fp8-e5m2",
           "n_heads=2 n_kv_heads=2 head_size=8 n_slots=4 n_rows=4 format=fp8-e4m3 values=nonfinite",
           "n_layers=2 layer=1 n_heads=2 n_kv_heads=1 head_size=3 n_slots=5 n_rows=3 format=fp8-e4m3 scaled=1",
-          "n_heads=2 n_kv_heads=2 head_size=5 n_slots=3 n_rows=2 layout=seq caches=2 format=fp8-e5m2 scaled=1"},
+          "n_heads=2 n_kv_heads=2 head_size=5 n_slots=3 n_rows=2 layout=seq caches=2 format=fp8-e5m2 scaled=1",
+          "n_heads=4 n_kv_heads=2 head_size=8 n_slots=6 n_rows=5 format=int8",
+          "n_heads=2 n_kv_heads=1 head_size=12 n_slots=4 n_rows=3 layout=seq caches=2 format=int4",
+          "n_heads=2 n_kv_heads=2 head_size=7 n_slots=3 n_rows=2 format=int4 values=nonfinite",
+          "n_heads=2 n_kv_heads=2 head_size=6 n_slots=4 n_rows=4 format=int8 values=nonfinite"},
          [] {
              Case c("store_kv");
              c.set("n_layers", pick(1, 3));
@@ -1003,7 +1072,8 @@ const std::vector<KernelEntry>& kernel_table() {
              draw_heads(c, 4, 12);
              c.set("n_slots", pick(1, 10)).set("layout", pick({"head", "seq"})).set("caches", pick(1, 2));
              c.set("n_rows", pick(1, std::min(6, c.get("caches") * c.get("n_slots"))));
-             c.set("format", pick({"fp32", "bf16", "fp16", "fp8-e5m2", "fp8-e4m3"})).set("scaled", pick(0, 1));
+             c.set("format", pick({"fp32", "bf16", "fp16", "fp8-e5m2", "fp8-e4m3", "int8", "int4"}))
+                 .set("scaled", pick(0, 1));
              return draw_values(c);
          },
          run_store_kv},

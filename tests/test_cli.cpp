@@ -259,7 +259,7 @@ TEST_CASE("kvlab generate --kv-format decodes greedily as the demo's format-awar
     CHECK(tokens["fp8-e5m2"] != tokens["fp32"]);
     const Run bad = run_kvlab("generate --steps 2 --kv-format int3");
     CHECK(bad.exit_code != 0);
-    CHECK(bad.err == "kvlab: error: unknown KV format 'int3' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)\n");
+    CHECK(bad.err == "kvlab: error: unknown KV format 'int3' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4)\n");
 }
 
 TEST_CASE("kvlab speculate --kv-format: speculative decoding in a format gives that format's greedy decode",
@@ -343,8 +343,9 @@ TEST_CASE("kvlab demo --kv-format on stories260K: each format stays within the d
         double max_abs, kl;
         int same_top1;  // of 201 steps, at least
     };
-    for (const Bound& b : {Bound{"bf16", 0.3, 1e-3, 201}, Bound{"fp16", 0.05, 1e-4, 201},
-                           Bound{"fp8-e5m2", 15.0, 1.0, 170}, Bound{"fp8-e4m3", 12.0, 0.3, 185}}) {
+    for (const Bound& b :
+         {Bound{"bf16", 0.3, 1e-3, 201}, Bound{"fp16", 0.05, 1e-4, 201}, Bound{"fp8-e5m2", 15.0, 1.0, 170},
+          Bound{"fp8-e4m3", 12.0, 0.3, 185}, Bound{"int8", 3.5, 0.2, 190}, Bound{"int4", 24.0, 10.0, 110}}) {
         const Run r =
             run_kvlab("demo --model " + model + " --tokenizer " + tok + " --steps 200 --json --kv-format " + b.format);
         INFO(b.format << ": " << r.err);
@@ -432,7 +433,7 @@ TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + wi
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
-    CHECK(r.out.find("mutants caught 16 of 16 (kill rate 100%)") != std::string::npos);
+    CHECK(r.out.find("mutants caught 17 of 17 (kill rate 100%)") != std::string::npos);
     CHECK(r.out.find("bitwise equal while T <= sinks + window; differs beyond") != std::string::npos);
     const Run j = run_kvlab("verify prefix-shared --cases 20 --json");
     REQUIRE(j.exit_code == 0);
@@ -562,7 +563,7 @@ TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and chec
     const nlohmann::json j = nlohmann::json::parse(one.out);
     CHECK(j["device"] == "gpu-host");
     CHECK(j["all_ok"] == true);
-    CHECK(j["rows"].size() == 15);  // 10 variants and scenarios, 4 KV formats, format-switch
+    CHECK(j["rows"].size() == 17);  // 10 variants and scenarios, 6 KV formats, format-switch
     const Run two = run_kvlab("verify paged --device cpu,gpu-host --cases 20");
     INFO(two.out << two.err);
     CHECK(two.exit_code == 0);
@@ -598,7 +599,18 @@ TEST_CASE("kvlab bench --kv-format: bytes per token and decode speed per format,
     const kvlab::Config c = kvlab::Config::parse(kTiny, kvlab::Config{});
     for (const auto& row : j["formats"]) {
         const kvlab::KVFormat f = kvlab::parse_kv_format(row["kv_format"].get<std::string>());
-        const std::int64_t per_token = 2ll * kvlab::kv_format_bytes(int(f)) * c.n_layers * c.kv_dim();
+        // A row of head_size: float formats' elements; an integer format's groups (the largest divisor
+        // of head_size up to 32), each an fp32 scale and minimum and its codes padded to 4 bytes.
+        std::int64_t row_bytes = 0;
+        if (f == kvlab::KVFormat::int8 || f == kvlab::KVFormat::int4) {
+            int group = std::min(32, c.head_size());
+            while (c.head_size() % group) group--;
+            const int code_bytes = f == kvlab::KVFormat::int8 ? group : (group + 1) / 2;
+            row_bytes = std::int64_t(c.head_size() / group) * (8 + (code_bytes + 3) / 4 * 4);
+        } else {
+            row_bytes = std::int64_t(kvlab::kv_format_bytes(int(f))) * c.head_size();
+        }
+        const std::int64_t per_token = 2ll * row_bytes * c.n_layers * c.n_kv_heads;
         CHECK(row["bytes_per_token"] == per_token);
         CHECK(row["kv_bytes"] == per_token * row["T"].get<std::int64_t>());
         CHECK(row["decode_tokens_per_second"].get<double>() > 0);

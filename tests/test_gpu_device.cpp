@@ -93,7 +93,7 @@ TEST_CASE("gpu: caches in every KV format (codes on the device) decode as the CP
     rc::prop("CPU format-aware naive = CPU cached = CUDA naive = CUDA cached, graphs on, fp8 with scales", [] {
         const auto [c, seed, tokens, prompt_len] = test::gen_decode_case();
         const Model m = random_model(c, seed);
-        const KVFormat format = kKVFormats[std::size_t(*rc::gen::inRange(1, 5))];
+        const KVFormat format = kKVFormats[std::size_t(*rc::gen::inRange(1, int(std::size(kKVFormats))))];
         std::vector<float> scales;
         if (kv_format_scaled(int(format)))
             for (int i = 0; i < 2 * c.n_layers; i++) scales.push_back(float(*rc::gen::inRange(1, 64)) / 16.0f);

@@ -199,7 +199,8 @@ enum class NaiveAs { cache, fp32, unscaled };
 void format_property(NaiveAs as) {
     const Config c = draw_config(2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = kKVFormats[std::size_t(as == NaiveAs::unscaled ? draw(3, 4) : draw(1, 4))];
+    const int n_formats = int(std::size(kKVFormats));
+    const KVFormat format = kKVFormats[std::size_t(as == NaiveAs::unscaled ? draw(3, 4) : draw(1, n_formats - 1))];
     const bool scaled = kv_format_scaled(int(format)) && (as == NaiveAs::unscaled || draw(0, 1));
     const std::vector<float> scales = scaled ? draw_scales(c) : std::vector<float>{};
     const bool on_gpu_host = draw(0, 1);
@@ -262,7 +263,8 @@ TEST_CASE("KV formats: a variant that stores fp32 only, or a non-empty cache, re
     CHECK_THROWS_WITH(paged.set_kv_format(KVFormat::fp8_e4m3), Catch::Contains("BlockPool::set_kv_format"));
     paged.append(std::vector<int>{1});  // a block in use
     CHECK_THROWS_WITH(pool.set_kv_format(KVFormat::bf16), Catch::Contains("only while no block is used"));
-    CHECK_THROWS_WITH(parse_kv_format("fp8"), "unknown KV format 'fp8' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)");
+    CHECK_THROWS_WITH(parse_kv_format("fp8"),
+                      "unknown KV format 'fp8' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4)");
     for (KVFormat f : kKVFormats) CHECK(parse_kv_format(kv_format_name(f)) == f);
 }
 
@@ -314,7 +316,7 @@ private:
 // it reports with the allocator; "" when they agree. mirror: the counter-test's cache instead.
 std::string memory_mismatch(bool mirror) {
     const Config c = draw_config(2);
-    const KVFormat format = kKVFormats[std::size_t(draw(0, 4))];
+    const KVFormat format = kKVFormats[std::size_t(draw(0, int(std::size(kKVFormats)) - 1))];
     const std::vector<float> scales =
         kv_format_scaled(int(format)) && draw(0, 1) ? draw_scales(c) : std::vector<float>{};
     CountingMemory memory;
@@ -338,9 +340,21 @@ std::string memory_mismatch(bool mirror) {
     }
     // The pool's memory is the blocks of every sequence; a cache's own, its rows alone.
     const MemoryStats ms = fc.pool ? fc.pool->memory() : fc.cache->memory();
-    const std::int64_t per_element = kv_format_bytes(int(format));
+    // A row's code bytes and its metadata: a float format's elements; an integer format's groups
+    // (the largest divisor of head_size up to 32), codes padded to 4 bytes, an fp32 scale and min.
+    const int hs = c.head_size();
+    std::int64_t row_codes = std::int64_t(hs) *
+                             (format == KVFormat::int8 || format == KVFormat::int4 ? 0 : kv_format_bytes(int(format))),
+                 row_meta = 0;
+    if (format == KVFormat::int8 || format == KVFormat::int4) {
+        int group = std::min(32, hs);
+        while (hs % group) group--;
+        const int bytes = format == KVFormat::int8 ? group : (group + 1) / 2;
+        row_codes = std::int64_t(hs / group) * ((bytes + 3) / 4 * 4);
+        row_meta = std::int64_t(hs / group) * 2 * std::int64_t(sizeof(float));
+    }
     const std::int64_t rows = fc.cache->storage().n_rows,
-                       scale_bytes = std::int64_t(sizeof(float)) * std::int64_t(scales.size());
+                       scale_bytes = std::int64_t(sizeof(float)) * std::int64_t(scales.size()) + 2 * rows * row_meta;
     const std::string where = fmt::format("{} ({} positions, {}): ", fc.name, n, c.describe());
     if (ms.allocated_bytes != memory.live())
         return where + fmt::format("memory() says {} bytes allocated, the allocator holds {}", ms.allocated_bytes,
@@ -348,12 +362,12 @@ std::string memory_mismatch(bool mirror) {
     if (ms.reserved_bytes != memory.live())
         return where +
                fmt::format("memory() says {} bytes reserved, the allocator holds {}", ms.reserved_bytes, memory.live());
-    if (ms.payload_bytes != 2 * rows * c.head_size() * per_element || ms.metadata_bytes != scale_bytes)
+    if (ms.payload_bytes != 2 * rows * row_codes || ms.metadata_bytes != scale_bytes)
         return where + fmt::format(
-                           "payload {} and metadata {} bytes, but {} rows of {} codes of {} bytes (K and V) "
-                           "and {} scales are {} and {}",
-                           ms.payload_bytes, ms.metadata_bytes, rows, c.head_size(), per_element, scales.size(),
-                           2 * rows * c.head_size() * per_element, scale_bytes);
+                           "payload {} and metadata {} bytes, but {} rows of {} code bytes and {} of group "
+                           "scales (K and V) and {} layer scales are {} and {}",
+                           ms.payload_bytes, ms.metadata_bytes, rows, row_codes, row_meta, scales.size(),
+                           2 * rows * row_codes, scale_bytes);
     if (!fc.pool && ms.used_bytes != kv_bytes(c, n, format))
         return where + fmt::format("used {} bytes, {} positions of {} hold {}", ms.used_bytes, n,
                                    kv_format_name(format), kv_bytes(c, n, format));
@@ -382,8 +396,7 @@ TEST_CASE("KV formats counter-test: a cache that keeps an fp32 copy besides its 
 
 TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code, with and without a scale",
           "[kv-format]") {
-    for (KVFormat f : kKVFormats) {
-        if (f == KVFormat::fp32) continue;
+    for (KVFormat f : kFloatKVFormats) {
         const int bits = 8 * kv_format_bytes(int(f));
         const std::size_t n = std::size_t(1) << bits;
         std::vector<std::uint16_t> wide(n);   // [n] every code once, 16-bit formats
@@ -403,6 +416,22 @@ TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code,
             CHECK(wrong == 0);
         }
     }
+}
+
+TEST_CASE("KV formats: the CPU's row decode of an integer row gives kv_load's bits, every group, any bytes",
+          "[kv-format]") {
+    rc::prop("int8 and int4 rows of head_size 1..96 holding random bytes (any scale, minimum and code)", [] {
+        const KVFormat f = draw(0, 1) ? KVFormat::int8 : KVFormat::int4;
+        const int hs = draw(1, 96), group = kv_int_group(hs);
+        std::vector<std::uint32_t> words(static_cast<std::size_t>(kv_row_bytes(int(f), hs) / 4));  // [row_bytes / 4]
+        for (std::uint32_t& w : words) w = *rc::gen::arbitrary<std::uint32_t>();
+        std::vector<float> got(static_cast<std::size_t>(hs));  // [head_size]
+        decode_kv_row(int(f), words.data(), hs, 1.0f, got.data(), group);
+        for (int d = 0; d < hs; d++) {
+            const float want = kv_load(int(f), words.data(), d, 1.0f, group);
+            RC_ASSERT(float_bits(got[std::size_t(d)]) == float_bits(want));
+        }
+    });
 }
 
 TEST_CASE(

@@ -238,6 +238,17 @@ TEST_CASE("session in a KV format: exact, and the bits panel's K row is what lay
                 REQUIRE(int(st->k_held.size()) == hs);
                 for (int d = 0; d < hs; d++) {
                     const float x = st->k_fp32[std::size_t(d)];
+                    if (kv_format_int(int(f))) {
+                        // The code in its group's range, fitted from the fp32 row; the cache holds its value.
+                        const int group = kv_int_group(hs), bits = kv_int_bits(int(f));
+                        const QuantRange r = quant_fit(st->k_fp32.data() + d / group * group, group, 1, bits);
+                        REQUIRE(int(st->k_groups.size()) == hs);
+                        CHECK(float_bits(st->k_groups[std::size_t(d)].scale) == float_bits(r.scale));
+                        CHECK(st->k_codes[std::size_t(d)] == quant_encode(x, r, bits));
+                        CHECK(float_bits(st->k_held[std::size_t(d)]) ==
+                              float_bits(quant_decode(quant_encode(x, r, bits), r)));
+                        continue;
+                    }
                     // The code is the format's conversion of the fp32 value, and the cache holds its value.
                     const std::uint32_t want =
                         f == KVFormat::fp32 ? float_bits(x) : encode_float(float_format(int(f)), x);

@@ -52,8 +52,10 @@ TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, ba
     for (const char* name : {"prefix-shared", "fork", "rollback", "batch"}) check_rows(name);
 }
 
-TEST_CASE("exact KV formats: bf16, fp16 and fp8 caches equal the format-aware naive decode", "[verify][exact]") {
-    for (const char* name : {"format-bf16", "format-fp16", "format-fp8-e5m2", "format-fp8-e4m3", "format-switch"})
+TEST_CASE("exact KV formats: bf16, fp16, fp8, int8 and int4 caches equal the format-aware naive decode",
+          "[verify][exact]") {
+    for (const char* name : {"format-bf16", "format-fp16", "format-fp8-e5m2", "format-fp8-e4m3", "format-int8",
+                             "format-int4", "format-switch"})
         check_rows(name);
 }
 
@@ -113,6 +115,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"format-fp16", "exact"},
                                                                     {"format-fp8-e5m2", "exact"},
                                                                     {"format-fp8-e4m3", "exact"},
+                                                                    {"format-int8", "exact"},
+                                                                    {"format-int4", "exact"},
                                                                     {"format-switch", "exact"},
                                                                     {"quantized-int8-kivi", "approximate"},
                                                                     {"quantized-int8-token", "approximate"},
@@ -123,6 +127,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"format-fp16-drift", "approximate"},
                                                                     {"format-fp8-e5m2-drift", "approximate"},
                                                                     {"format-fp8-e4m3-drift", "approximate"},
+                                                                    {"format-int8-drift", "approximate"},
+                                                                    {"format-int4-drift", "approximate"},
                                                                     {"mask-off-by-one", "mutant"},
                                                                     {"read-before-write", "mutant"},
                                                                     {"rope-decode-off", "mutant"},
@@ -138,7 +144,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"fp8-scale-twice", "mutant"},
                                                                     {"bf16-truncates", "mutant"},
                                                                     {"fp16-overflow-inf", "mutant"},
-                                                                    {"prefix-keeps-format", "mutant"}};
+                                                                    {"prefix-keeps-format", "mutant"},
+                                                                    {"int-scale-prev-block", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {

@@ -238,8 +238,19 @@ void Session::run() {
         const float scale = kv_format_scaled(f) ? a.storage().scale(0, 0) : 1.0f;
         st.k_scale = scale;
         st.k_fp32.assign(k.begin(), k.begin() + hs);
-        for (float v : st.k_fp32)
-            st.k_codes.push_back(f == int(KVFormat::fp32) ? float_bits(v) : encode_float(float_format(f), v / scale));
+        if (kv_format_int(f)) {
+            // Each element's group, fitted from the row as the store fits it.
+            const int group = kv_int_group(hs), bits = kv_int_bits(f);
+            for (int d = 0; d < hs; d++) {
+                const QuantRange r = quant_fit(st.k_fp32.data() + d / group * group, group, 1, bits);
+                st.k_groups.push_back(r);
+                st.k_codes.push_back(quant_encode(st.k_fp32[std::size_t(d)], r, bits));
+            }
+        } else {
+            for (float v : st.k_fp32)
+                st.k_codes.push_back(f == int(KVFormat::fp32) ? float_bits(v)
+                                                              : encode_float(float_format(f), v / scale));
+        }
         if (a.storage().memory().host_visible()) {
             const float* held = a.key(0, 0, pos);
             st.k_held.assign(held, held + hs);

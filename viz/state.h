@@ -110,7 +110,7 @@ struct Step {
     double cached_seconds = 0, naive_seconds = 0;
     std::uint64_t cached_flops = 0, naive_flops = 0;
     std::int64_t kv_reserved_bytes = 0;  // what the caches hold (MemoryStats, summed)
-    std::int64_t kv_used_bytes = 0;      // fp32 K and V of the valid positions
+    std::int64_t kv_used_bytes = 0;      // K and V of the valid positions, in the cache's format
 
     // A's newest row: attention weights per layer and head over the positions it attended.
     std::vector<int> attended;     // [n_attended] logical positions, increasing
@@ -123,6 +123,8 @@ struct Step {
     std::vector<std::uint32_t> k_codes;  // [head_size]
     std::vector<float> k_held;           // [head_size] or empty
     float k_scale = 1;                   // layer 0's K scale (fp8; 1 otherwise)
+    // Integer formats: each element's group's scale and minimum (its value: code * scale + min).
+    std::vector<QuantRange> k_groups;  // [head_size] or empty
     std::vector<Exactness> exact;  // one per live sequence that ran this step
     std::string note;              // a message for this step ("pool exhausted: C stopped")
 };

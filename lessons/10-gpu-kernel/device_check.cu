@@ -121,6 +121,7 @@ bool one_case(int index) {
         }
         rows[std::size_t(i)].layer_rows = layer_rows;
         rows[std::size_t(i)].head_rows = head_rows;
+        rows[std::size_t(i)].row_bytes = std::int64_t(sizeof(float)) * head_size;  // fp32
         rows[std::size_t(i)].n = n;
     }
     std::vector<int> kv_head(static_cast<std::size_t>(n_heads));

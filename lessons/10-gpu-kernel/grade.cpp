@@ -188,6 +188,7 @@ KernelCase draw_kernel_case() {
         r.v = v.data();
         r.layer_rows = layer_rows;
         r.head_rows = head_rows;
+        r.row_bytes = std::int64_t(sizeof(float)) * kc.head_size;  // fp32
         r.n = n;
     }
     return kc;

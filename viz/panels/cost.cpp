@@ -228,9 +228,12 @@ void draw_cost(const Frame& f) {
                        bytes(double(cur.kv_used_bytes)).c_str());
     ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled(
-        "formula: %" PRId64 " B/token (2 x n_layers %d x kv_dim %d x %d B, %s) x T %d = %s", info.kv_bytes_per_token,
-        info.config.n_layers, info.config.n_heads > 0 ? info.config.kv_dim() : 0, kv_format_bytes(int(info.kv_format)),
-        kv_format_name(info.kv_format), cur.length, bytes(double(info.kv_bytes_per_token) * cur.length).c_str());
+        "formula: %" PRId64 " B/token (2 x n_layers %d x n_kv_heads %d x %" PRId64
+        " B a row of head_size %d, %s) x T %d = %s",
+        info.kv_bytes_per_token, info.config.n_layers, info.config.n_kv_heads,
+        info.config.n_heads > 0 ? kv_row_bytes(int(info.kv_format), info.config.head_size()) : std::int64_t(0),
+        info.config.n_heads > 0 ? info.config.head_size() : 0, kv_format_name(info.kv_format), cur.length,
+        bytes(double(info.kv_bytes_per_token) * cur.length).c_str());
     ImGui::PopTextWrapPos();
 
     // Why the reservation has the shape it has, per variant.

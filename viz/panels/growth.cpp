@@ -92,16 +92,18 @@ void draw_growth(const Frame& f) {
         "writes one column, and reads the earlier columns instead of recomputing them.\n\n"
         "Window variant: positions that are neither attention sinks nor in the sliding window are "
         "evicted; their slots hold newer positions.");
-    const int eb = kv_format_bytes(int(f.info->kv_format));  // bytes per element: 4 for fp32
-    const std::int64_t per_pos = 2LL * eb * cfg.n_layers * cfg.kv_dim();
+    // Bytes of one stored row (fp32: 4 B x head_size; an integer format's group scales included).
+    const std::int64_t row_bytes = kv_row_bytes(int(f.info->kv_format), cfg.head_size());
+    const std::int64_t per_pos = 2LL * row_bytes * cfg.n_layers * cfg.n_kv_heads;
     ImGui::PushTextWrapPos(0.0f);
     ImGui::Text("T = %d of %d positions; A's K and V: %s = T x %lld B", s.length, N,
                 bytes_text(per_pos * s.length).c_str(), static_cast<long long>(per_pos));
     ImGui::TextDisabled(
-        "per position: 2 (K, V) x %d B (%s) x %d layers x %d KV heads x %d head_size; all caches: %s used, %s "
-        "reserved",
-        eb, kv_format_name(f.info->kv_format), cfg.n_layers, cfg.n_kv_heads, cfg.head_size(),
-        bytes_text(s.kv_used_bytes).c_str(), bytes_text(s.kv_reserved_bytes).c_str());
+        "per position: 2 (K, V) x %d layers x %d KV heads x %lld B (a row of %d head_size in %s); all caches: %s "
+        "used, %s reserved",
+        cfg.n_layers, cfg.n_kv_heads, static_cast<long long>(row_bytes), cfg.head_size(),
+        kv_format_name(f.info->kv_format), bytes_text(s.kv_used_bytes).c_str(),
+        bytes_text(s.kv_reserved_bytes).c_str());
     ImGui::PopTextWrapPos();
     legend_item(palette::prefill, "prefill");
     legend_item(palette::decode, "decode");
