@@ -169,11 +169,11 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
     // Each thread's scratch starts on a cache line of its own (16 floats), so that two threads
     // never write one line (false sharing halved the decode rate of a format cache at 2 threads).
     auto padded = [](std::size_t n) { return (n + 15) / 16 * 16; };
-    const std::size_t per_thread = padded(std::size_t(std::max(1, max_n))), row = padded(std::size_t(hs));
+    const std::size_t per_thread = padded(std::size_t(std::max(1, max_n))), row_floats = padded(std::size_t(hs));
     scores_.resize(std::size_t(ex.n_threads) * per_thread + 16);  // [n_threads, per_thread], aligned below
-    decoded_.resize(std::size_t(ex.n_threads) * row + 16);        // [n_threads, row]
+    decoded_.resize(std::size_t(ex.n_threads) * 8 * row_floats + 16);  // [n_threads, 8, row_floats]
     assert(scores_.size() == std::size_t(ex.n_threads) * per_thread + 16 &&
-           decoded_.size() == std::size_t(ex.n_threads) * row + 16);
+           decoded_.size() == std::size_t(ex.n_threads) * 8 * row_floats + 16);
     auto aligned = [](std::vector<float>& v) {
         const auto at = reinterpret_cast<std::uintptr_t>(v.data());
         return v.data() + ((64 - at % 64) % 64) / sizeof(float);
@@ -190,15 +190,17 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         const std::int64_t base = r.row(l, kv_head[h], 0);
         const int thread = omp_get_thread_num();
         // A stored row as floats: fp32 read in place, a narrower format decoded (decode_kv_row:
-        // kv_load's values, exact) into this thread's scratch row, used before the next decode.
-        float* decoded = decoded_base + std::size_t(thread) * row;
+        // kv_load's values, exact) into one of this thread's 8 scratch rows, by t % 8, so the
+        // eight keys attention_row scores together are all held.
+        float* decoded = decoded_base + std::size_t(thread) * 8 * row_floats;
         const bool fp32 = r.format == int(KVFormat::fp32);
         auto row = [&](void* storage, float scale, int t) -> const float* {
             if (s[t] < 0) return nan_row_.data();
             const void* at = static_cast<const char*>(storage) + (base + s[t]) * r.row_bytes;
             if (fp32) return static_cast<const float*>(at);
-            decode_kv_row(r.format, at, hs, scale, decoded, r.group);
-            return decoded;
+            float* out = decoded + std::size_t(t % 8) * row_floats;
+            decode_kv_row(r.format, at, hs, scale, out, r.group);
+            return out;
         };
         const float ks = r.k_scale(l), vs = r.v_scale(l);
         float* scores = scores_base + std::size_t(thread) * per_thread;

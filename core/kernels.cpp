@@ -177,15 +177,63 @@ void rope(Exec& ex, float* vec, int rows, int n_heads, int head_size, std::span<
     }
 }
 
+#if defined(__AVX2__)
+namespace {
+// r[i] becomes column i of the 8 x 8 block whose rows were r[0..7].
+inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+}  // namespace
+#endif
+
+void dot_rows8(const float* q, const float* const* rows, int head_size, float* s) {
+    int d = 0;
+#if defined(__AVX2__)
+    // Lane j is row j: acc_j = acc_j + q[d] * rows[j][d], d ascending; a multiply, then an add.
+    __m256 acc = _mm256_setzero_ps();
+    for (; d + 8 <= head_size; d += 8) {
+        __m256 r[8];
+        for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(rows[j] + d);
+        transpose8(r);  // r[i]: element d + i of the 8 rows
+        for (int i = 0; i < 8; i++) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[d + i]), r[i]));
+    }
+    for (; d < head_size; d++) {
+        const __m256 col = _mm256_setr_ps(rows[0][d], rows[1][d], rows[2][d], rows[3][d], rows[4][d], rows[5][d],
+                                          rows[6][d], rows[7][d]);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[d]), col));
+    }
+    _mm256_storeu_ps(s, acc);
+#else
+    for (int j = 0; j < 8; j++) {
+        float x = 0.0f;
+        for (d = 0; d < head_size; d++) x = x + q[d] * rows[j][d];
+        s[j] = x;
+    }
+#endif
+}
+
 void softmax(float* x, int n) {
     float max = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > max) max = x[i];
+    // The exponentials first (independent: vectorizable), then their sum in index order.
+    for (int i = 0; i < n; i++) x[i] = exp_f32(x[i] - max);
     float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        x[i] = exp_f32(x[i] - max);
-        sum = sum + x[i];
-    }
+    for (int i = 0; i < n; i++) sum = sum + x[i];
     for (int i = 0; i < n; i++) x[i] = x[i] / sum;
 }
 
@@ -264,10 +312,35 @@ void decode_int_row(int format, const char* row, int n, int group, float* dst) {
         const float scale = meta[0], min = meta[1];
         const auto* codes = reinterpret_cast<const std::uint8_t*>(row + 8);
         float* out = dst + g0;
+        int j = 0;
+#if defined(__AVX2__)
+        // Eight codes at a time: widened to int32, converted (exactly), then the same multiply
+        // and add as the scalar loop, lane by lane.
+        const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(min);
         if (bits == 8) {
-            for (int j = 0; j < group; j++) out[j] = float(codes[j]) * scale + min;
+            for (; j + 8 <= group; j += 8) {
+                const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
+                _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
+            }
         } else {
-            for (int j = 0; j < group; j++) {
+            // Four bytes hold codes j..j+7: each byte twice, then the low nibble of the first copy
+            // and the high nibble of the second.
+            const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4), low4 = _mm256_set1_epi32(0x0f);
+            for (; j + 8 <= group; j += 8) {
+                std::uint32_t four;
+                std::memcpy(&four, codes + j / 2, sizeof four);
+                const __m128i twice =
+                    _mm_shuffle_epi8(_mm_cvtsi32_si128(int(four)),
+                                     _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
+                const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(twice), shift), low4);
+                _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
+            }
+        }
+#endif
+        if (bits == 8) {
+            for (; j < group; j++) out[j] = float(codes[j]) * scale + min;
+        } else {
+            for (; j < group; j++) {
                 const unsigned code = j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4u;
                 out[j] = float(code) * scale + min;
             }

@@ -79,23 +79,50 @@ void add(Exec& ex, float* x, const float* y, std::int64_t n);
 // calls kv_load per element.
 void decode_kv_row(int format, const void* src, int n, float scale, float* dst, int group = 0);
 
+// s[j] = q · rows[j] (head_size floats each) for the 8 rows, each the scalar loop's sum:
+// s = 0; s = s + q[d] * rows[j][d] for d = 0, 1, ... Eight keys are eight lanes (AVX2: the rows
+// are transposed in registers), so each lane's order is the scalar loop's and so are its bits.
+void dot_rows8(const float* q, const float* const* rows, int head_size, float* s);
+
 // Attention for one query row of one head, over logical positions t = 0..n-1 in order:
 //   score[t] = (q · k_t) / sqrt(head_size);  p = softmax(score);  out = sum_t p[t] v_t
 // key(t) and value(t) return pointers to the head_size floats of position t wherever the cache
-// keeps them, so every cache layout runs exactly this code. scores has room for n floats.
+// keeps them, so every cache layout runs exactly this code. Keys are scored eight at a time
+// (dot_rows8), and values summed eight at a time: a pointer key(t) or value(t) returns must stay
+// valid while it is called for the next seven positions. scores has room for n floats.
 inline float attention_scale(int head_size) { return std::sqrt(float(head_size)); }
 template <class KeyRow, class ValueRow>
 void attention_row(float* out, const float* q, int head_size, int n, KeyRow key, ValueRow value, float* scores) {
     const float scale = attention_scale(head_size);
-    for (int t = 0; t < n; t++) {
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const float* rows[8];
+        for (int j = 0; j < 8; j++) rows[j] = key(t + j);
+        dot_rows8(q, rows, head_size, scores + t);
+        for (int j = 0; j < 8; j++) scores[t + j] = scores[t + j] / scale;
+    }
+    for (; t < n; t++) {
         const float* k = key(t);
         float s = 0.0f;
         for (int d = 0; d < head_size; d++) s = s + q[d] * k[d];
         scores[t] = s / scale;
     }
     softmax(scores, n);
+    // out[d] = out[d] + p[t] * v_t[d], t ascending for every d; eight values at a time, so out[d]
+    // goes through memory once per eight terms (the order of its terms is unchanged).
     for (int d = 0; d < head_size; d++) out[d] = 0.0f;
-    for (int t = 0; t < n; t++) {
+    t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const float* v[8];
+        for (int j = 0; j < 8; j++) v[j] = value(t + j);
+        const float* p = scores + t;
+        for (int d = 0; d < head_size; d++) {
+            float o = out[d];
+            for (int j = 0; j < 8; j++) o = o + p[j] * v[j][d];
+            out[d] = o;
+        }
+    }
+    for (; t < n; t++) {
         const float p = scores[t];
         const float* v = value(t);
         for (int d = 0; d < head_size; d++) out[d] = out[d] + p * v[d];
