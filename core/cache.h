@@ -160,6 +160,9 @@ public:
     // The most positions one append() may add (a window's ring needs its rows read before they
     // are overwritten); the decoder splits a longer prefill into chunks of this size.
     virtual int max_append() const { return config_.max_seq; }
+    // The most positions a decoder's step adds: max_append(), or fewer where what a query reads
+    // depends on which positions one step holds (a quantized cache's per-channel keys: 1).
+    virtual int max_step() const { return max_append(); }
 
     virtual int length() const { return int(tokens_.size()); }
     virtual std::span<const int> tokens() const { return tokens_; }

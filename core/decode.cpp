@@ -95,6 +95,65 @@ void upload(Buffer<T>& buffer, Memory& memory, std::span<const T> host) {
     if (!host.empty()) buffer.upload(host);
 }
 
+// The quantized cache's rounding of naive decode's K and V [T, kv_dim] (host-visible) into kq
+// and vq: values, and keys per token, each head row's groups of `group` channels; keys per
+// channel, each channel over each complete group of `group` positions (rows past the last
+// complete group are copied as they are). quant_fit, quant_encode and quant_decode, as the cache.
+void quantize_like_cache(const Config& c, const QuantSpec& q, const float* k, const float* v, int T, float* kq,
+                         float* vq) {
+    const int hs = c.head_size(), kv_dim = c.kv_dim(), g = q.group, bits = q.bits;
+    if ((bits != 8 && bits != 4) || g < 1 || hs % g != 0)
+        throw Error(fmt::format("naive decode: quantization of {} bits in groups of {} does not fit head_size {}", bits,
+                                g, hs));
+    auto per_token = [&](const float* x, float* out) {
+        for (int t = 0; t < T; t++)
+            for (int g0 = 0; g0 < kv_dim; g0 += g) {  // g divides head_size: groups stay in a head
+                const std::int64_t at = std::int64_t(t) * kv_dim + g0;
+                const QuantRange r = quant_fit(x + at, g, 1, bits);
+                for (int d = 0; d < g; d++) out[at + d] = quant_decode(quant_encode(x[at + d], r, bits), r);
+            }
+    };
+    per_token(v, vq);
+    if (q.key_axis == QuantSpec::Axis::per_token) {
+        per_token(k, kq);
+        return;
+    }
+    const int complete = T / g * g;
+    for (int t0 = 0; t0 < complete; t0 += g)
+        for (int e = 0; e < kv_dim; e++) {  // channel e = h * head_size + d, over positions t0..t0+g-1
+            const QuantRange r = quant_fit(k + std::int64_t(t0) * kv_dim + e, g, kv_dim, bits);
+            for (int i = 0; i < g; i++) {
+                const std::int64_t at = std::int64_t(t0 + i) * kv_dim + e;
+                kq[at] = quant_decode(quant_encode(k[at], r, bits), r);
+            }
+        }
+    std::copy(k + std::int64_t(complete) * kv_dim, k + std::int64_t(T) * kv_dim, kq + std::int64_t(complete) * kv_dim);
+}
+
+// Causal attention where query p reads key t from kq when t's group of `group` positions ends at
+// or before p ((t / group + 1) * group <= p + 1), else from k. The queries with m complete groups,
+// p + 1 in [m * group, (m + 1) * group), see one key matrix: groups below m from kq, the rest
+// from k; the backend's causal attention runs once per m over the rows up to the last such p.
+void causal_attention_mixed(Backend& b, Exec& ex, float* att, const float* q, const float* k, const float* kq,
+                            const float* v, int T, const int* kv_head, int group, Buffer<float>& k_mix,
+                            Buffer<float>& att_mix) {
+    const Config& c = b.config();
+    Memory& memory = b.memory();
+    const std::int64_t kv_row = std::int64_t(sizeof(float)) * c.kv_dim(), att_row = std::int64_t(sizeof(float)) * c.dim;
+    for (int m = 0; m * group <= T; m++) {
+        const int first = std::max(0, m * group - 1), last = std::min(T - 1, m * group + group - 2);
+        if (first > last) continue;
+        const int n = last + 1, quantized = std::min(m * group, n);  // rows attended; of them from kq
+        if (quantized > 0) memory.copy(k_mix.data(), kq, kv_row * quantized);
+        if (n > quantized)
+            memory.copy(k_mix.data() + std::int64_t(quantized) * c.kv_dim(), k + std::int64_t(quantized) * c.kv_dim(),
+                        kv_row * (n - quantized));
+        b.causal_attention(ex, att_mix.data(), q, k_mix.data(), v, n, kv_head);
+        memory.copy(att + std::int64_t(first) * c.dim, att_mix.data() + std::int64_t(first) * c.dim,
+                    att_row * (n - first));
+    }
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------
@@ -122,6 +181,17 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
     upload(kv_head_, memory, std::span<const int>(kv_head_map(c)));
     act_.resize(memory, c, T);
     const bool stores = kv_format != KVFormat::fp32;
+    if (quant) {
+        if (stores) throw Error("naive decode: a KV format and the quantized cache's rounding are exclusive");
+        if (!memory.host_visible())
+            throw Error("naive decode: the quantized cache's rounding runs on host-visible memory (cpu, gpu-host)");
+        const std::int64_t n = std::int64_t(T) * c.kv_dim();
+        ensure(k_stored_, memory, n);
+        ensure(v_stored_, memory, n);
+        ensure(k_mix_, memory, n);
+        ensure(att_mix_, memory, std::int64_t(T) * c.dim);
+        assert(k_stored_.size() >= n && att_mix_.size() >= std::int64_t(T) * c.dim);
+    }
     if (stores) {
         // Position t's rows of a [T, kv_dim] seq-major store: slot t * n_kv_heads of KV head 0,
         // the same rows for every layer (layer_rows 0), layer l's scales.
@@ -152,6 +222,17 @@ const std::vector<float>& NaiveDecoder::forward(std::span<const int> tokens) {
         if (stores) {
             b.store_kv(exec, store_rows_.data(), T, l, act_.k.data(), act_.v.data());
             b.load_kv(exec, store_rows_.data(), T, l, k_stored_.data(), v_stored_.data());
+            k = k_stored_.data(), v = v_stored_.data();
+        }
+        if (quant) {
+            b.memory().synchronize();
+            quantize_like_cache(c, *quant, k, v, T, k_stored_.data(), v_stored_.data());
+            if (quant->key_axis == QuantSpec::Axis::per_channel) {
+                causal_attention_mixed(b, exec, act_.att.data(), act_.q.data(), k, k_stored_.data(), v_stored_.data(),
+                                       T, kv_head_.data(), quant->group, k_mix_, att_mix_);
+                attention_output_and_ffn(b, exec, l, act_);
+                continue;
+            }
             k = k_stored_.data(), v = v_stored_.data();
         }
         b.causal_attention(exec, act_.att.data(), act_.q.data(), k, v, T, kv_head_.data());
@@ -217,7 +298,8 @@ void CachedDecoder::check_cache(const Cache& cache) const {
 }
 
 // A variant that reads rows before a long append would overwrite them (a window's ring) takes
-// the rows in chunks of max_append(); rows are independent, so the logits do not change. So does
+// the rows in chunks of max_step() (max_append(), or 1 for a quantized cache's per-channel keys);
+// rows are independent, so the logits do not change. So does
 // a long prefill: a step's slot list is [rows, max_n] (plan_step), T x T for a whole prompt, so
 // chunks keep it under kMaxSlots (32 MB) at any length.
 // all_rows keeps every row's logits in row_logits_ ([tokens, vocab_size]).
@@ -227,7 +309,7 @@ void CachedDecoder::run_chunks(std::span<const int> tokens, bool all_rows) {
     constexpr std::int64_t kMaxSlots = std::int64_t{1} << 22;
     const std::int64_t widest = backend_->capturing() ? c.max_seq : pos() + std::int64_t(tokens.size());  // max_n
     const std::size_t chunk =
-        std::size_t(std::max<std::int64_t>(1, std::min<std::int64_t>(cache().max_append(), kMaxSlots / widest)));
+        std::size_t(std::max<std::int64_t>(1, std::min<std::int64_t>(cache().max_step(), kMaxSlots / widest)));
     Cache* const caches[] = {cache_};
     row_logits_.clear();
     all_rows_ = all_rows;

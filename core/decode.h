@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "backend.h"
 #include "cache.h"
 #include "model.h"
+#include "quantized_cache.h"
 
 namespace kvlab {
 
@@ -122,6 +124,12 @@ public:
     // before the causal attention reads them.
     KVFormat kv_format = KVFormat::fp32;
     std::vector<float> kv_scales;
+    // The quantized cache's naive decode (quantized_cache.h): K and V rounded through the same
+    // groups as a QuantizedCache with this spec holds them. Values, and keys per token, round
+    // every position; keys per channel round a group of positions once it is complete, and a
+    // query at p reads a key quantized exactly when the key's group ends at or before p (KIVI's
+    // fp32 residual is the rest). Needs host-visible memory; exclusive with kv_format.
+    std::optional<QuantSpec> quant;
 
 private:
     std::unique_ptr<Backend> own_;
@@ -131,6 +139,7 @@ private:
     Buffer<std::uint8_t> k_codes_, v_codes_;  // [T, kv_dim] elements of kv_format
     Buffer<float> scales_;                    // [n_layers, 2] kv_scales, or all 1
     Buffer<float> k_stored_, v_stored_;       // [T, kv_dim] K and V as stored, read back
+    Buffer<float> k_mix_, att_mix_;           // quant, keys per channel: [T, kv_dim] and [T, dim] scratch
     Buffer<int> tokens_;     // [T]
     Buffer<int> positions_;  // [T] 0..T-1
     Buffer<int> kv_head_;    // [n_heads]
@@ -194,7 +203,7 @@ public:
 
 private:
     void check_cache(const Cache& cache) const;
-    // prefill and prefill_rows: tokens as steps of at most the cache's max_append() rows.
+    // prefill and prefill_rows: tokens as steps of at most the cache's max_step() rows.
     void run_chunks(std::span<const int> tokens, bool all_rows);
     // Runs a plan: the layer loop, then the logits of its out_rows ([n_out, vocab_size]).
     const std::vector<float>& execute(const StepPlan& plan);

@@ -86,6 +86,7 @@ public:
         inner_.set_kv_format(format, scales);
     }
     int max_append() const override { return inner_.max_append(); }
+    int max_step() const override { return inner_.max_step(); }
     int attach_prefix(std::span<const int> tokens) override { return inner_.attach_prefix(tokens); }
     MemoryStats memory() const override { return inner_.memory(); }
     std::string name() const override { return inner_.name(); }

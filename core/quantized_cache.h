@@ -45,6 +45,11 @@ public:
     MemoryStats memory() const override;
     std::string name() const override;  // "quant-int8(k=per-channel,v=per-token,group=32)"
     const QuantSpec& spec() const { return spec_; }
+    // Per-channel keys: one position a step, so a query at p reads a key quantized exactly when
+    // the key's group ends at or before p, whatever steps the positions came in (a longer prefill
+    // would quantize a group before its earlier rows' queries run). NaiveDecoder::quant follows
+    // the same rule.
+    int max_step() const override { return per_channel_keys() ? 1 : config_.max_seq; }
 
     // Payload + metadata bytes one more position costs in steady state (per-channel scales are
     // amortized over their group; the fixed fp32 residual is left out): the number for a table.

@@ -60,6 +60,11 @@ public:
         for (NaiveDecoder* n : {&naive_, tested_naive_.get()})
             if (n) n->kv_format = format, n->kv_scales = scales;
     }
+    // Naive decode rounds K and V as a quantized cache of this spec does (NaiveDecoder::quant).
+    void set_quant(const QuantSpec& spec) {
+        for (NaiveDecoder* n : {&naive_, tested_naive_.get()})
+            if (n) n->quant = spec;
+    }
     Memory& memory() { return backend().memory(); }                   // where their caches live
     Mutant mutant() const { return mutant_; }
 
@@ -568,6 +573,30 @@ void quant_property(const VariantSetting& s, const Devices& devices, bool bound,
     within_bound(c, *backend, *cp.cache, cp.cache->name(), b.max_abs, b.kl, bound, summary);
 }
 
+// The quantized cache, a preset's parameters drawn, against naive decode that rounds K and V
+// as it does (same groups; KIVI's keys quantized once their group is complete, read quantized by
+// the queries at or past its end): bitwise equal at every step.
+void quant_exact_property(const Devices& devices, Mutant mutant) {
+    const Config c = draw_config();
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const std::vector<VariantSetting> settings = variant_settings(Variant::quantized);
+    const VariantSetting& s = settings[std::size_t(draw(0, int(settings.size()) - 1))];
+    Devices host = devices;  // the cache quantizes on the host: the GPU's rows run on the CPU
+    host.tested = quant_device(devices);
+    host.reference = devices.reference == "gpu" ? "cpu" : devices.reference;
+    Oracle oracle(m, host, mutant);
+    CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory());
+    oracle.set_quant(u.spec.quant);
+    const auto cached = oracle.cached(*u);
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    const std::string what = fmt::format("{}, {}, prompt {} of {}", u->name(), c.describe(), prompt, tokens.size());
+    const std::span<const int> all(tokens);
+    oracle.expect_naive(all.first(prompt), cached->prefill(all.first(prompt)), what);
+    for (int T = prompt + 1; T <= int(tokens.size()); T++)
+        oracle.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
+}
+
 // ----------------------------------------------------------------------------------------------
 // KV formats: exact against the format-aware naive decode, and their drift from fp32
 
@@ -754,6 +783,10 @@ const std::vector<Check>& checks() {
         v.push_back({"format-switch", "exact", "prefix-shared pool, A in one format, then B in another sharing 0..all",
                      "a pool switched to another KV format evicts its cached blocks: no hit maps old-format rows",
                      std::nullopt, format_switch_property});
+        v.push_back({"quantized-exact", "exact", "any quantized preset, group drawn; naive rounds K and V the same way",
+                     "the quantized cache equals naive decode that quantizes its K and V with the same groups "
+                     "and KIVI's residual rule",
+                     std::nullopt, quant_exact_property});
         for (const VariantSetting& s : variant_settings())
             if (!is_exact(s.variant)) v.push_back(variant_check(s));
         for (KVFormat f : kKVFormats)

@@ -563,7 +563,7 @@ TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and chec
     const nlohmann::json j = nlohmann::json::parse(one.out);
     CHECK(j["device"] == "gpu-host");
     CHECK(j["all_ok"] == true);
-    CHECK(j["rows"].size() == 17);  // 10 variants and scenarios, 6 KV formats, format-switch
+    CHECK(j["rows"].size() == 18);  // 10 variants and scenarios, 6 KV formats, format-switch, quantized-exact
     const Run two = run_kvlab("verify paged --device cpu,gpu-host --cases 20");
     INFO(two.out << two.err);
     CHECK(two.exit_code == 0);

@@ -248,6 +248,76 @@ TEST_CASE("KV formats counter-test: an fp8 cache with scales differs from a naiv
     test::expect_failure([] { format_property(NaiveAs::unscaled); }, "with scales on");
 }
 
+namespace {
+
+// A quantized cache that prefills in one step: a group of per-channel keys is then quantized
+// before the queries of its earlier rows run (the counter-test of QuantizedCache::max_step).
+class WholePrefillQuantized final : public QuantizedCache {
+public:
+    using QuantizedCache::QuantizedCache;
+    int max_step() const override { return config().max_seq; }
+};
+
+// The quantized cache (8 or 4 bits, keys per token or per channel, any group that fits) against
+// naive decode that rounds K and V as the cache does (NaiveDecoder::quant), or in fp32 (the first
+// counter-test); whole_prefill: the second counter-test's cache, keys per channel.
+void quant_naive_property(bool naive_rounds, bool whole_prefill) {
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    QuantSpec spec;
+    spec.bits = draw(0, 1) ? 8 : 4;
+    spec.key_axis = whole_prefill || draw(0, 1) ? QuantSpec::Axis::per_channel : QuantSpec::Axis::per_token;
+    std::vector<int> groups;  // divisors of head_size; per-channel keys: at most max_seq
+    for (int g = 1; g <= c.head_size(); g++)
+        if (c.head_size() % g == 0 && (spec.key_axis == QuantSpec::Axis::per_token || g <= c.max_seq))
+            groups.push_back(g);
+    spec.group = groups[std::size_t(draw(0, int(groups.size()) - 1))];
+    const bool on_gpu_host = draw(0, 1);
+    std::unique_ptr<Backend> backend;
+    if (on_gpu_host)
+        backend = std::make_unique<GpuHostBackend>(m);
+    else
+        backend = std::make_unique<CpuBackend>(m);
+    std::unique_ptr<QuantizedCache> cache =
+        whole_prefill ? std::make_unique<WholePrefillQuantized>(c, spec) : std::make_unique<QuantizedCache>(c, spec);
+    NaiveDecoder naive(*backend);
+    if (naive_rounds) naive.quant = spec;
+    CachedDecoder cached(*backend, *cache);
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const int prompt = draw(1, int(tokens.size()));
+    const std::string where =
+        fmt::format("{}{} on {}, {}, prompt {} of {}", cache->name(), whole_prefill ? " prefilled in one step" : "",
+                    on_gpu_host ? "gpu-host" : "cpu", c.describe(), prompt, tokens.size());
+    const std::span<const int> all(tokens);
+    std::vector<float> got = cached.prefill(all.first(prompt));
+    for (int T = prompt;; T++) {
+        if (const auto diff = first_difference(naive.forward(all.first(T)), got))
+            RC_FAIL(fmt::format("{}: at T = {} the cached logits differ from naive decode{}: {}", where, T,
+                                naive_rounds ? " rounding K and V as the cache does" : " in fp32", *diff));
+        if (T == int(tokens.size())) break;
+        got = cached.decode(tokens[std::size_t(T)]);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("quantized cache: cached decode equals naive decode rounding K and V as the cache does, bit for bit",
+          "[kv-format][quant]") {
+    rc::prop(
+        "int8 and int4; keys per token or per channel (KIVI, with the fp32 residual of the open group); any "
+        "group; cpu and gpu-host",
+        [] { quant_naive_property(true, false); });
+}
+
+TEST_CASE("quantized cache counter-test: it differs from the fp32 naive decode", "[kv-format][quant][counter]") {
+    test::expect_failure([] { quant_naive_property(false, false); }, "differ from naive decode in fp32");
+}
+
+TEST_CASE("quantized cache counter-test: prefilled in one step, per-channel keys differ from the naive rule",
+          "[kv-format][quant][counter]") {
+    test::expect_failure([] { quant_naive_property(true, true); }, "prefilled in one step");
+}
+
 TEST_CASE("KV formats: a variant that stores fp32 only, or a non-empty cache, refuses a format in one line",
           "[kv-format]") {
     const Config c =
