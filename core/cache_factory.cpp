@@ -252,7 +252,8 @@ constexpr VariantInfo kVariantTable[] = {
      .summary = "int8 or int4 codes with a scale and zero point per group: keys per channel (KIVI) or per "
                 "token, values per token",
      .exact = false,
-     .regime = "never bitwise; logits within the error bounds `kvlab verify quantized` states",
+     .regime = "never bitwise against fp32 decode: logits within the error bounds `kvlab verify quantized` "
+               "states; bitwise equal to naive decode that rounds K and V the same way (`quantized-exact`)",
      .exact_up_to = [](const CacheSpec&) { return std::int64_t{0}; },
      .exact_limit = "0",
      .params = kQuantizedParams,
