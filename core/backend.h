@@ -102,7 +102,27 @@ struct RowKV {
     int n = 0;                     // rows attended: slots[0..n)
     int format = 0;                // KVFormat of the storage
     int group = 0;                 // kv_row_group(format, head_size): an integer format's channels per scale
+    // Keys quantized per channel (KIVI, QuantizedCache: head-major, slot = position, and as many
+    // positions per channel group as channels per row group: key_group == group). A complete
+    // group's key rows hold codes, and its head_size channels' scales and minimums in the rows'
+    // own scale slots, channel d's in row g0 + d / (head_size / group), slot d % (head_size /
+    // group); the open group's keys are fp32, in the residual.
+    float* k_residual =
+        nullptr;          // [pairs, key_group, head_size] by position % key_group; pair = row(l, h, 0) / head_rows
+    int key_group = 0;    // positions per channel group; 0: keys are rows like values
+    int k_quantized = 0;  // positions below this are in complete groups
     KVLAB_HD std::int64_t row(int l, int h, std::int64_t slot) const { return l * layer_rows + h * head_rows + slot; }
+    // KIVI: where position t's raw key is while its group is open, and element d of its key.
+    KVLAB_HD float* kivi_residual(int l, int h, int t, int head_size) const {
+        return k_residual + (row(l, h, 0) / head_rows * key_group + t % key_group) * head_size;
+    }
+    KVLAB_HD float kivi_key(int l, int h, int t, int head_size, int d) const {
+        if (t >= k_quantized) return kivi_residual(l, h, t, head_size)[d];
+        const int per_row = head_size / group;  // channel scales one row holds
+        const float* meta = kv_int_meta(k_row(row(l, h, t - t % key_group + d / per_row)), d % per_row);
+        return quant_decode(kv_int_code(format, k_row(row(l, h, t)), d, group, head_size),
+                            QuantRange{meta[0], meta[1]});
+    }
     // The first byte of a stored row.
     KVLAB_HD void* k_row(std::int64_t row) const { return static_cast<char*>(k) + row * row_bytes; }
     KVLAB_HD void* v_row(std::int64_t row) const { return static_cast<char*>(v) + row * row_bytes; }

@@ -57,8 +57,10 @@ namespace {
 
 // Bytes in each of K and V for n_rows rows, once the size limit has allowed them: every cache's
 // rows (contiguous, growing, paged, window, quantized) are allocated here.
-std::int64_t storage_bytes(std::int64_t n_rows, int head_size, KVFormat format) {
-    const std::int64_t rb = kv_row_bytes(int(format), head_size);
+std::int64_t storage_bytes(std::int64_t n_rows, int head_size, KVFormat format, int group) {
+    if (group != 0 && (group < 1 || head_size % group != 0))
+        throw Error(fmt::format("a KV cache's group of {} channels does not divide head_size {}", group, head_size));
+    const std::int64_t rb = kv_row_bytes(int(format), head_size, group);
     check_size(
         fmt::format("a KV cache ({} rows of head_size {}, K and V in {})", n_rows, head_size, kv_format_name(format)),
         n_rows, 2 * rb);
@@ -80,8 +82,8 @@ std::vector<float> checked_kv_scales(int n_layers, std::span<const float> scales
 }
 
 KVStorage::KVStorage(Memory& memory, std::int64_t n_rows_, int head_size_, std::int64_t layer_rows_,
-                     std::int64_t head_rows_, KVFormat format_, std::span<const float> scales_)
-    : k(memory, storage_bytes(n_rows_, head_size_, format_)),
+                     std::int64_t head_rows_, KVFormat format_, std::span<const float> scales_, int group_)
+    : k(memory, storage_bytes(n_rows_, head_size_, format_, group_)),
       v(memory, k.size()),
       scales(memory, std::int64_t(scales_.size())),
       host_scales(scales_.begin(), scales_.end()),
@@ -89,7 +91,8 @@ KVStorage::KVStorage(Memory& memory, std::int64_t n_rows_, int head_size_, std::
       layer_rows(layer_rows_),
       head_rows(head_rows_),
       head_size(head_size_),
-      format(format_) {
+      format(format_),
+      int_group(group_) {
     fill_nan_rows(k.data(), n_rows);
     fill_nan_rows(v.data(), n_rows);
     if (!host_scales.empty()) scales.upload(host_scales);
@@ -119,7 +122,7 @@ void KVStorage::poison(const Config& c, std::int64_t slot, std::int64_t count) {
 
 void KVStorage::fill_nan_rows(std::uint8_t* row, std::int64_t n) const {
     if (kv_format_int(int(format))) {
-        assert(row_bytes() % 4 == 0);  // kv_group_bytes pads every group to 4 bytes
+        assert(row_bytes() % 4 == 0);  // kv_int_row_bytes pads every row to 4 bytes
         memory().fill_nan(row, n * row_bytes() / 4, int(KVFormat::fp32));
     } else {
         memory().fill_nan(row, n * head_size, int(format));
@@ -175,31 +178,41 @@ void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
     check_head(l, 0);
     const std::int64_t s = write_slot(pos);
     const KVStorage& st = storage();
-    const int hs = config_.head_size(), f = int(st.format);
+    const RowKV r = row_kv();
+    const int hs = config_.head_size(), f = int(st.format), n_kv_heads = config_.n_kv_heads;
     const std::int64_t rb = st.row_bytes();
     // The rows replaced [n_kv_heads, row_bytes], put back when the variant refuses the new ones in
     // stored() (a quantized cache's per-channel keys out of order): a refused write changes nothing.
-    std::vector<std::uint8_t> old_k(std::size_t(config_.n_kv_heads * rb)), old_v(old_k.size());
+    // Keys quantized per channel go to the host residual as they are, as store_kv puts them.
+    std::vector<std::uint8_t> old_k(std::size_t(n_kv_heads * rb)), old_v(old_k.size());
     std::vector<std::uint8_t> new_k(old_k.size()), new_v(old_k.size());  // the same, encoded as store_kv does
-    assert(old_k.size() == std::size_t(config_.n_kv_heads) * std::size_t(rb));
-    for (int h = 0; h < config_.n_kv_heads; h++)
+    std::vector<float> old_residual(r.key_group ? std::size_t(n_kv_heads) * hs : 0);  // [n_kv_heads, head_size]
+    assert(old_k.size() == std::size_t(n_kv_heads) * std::size_t(rb));
+    for (int h = 0; h < n_kv_heads; h++)
         for (int d = 0; d < hs; d++) {
-            kv_store_element(f, new_k.data() + h * rb, d, k_row + h * hs, st.scale(l, 0), st.group());
-            kv_store_element(f, new_v.data() + h * rb, d, v_row + h * hs, st.scale(l, 1), st.group());
+            kv_store_element(f, new_k.data() + h * rb, d, k_row + h * hs, st.scale(l, 0), st.group(), hs);
+            kv_store_element(f, new_v.data() + h * rb, d, v_row + h * hs, st.scale(l, 1), st.group(), hs);
         }
-    for (int h = 0; h < config_.n_kv_heads; h++) {
+    for (int h = 0; h < n_kv_heads; h++) {
         st.memory().download(old_k.data() + h * rb, st.k_row(st.row(l, h, s)), rb);
         st.memory().download(old_v.data() + h * rb, st.v_row(st.row(l, h, s)), rb);
-        st.memory().upload(st.k_row(st.row(l, h, s)), new_k.data() + h * rb, rb);
+        if (r.key_group) {
+            float* residual = r.kivi_residual(l, h, pos, hs);
+            std::copy_n(residual, hs, old_residual.data() + std::size_t(h) * hs);
+            std::copy_n(k_row + std::size_t(h) * hs, hs, residual);
+        } else {
+            st.memory().upload(st.k_row(st.row(l, h, s)), new_k.data() + h * rb, rb);
+        }
         st.memory().upload(st.v_row(st.row(l, h, s)), new_v.data() + h * rb, rb);
     }
     const int positions[] = {pos};
     try {
         stored(l, positions);
     } catch (...) {
-        for (int h = 0; h < config_.n_kv_heads; h++) {
+        for (int h = 0; h < n_kv_heads; h++) {
             st.memory().upload(st.k_row(st.row(l, h, s)), old_k.data() + h * rb, rb);
             st.memory().upload(st.v_row(st.row(l, h, s)), old_v.data() + h * rb, rb);
+            if (r.key_group) std::copy_n(old_residual.data() + std::size_t(h) * hs, hs, r.kivi_residual(l, h, pos, hs));
         }
         throw;
     }
@@ -249,7 +262,8 @@ const float* decoded_row(const KVStorage& st, const std::uint8_t* row, float sca
     if (st.format == KVFormat::fp32) return reinterpret_cast<const float*>(row);
     out.resize(std::size_t(st.head_size));
     assert(out.size() == std::size_t(st.head_size));
-    for (int d = 0; d < st.head_size; d++) out[std::size_t(d)] = kv_load(int(st.format), row, d, scale, st.group());
+    for (int d = 0; d < st.head_size; d++)
+        out[std::size_t(d)] = kv_load(int(st.format), row, d, scale, st.group(), st.head_size);
     return out.data();
 }
 

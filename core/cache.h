@@ -80,16 +80,21 @@ struct KVStorage {
     std::int64_t n_rows = 0, layer_rows = 0, head_rows = 0;
     int head_size = 0;
     KVFormat format = KVFormat::fp32;
+    int int_group = 0;  // an integer format's channels per scale; 0: kv_int_group(head_size)
     KVStorage() = default;
     // n_rows rows of head_size elements each, every one NaN. scales: [n_layers, 2] as
-    // checked_kv_scales checks them, or empty for all 1.
+    // checked_kv_scales checks them, or empty for all 1. group: an integer format's channels per
+    // scale (a divisor of head_size), 0 for kv_int_group's.
     KVStorage(Memory& memory, std::int64_t n_rows, int head_size, std::int64_t layer_rows, std::int64_t head_rows,
-              KVFormat format = KVFormat::fp32, std::span<const float> scales = {});
+              KVFormat format = KVFormat::fp32, std::span<const float> scales = {}, int group = 0);
     float scale(int l, int kv) const { return host_scales.empty() ? 1.0f : host_scales[std::size_t(2 * l + kv)]; }
     Memory& memory() const { return *k.memory(); }
     std::int64_t row(int l, int h, std::int64_t slot) const { return l * layer_rows + h * head_rows + slot; }
-    std::int64_t row_bytes() const { return kv_row_bytes(int(format), head_size); }
-    int group() const { return kv_row_group(int(format), head_size); }  // integer formats' channels per scale
+    std::int64_t row_bytes() const { return kv_row_bytes(int(format), head_size, int_group); }
+    // An integer format's channels per scale; 0 for the float formats.
+    int group() const {
+        return int_group && kv_format_int(int(format)) ? int_group : kv_row_group(int(format), head_size);
+    }
     std::uint8_t* k_row(std::int64_t r) const { return k.data() + r * row_bytes(); }
     std::uint8_t* v_row(std::int64_t r) const { return v.data() + r * row_bytes(); }
     // fp32 storage read as floats [n_rows, head_size] (host code over an fp32 cache).
@@ -144,7 +149,7 @@ public:
     // Where the rows live.
     virtual const KVStorage& storage() const = 0;
     // What a query row of this cache passes to the kernels (write_slot and n left unset).
-    RowKV row_kv() const;
+    virtual RowKV row_kv() const;
     // The format its K and V are stored in, and the scales (kv_format.h: [n_layers, 2], read by
     // fp8). set_kv_format changes them while the cache holds nothing (scales empty: all 1);
     // variants that keep fp32 only (so far: all but contiguous, growing and paged, whose pool
@@ -155,7 +160,7 @@ public:
     // The head_size floats of layer l, KV head h, position t (NaN when not held), read from
     // host-visible storage and decoded as attention decodes them (the pointer is valid until the
     // next call); throws Error for storage on a device, or a layer or head out of range.
-    const float* key(int l, int h, int t) const;
+    virtual const float* key(int l, int h, int t) const;
     const float* value(int l, int h, int t) const;
     // The most positions one append() may add (a window's ring needs its rows read before they
     // are overwritten); the decoder splits a longer prefill into chunks of this size.

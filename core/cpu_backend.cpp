@@ -126,14 +126,19 @@ void CpuBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const flo
         for (int h = 0; h < c.n_kv_heads; h++) {
             const std::int64_t at = r.row(l, h, r.write_slot), from = std::int64_t(i) * kv_dim + h * hs;
             void *kr = r.k_row(at), *vr = r.v_row(at);
+            if (r.key_group) {  // KIVI: the raw key goes to the residual until its group completes
+                std::memcpy(r.kivi_residual(l, h, int(r.write_slot), hs), k + from, sizeof(float) * hs);
+                for (int d = 0; d < hs; d++) kv_store_element(r.format, vr, d, v + from, vs, r.group, hs);
+                continue;
+            }
             if (r.format == int(KVFormat::fp32)) {
                 std::memcpy(kr, k + from, sizeof(float) * hs);
                 std::memcpy(vr, v + from, sizeof(float) * hs);
                 continue;
             }
             for (int d = 0; d < hs; d++) {  // as gpu/kernels.h's store_kv_element
-                kv_store_element(r.format, kr, d, k + from, ks, r.group);
-                kv_store_element(r.format, vr, d, v + from, vs, r.group);
+                kv_store_element(r.format, kr, d, k + from, ks, r.group, hs);
+                kv_store_element(r.format, vr, d, v + from, vs, r.group, hs);
             }
         }
     }
@@ -149,12 +154,54 @@ void CpuBackend::load_kv(Exec&, const RowKV* rows, int n_rows, int l, float* k, 
             const std::int64_t at = r.row(l, h, r.write_slot), to = std::int64_t(i) * kv_dim + h * hs;
             const void *kr = r.k_row(at), *vr = r.v_row(at);
             for (int d = 0; d < hs; d++) {  // as gpu/kernels.h's load_kv_element
-                k[to + d] = kv_load(r.format, kr, d, ks, r.group);
-                v[to + d] = kv_load(r.format, vr, d, vs, r.group);
+                k[to + d] = r.key_group ? r.kivi_key(l, h, int(r.write_slot), hs, d)
+                                        : kv_load(r.format, kr, d, ks, r.group, hs);
+                v[to + d] = kv_load(r.format, vr, d, vs, r.group, hs);
             }
         }
     }
 }
+
+namespace {
+
+// KIVI keys of one (layer, KV head), slot = position: the open group's from the fp32 residual; a
+// complete group's codes times their channel's scale plus its minimum (RowKV::kivi_key's
+// arithmetic), the group's channel scales gathered once from its rows' scale slots.
+class KiviKeys {
+public:
+    // ch_scale, ch_min: [head_size] scratch.
+    KiviKeys(const RowKV& r, int l, int kvh, int head_size, float* ch_scale, float* ch_min)
+        : r_(r), l_(l), kvh_(kvh), hs_(head_size), ch_scale_(ch_scale), ch_min_(ch_min) {}
+    // Position pos's key: in the residual, or decoded into out [head_size].
+    const float* row(int pos, float* out) {
+        const int g = r_.key_group;
+        if (pos >= r_.k_quantized) return r_.kivi_residual(l_, kvh_, pos, hs_);
+        if (pos / g != group_) {
+            group_ = pos / g;
+            const int per_row = hs_ / r_.group;  // channel scales one row holds
+            for (int i = 0; i < g; i++) {
+                const float* meta = kv_int_meta(r_.k_row(r_.row(l_, kvh_, group_ * g + i)), 0);
+                for (int j = 0; j < per_row; j++)
+                    ch_scale_[i * per_row + j] = meta[2 * j], ch_min_[i * per_row + j] = meta[2 * j + 1];
+            }
+        }
+        const std::uint8_t* codes = kv_int_codes(r_.k_row(r_.row(l_, kvh_, pos)), hs_, r_.group);
+        if (kv_int_bits(r_.format) == 8)
+            for (int d = 0; d < hs_; d++) out[d] = float(codes[d]) * ch_scale_[d] + ch_min_[d];
+        else
+            for (int d = 0; d < hs_; d++)
+                out[d] = float(d % 2 == 0 ? codes[d / 2] & 0x0fu : codes[d / 2] >> 4u) * ch_scale_[d] + ch_min_[d];
+        return out;
+    }
+
+private:
+    const RowKV& r_;
+    int l_, kvh_, hs_;
+    float *ch_scale_, *ch_min_;
+    int group_ = -1;  // the group whose channel scales ch_scale_ and ch_min_ hold
+};
+
+}  // namespace
 
 void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                            const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) {
@@ -171,9 +218,10 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
     auto padded = [](std::size_t n) { return (n + 15) / 16 * 16; };
     const std::size_t per_thread = padded(std::size_t(std::max(1, max_n))), row_floats = padded(std::size_t(hs));
     scores_.resize(std::size_t(ex.n_threads) * per_thread + 16);  // [n_threads, per_thread], aligned below
-    decoded_.resize(std::size_t(ex.n_threads) * 8 * row_floats + 16);  // [n_threads, 8, row_floats]
+    // [n_threads, 10, row_floats]: 8 decoded rows, then a KIVI group's channel scales and minimums
+    decoded_.resize(std::size_t(ex.n_threads) * 10 * row_floats + 16);
     assert(scores_.size() == std::size_t(ex.n_threads) * per_thread + 16 &&
-           decoded_.size() == std::size_t(ex.n_threads) * 8 * row_floats + 16);
+           decoded_.size() == std::size_t(ex.n_threads) * 10 * row_floats + 16);
     auto aligned = [](std::vector<float>& v) {
         const auto at = reinterpret_cast<std::uintptr_t>(v.data());
         return v.data() + ((64 - at % 64) % 64) / sizeof(float);
@@ -192,7 +240,7 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         // A stored row as floats: fp32 read in place, a narrower format decoded (decode_kv_row:
         // kv_load's values, exact) into one of this thread's 8 scratch rows, by t % 8, so the
         // eight keys attention_row scores together are all held.
-        float* decoded = decoded_base + std::size_t(thread) * 8 * row_floats;
+        float* decoded = decoded_base + std::size_t(thread) * 10 * row_floats;
         const bool fp32 = r.format == int(KVFormat::fp32);
         auto row = [&](void* storage, float scale, int t) -> const float* {
             if (s[t] < 0) return nan_row_.data();
@@ -204,9 +252,15 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         };
         const float ks = r.k_scale(l), vs = r.v_scale(l);
         float* scores = scores_base + std::size_t(thread) * per_thread;
+        KiviKeys kivi_keys(r, l, kv_head[h], hs, decoded + 8 * row_floats, decoded + 9 * row_floats);
+        auto kivi = [&](int t) -> const float* {
+            if (s[t] < 0) return nan_row_.data();
+            return kivi_keys.row(int(s[t]), decoded + std::size_t(t % 8) * row_floats);
+        };
         attention_row(
             att + std::int64_t(i) * c.dim + h * hs, q + std::int64_t(i) * c.dim + h * hs, hs, r.n,
-            [&](int t) { return row(r.k, ks, t); }, [&](int t) { return row(r.v, vs, t); }, scores);
+            [&](int t) { return r.key_group ? kivi(t) : row(r.k, ks, t); }, [&](int t) { return row(r.v, vs, t); },
+            scores);
         if (i == probe_row) std::copy_n(scores, r.n, probe + std::int64_t(h) * max_n);
     }
 }

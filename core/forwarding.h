@@ -82,6 +82,8 @@ public:
         return inner_.attended(pos, slots, positions);
     }
     const KVStorage& storage() const override { return inner_.storage(); }
+    RowKV row_kv() const override { return inner_.row_kv(); }
+    const float* key(int l, int h, int t) const override { return inner_.key(l, h, t); }
     void set_kv_format(KVFormat format, std::span<const float> scales = {}) override {
         inner_.set_kv_format(format, scales);
     }

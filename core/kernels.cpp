@@ -303,47 +303,41 @@ int decode_fp8_avx2(const std::uint8_t* c, int n, float* dst) {
 #endif
 
 // An integer row, group by group: kv_load_int's arithmetic (code * scale + min, one multiply and
-// one add each, no contraction), the loop over a group's codes left to the vectorizer.
+// one add each, no contraction), eight codes at a time where the build has AVX2.
 void decode_int_row(int format, const char* row, int n, int group, float* dst) {
-    const int bits = kv_int_bits(format), stride = kv_group_bytes(bits, group);
-    for (int g0 = 0; g0 < n; g0 += group, row += stride) {
+    const int bits = kv_int_bits(format);
+    const std::uint8_t* codes = kv_int_codes(row, n, group);
+    for (int gi = 0, g0 = 0; g0 < n; gi++, g0 += group) {
         float meta[2];  // the group's scale and minimum
-        std::memcpy(meta, row, sizeof meta);
+        std::memcpy(meta, row + 8 * std::size_t(gi), sizeof meta);
         const float scale = meta[0], min = meta[1];
-        const auto* codes = reinterpret_cast<const std::uint8_t*>(row + 8);
-        float* out = dst + g0;
-        int j = 0;
+        int j = g0;
+        const int end = g0 + group;
 #if defined(__AVX2__)
-        // Eight codes at a time: widened to int32, converted (exactly), then the same multiply
-        // and add as the scalar loop, lane by lane.
+        // Widened to int32, converted (exactly), then the scalar loop's multiply and add, lane by lane.
         const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(min);
         if (bits == 8) {
-            for (; j + 8 <= group; j += 8) {
+            for (; j + 8 <= end; j += 8) {
                 const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
-                _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
+                _mm256_storeu_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
             }
-        } else {
+        } else if (j % 2 == 0) {
             // Four bytes hold codes j..j+7: each byte twice, then the low nibble of the first copy
             // and the high nibble of the second.
             const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4), low4 = _mm256_set1_epi32(0x0f);
-            for (; j + 8 <= group; j += 8) {
+            const __m128i twice_of = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
+            for (; j + 8 <= end; j += 8) {
                 std::uint32_t four;
                 std::memcpy(&four, codes + j / 2, sizeof four);
-                const __m128i twice =
-                    _mm_shuffle_epi8(_mm_cvtsi32_si128(int(four)),
-                                     _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
+                const __m128i twice = _mm_shuffle_epi8(_mm_cvtsi32_si128(int(four)), twice_of);
                 const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(twice), shift), low4);
-                _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
+                _mm256_storeu_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
             }
         }
 #endif
-        if (bits == 8) {
-            for (; j < group; j++) out[j] = float(codes[j]) * scale + min;
-        } else {
-            for (; j < group; j++) {
-                const unsigned code = j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4u;
-                out[j] = float(code) * scale + min;
-            }
+        for (; j < end; j++) {
+            const unsigned code = bits == 8 ? codes[j] : (j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4u);
+            dst[j] = float(code) * scale + min;
         }
     }
 }

@@ -160,41 +160,68 @@ KVLAB_HD inline int kv_int_group(int head_size) {
     return 1;
 }
 
-// A group as stored: its scale and minimum (fp32), then its codes (one byte each for int8, two
-// per byte for int4, even index in the low nibble), padded to 4 bytes so that the next group's
-// scale is aligned. A row is head_size / group such groups.
-KVLAB_HD inline int kv_group_bytes(int bits, int group) { return 8 + ((group * bits + 7) / 8 + 3) / 4 * 4; }
+// An integer row as stored: the scale and minimum (fp32) of each of its head_size / group
+// groups, then its head_size codes (one byte each for int8, two per byte for int4, the even
+// element in the low nibble), the row padded to 4 bytes so that the next row's scales are
+// aligned. Scales first: a row's bytes are its groups' scales and its codes, nothing between.
+KVLAB_HD inline std::int64_t kv_int_row_bytes(int bits, int head_size, int group) {
+    return std::int64_t(head_size / group) * 8 + (std::int64_t(head_size) * bits + 31) / 32 * 4;
+}
+// Group gi's scale and minimum, and the row's codes.
+KVLAB_HD inline float* kv_int_meta(void* row, int gi) { return static_cast<float*>(row) + 2 * gi; }
+KVLAB_HD inline const float* kv_int_meta(const void* row, int gi) { return static_cast<const float*>(row) + 2 * gi; }
+KVLAB_HD inline std::uint8_t* kv_int_codes(void* row, int head_size, int group) {
+    return static_cast<std::uint8_t*>(row) + std::int64_t(head_size / group) * 8;
+}
+KVLAB_HD inline const std::uint8_t* kv_int_codes(const void* row, int head_size, int group) {
+    return static_cast<const std::uint8_t*>(row) + std::int64_t(head_size / group) * 8;
+}
+
+// The code of element d of an integer row, and setting it (the rest of its byte kept).
+KVLAB_HD inline unsigned kv_int_code(int format, const void* row, std::int64_t d, int group, int head_size) {
+    const std::uint8_t* codes = kv_int_codes(row, head_size, group);
+    if (kv_int_bits(format) == 8) return codes[d];
+    return d % 2 == 0 ? codes[d / 2] & 0x0fu : codes[d / 2] >> 4;
+}
+KVLAB_HD inline void kv_int_set_code(int format, void* row, std::int64_t d, int group, int head_size, unsigned code) {
+    std::uint8_t* codes = kv_int_codes(row, head_size, group);
+    if (kv_int_bits(format) == 8)
+        codes[d] = std::uint8_t(code);
+    else
+        codes[d / 2] = d % 2 == 0 ? std::uint8_t((codes[d / 2] & 0xf0u) | (code & 0x0fu))
+                                  : std::uint8_t((codes[d / 2] & 0x0fu) | (code << 4));
+}
 
 // Element d of an integer row: x is the row's head_size inputs. The group's range is fitted from
 // its inputs by every element's call alike (a GPU thread per element needs no other thread); the
 // group's first element writes the scale and minimum. An int4 byte holds two codes: its even
 // element writes it whole, the odd one nothing, so no two elements write one byte.
-KVLAB_HD inline void kv_store_int(int format, void* row, std::int64_t d, const float* x, int group) {
-    const int bits = kv_int_bits(format), gi = int(d / group), j = int(d % group);
-    char* at = static_cast<char*>(row) + std::int64_t(gi) * kv_group_bytes(bits, group);
-    const float* xg = x + std::int64_t(gi) * group;
-    const QuantRange r = quant_fit(xg, group, 1, bits);
-    if (j == 0) {
-        reinterpret_cast<float*>(at)[0] = r.scale;
-        reinterpret_cast<float*>(at)[1] = r.min;
+KVLAB_HD inline void kv_store_int(int format, void* row, std::int64_t d, const float* x, int group, int head_size) {
+    const int bits = kv_int_bits(format), gi = int(d / group);
+    const QuantRange r = quant_fit(x + std::int64_t(gi) * group, group, 1, bits);
+    if (d % group == 0) {
+        kv_int_meta(row, gi)[0] = r.scale;
+        kv_int_meta(row, gi)[1] = r.min;
     }
-    auto* codes = reinterpret_cast<std::uint8_t*>(at + 8);
+    std::uint8_t* codes = kv_int_codes(row, head_size, group);
     if (bits == 8) {
-        codes[j] = std::uint8_t(quant_encode(xg[j], r, 8));
-    } else if (j % 2 == 0) {
-        const unsigned hi = j + 1 < group ? quant_encode(xg[j + 1], r, 4) : 0u;
-        codes[j / 2] = std::uint8_t(quant_encode(xg[j], r, 4) | hi << 4);
+        codes[d] = std::uint8_t(quant_encode(x[d], r, 8));
+    } else if (d % 2 == 0) {
+        // d + 1 may be in the next group: its code is in its own group's range
+        unsigned hi = 0;
+        if (d + 1 < head_size) {
+            const int g1 = int((d + 1) / group);
+            hi = g1 == gi ? quant_encode(x[d + 1], r, 4)
+                          : quant_encode(x[d + 1], quant_fit(x + std::int64_t(g1) * group, group, 1, 4), 4);
+        }
+        codes[d / 2] = std::uint8_t(quant_encode(x[d], r, 4) | hi << 4);
     }
 }
 
 // Element d of an integer row, decoded: code * scale + min of its group.
-KVLAB_HD inline float kv_load_int(int format, const void* row, std::int64_t d, int group) {
-    const int bits = kv_int_bits(format), gi = int(d / group), j = int(d % group);
-    const char* at = static_cast<const char*>(row) + std::int64_t(gi) * kv_group_bytes(bits, group);
-    const QuantRange r{reinterpret_cast<const float*>(at)[0], reinterpret_cast<const float*>(at)[1]};
-    const auto* codes = reinterpret_cast<const std::uint8_t*>(at + 8);
-    const unsigned code = bits == 8 ? codes[j] : (j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4);
-    return quant_decode(code, r);
+KVLAB_HD inline float kv_load_int(int format, const void* row, std::int64_t d, int group, int head_size) {
+    const float* meta = kv_int_meta(row, int(d / group));
+    return quant_decode(kv_int_code(format, row, d, group, head_size), QuantRange{meta[0], meta[1]});
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -225,11 +252,11 @@ KVLAB_HD inline int kv_format_bytes(int format) {
 KVLAB_HD inline int kv_row_group(int format, int head_size) {
     return kv_format_int(format) ? kv_int_group(head_size) : 0;
 }
-// Bytes of one stored row of head_size elements, scales and padding included.
-KVLAB_HD inline std::int64_t kv_row_bytes(int format, int head_size) {
+// Bytes of one stored row of head_size elements, scales and padding included; an integer
+// format's group (a divisor of head_size) is kv_int_group's unless given.
+KVLAB_HD inline std::int64_t kv_row_bytes(int format, int head_size, int group = 0) {
     if (!kv_format_int(format)) return std::int64_t(head_size) * kv_format_bytes(format);
-    const int group = kv_int_group(head_size);
-    return std::int64_t(head_size / group) * kv_group_bytes(kv_int_bits(format), group);
+    return kv_int_row_bytes(kv_int_bits(format), head_size, group ? group : kv_int_group(head_size));
 }
 // Whether the format reads a scale per (layer, K or V): the fp8 ones.
 KVLAB_HD inline bool kv_format_scaled(int format) {
@@ -252,8 +279,9 @@ KVLAB_HD inline void kv_store(int format, void* row, std::int64_t d, float x, fl
         default: static_cast<std::uint8_t*>(row)[d] = std::uint8_t(encode_float(float_format(format), x / scale));
     }
 }
-KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float scale, int group = 0) {
-    if (kv_format_int(format)) return kv_load_int(format, row, d, group);
+KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float scale, int group = 0,
+                              int head_size = 0) {
+    if (kv_format_int(format)) return kv_load_int(format, row, d, group, head_size);
     switch (format) {
         case int(KVFormat::fp32): return static_cast<const float*>(row)[d];
         case int(KVFormat::bf16):
@@ -265,9 +293,10 @@ KVLAB_HD inline float kv_load(int format, const void* row, std::int64_t d, float
 // Element d of a row of any format, from the row's inputs x (x[d] is the element): kv_store for
 // a float format, kv_store_int (which fits the group from x) for an integer one. Every store of
 // K and V goes through here: the backends' store_kv and Cache::write.
-KVLAB_HD inline void kv_store_element(int format, void* row, std::int64_t d, const float* x, float scale, int group) {
+KVLAB_HD inline void kv_store_element(int format, void* row, std::int64_t d, const float* x, float scale, int group,
+                                      int head_size) {
     if (kv_format_int(format))
-        kv_store_int(format, row, d, x, group);
+        kv_store_int(format, row, d, x, group, head_size);
     else
         kv_store(format, row, d, x[d], scale);
 }

@@ -1,21 +1,21 @@
-// kvlab core: a quantized KV cache (approximate in values, exact in layout).
+// kvlab core: a quantized KV cache (approximate against fp32, exact against naive decode that
+// rounds K and V the same way: NaiveDecoder::quant).
 //
 // K and V are stored as 8- or 4-bit codes with a scale and a minimum per group (asymmetric
-// min/max quantization with a zero point):
+// min/max quantization with a zero point, kv_format.h's arithmetic):
 //   scale = (max - min) / (2^bits - 1),  code = round((x - min) / scale) in [0, 2^bits - 1],
 //   x_hat = code * scale + min           (max == min: scale 0, x_hat = min).
 // Values are quantized per token: groups of `group` consecutive channels of one head's row at one
-// position. Keys either the same way, or per channel as in KIVI: channel d of a (layer, KV head)
-// is quantized over `group` consecutive positions, because key outliers live in fixed channels.
-// A per-channel group can only be quantized once all its positions are known, so the positions
-// of the incomplete group stay in fp32 (KIVI's residual) and the group is quantized when its last
-// row is written.
-//
-// Attention reads dequantized floats through slots, so it runs the same kernel as every other
-// cache. A production kernel dequantizes in registers; we keep a float mirror instead (the
-// cache's storage, where the backend writes each new row and stored() replaces it by its
-// dequantized value) and report it as scratch memory, not as cache memory. Quantizing runs on
-// the host, so this cache needs host-visible memory (the CPU backend).
+// position, the int8/int4 KV formats' rows with that group (a scale and minimum beside each
+// group's codes). Keys either the same way, or per channel as in KIVI: channel d of a (layer, KV
+// head) is quantized over `group` consecutive positions, because key outliers live in fixed
+// channels. A per-channel group can only be quantized once all its positions are known, so the
+// keys of the open group stay in fp32 (KIVI's residual) and the group is quantized when its last
+// row is written: its rows then hold codes, and its head_size channels' scales and minimums in
+// the rows' own scale slots (as many slots as channels, because a row has head_size / group of
+// them and the group has group rows). No fp32 copy: attention decodes the codes as it reads
+// them (RowKV::kivi_key), on the CPU and gpu-host backends. Quantizing a completed group runs on
+// the host, so this cache needs host-visible memory.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,7 @@ namespace kvlab {
 
 // One group's arithmetic (quant_fit, quant_encode, quant_decode) is kv_format.h's, shared with the
 // int8 and int4 KV formats and with lessons/09-approximate.
+
 struct QuantSpec {
     enum class Axis { per_token, per_channel };
     int bits = 8;                       // 8 or 4
@@ -41,7 +42,10 @@ public:
     explicit QuantizedCache(const Config& config, QuantSpec spec = {});
 
     std::int64_t slot(int t) const override { return t; }
-    const KVStorage& storage() const override { return mirror_; }
+    const KVStorage& storage() const override { return storage_; }
+    RowKV row_kv() const override;
+    // Per-channel keys: layer l's groups as stored so far (codes, or the fp32 residual).
+    const float* key(int l, int h, int t) const override;
     MemoryStats memory() const override;
     std::string name() const override;  // "quant-int8(k=per-channel,v=per-token,group=32)"
     const QuantSpec& spec() const { return spec_; }
@@ -51,8 +55,8 @@ public:
     // the same rule.
     int max_step() const override { return per_channel_keys() ? 1 : config_.max_seq; }
 
-    // Payload + metadata bytes one more position costs in steady state (per-channel scales are
-    // amortized over their group; the fixed fp32 residual is left out): the number for a table.
+    // Bytes one more position costs in steady state (codes and row scales of K and V; the fixed
+    // fp32 residual is left out): the number for a table.
     double bytes_per_token() const;
 
     // Code i of a packed code array: one byte per code for 8 bits, two codes per byte for 4 bits
@@ -62,44 +66,27 @@ public:
 
 protected:
     void reserve(int new_length) override;
-    // Quantizes the raw rows the backend wrote into the mirror and replaces them by their
-    // dequantized values.
+    // Per-channel keys: quantizes a key group when its last row is stored (or requantizes it when a
+    // row of a complete group is written again).
     void on_stored(int l, int pos) override;
     void release(int n) override;
 
 private:
     bool per_channel_keys() const { return spec_.key_axis == QuantSpec::Axis::per_channel; }
-    // Offset of the row (l, h, t) in a [n_layers, n_kv_heads, max_seq, X] array, in rows.
-    std::int64_t row_index(int l, int h, int t) const {
-        return (std::int64_t(l) * config_.n_kv_heads + h) * config_.max_seq + t;
-    }
-    std::int64_t row(int l, int h, int t) const { return row_index(l, h, t) * config_.head_size(); }
-    // Per-token: quantizes the head_size floats x of row (l, h, t) into codes/scales/mins, and
-    // writes the dequantized values into mirror.
-    void quantize_row(const float* x, std::int64_t r, std::vector<std::uint8_t>& codes, std::vector<float>& scales,
-                      std::vector<float>& mins, float* mirror);
-    // Per-channel keys: quantizes group rows [group, head_size] of group gi of (l, h).
+    int format() const { return int(storage_.format); }
+    // Per-channel keys: quantizes group gi of (l, h) from rows [group, head_size].
     void quantize_key_group(int l, int h, int gi, const float* rows);
-    // Per-channel keys: the residual row of position t (t's group not yet complete).
-    float* residual_row(int l, int h, int t) {
-        return k_residual_.data() +
-               ((std::int64_t(l) * config_.n_kv_heads + h) * (spec_.group - 1) + t % spec_.group) * config_.head_size();
-    }
+    // Per-channel keys: the key row of position t of (l, h) as attention reads it, into out [head_size].
+    void read_key(int l, int h, int t, float* out) const;
 
     QuantSpec spec_;
-    int row_bytes_;       // code bytes of one head row: ceil(head_size * bits / 8)
-    int token_groups_;    // per-token groups in one head row: head_size / group
-    int channel_groups_;  // per-channel key groups that fit max_seq: max_seq / group (0 for per-token keys)
-    std::vector<std::uint8_t> k_codes_;     // [n_layers, n_kv_heads, max_seq, row_bytes]
-    std::vector<std::uint8_t> v_codes_;     // [n_layers, n_kv_heads, max_seq, row_bytes]
-    std::vector<float> k_scales_, k_mins_;  // per-token: [n_layers, n_kv_heads, max_seq, token_groups]
-                                            // per-channel: [n_layers, n_kv_heads, channel_groups, head_size]
-    std::vector<float> v_scales_, v_mins_;  // [n_layers, n_kv_heads, max_seq, token_groups]
-    std::vector<float> k_residual_;         // per-channel: [n_layers, n_kv_heads, group - 1, head_size]; else empty
-    KVStorage mirror_;                      // k, v: [n_layers, n_kv_heads, max_seq, head_size], NaN where nothing is stored
-    float* k_mirror_ = nullptr;             // mirror_.k on the host
-    float* v_mirror_ = nullptr;             // mirror_.v on the host
-    std::vector<int> key_rows_;             // [n_layers]: positions 0..key_rows_[l]-1 of layer l are written
+    // k, v: [n_layers, n_kv_heads, max_seq, row_bytes] int8 or int4 rows in groups of spec.group
+    // channels, NaN where nothing is stored; per-channel keys' rows hold their group's channel
+    // scales in place of their own.
+    KVStorage storage_;
+    std::vector<float> k_residual_;  // per-channel: [n_layers, n_kv_heads, group, head_size] by t % group; else empty
+    std::vector<int> key_rows_;      // [n_layers]: positions 0..key_rows_[l]-1 of layer l are written
+    mutable std::vector<float> key_row_;  // [head_size] key()'s row
 };
 
 }  // namespace kvlab

@@ -155,8 +155,11 @@ KVLAB_HD void store_kv_element(const Row* rows, int l, const float* k, const flo
     const Row& r = rows[i];
     const std::int64_t at = r.row(l, h, r.write_slot);
     const std::int64_t from = std::int64_t(i) * kv_dim + h * head_size;  // the head row's first input
-    kv_store_element(r.format, r.k_row(at), d, k + from, r.k_scale(l), r.group);
-    kv_store_element(r.format, r.v_row(at), d, v + from, r.v_scale(l), r.group);
+    if (r.key_group)  // KIVI: the raw key goes to the residual until its group completes
+        r.kivi_residual(l, h, int(r.write_slot), head_size)[d] = k[from + d];
+    else
+        kv_store_element(r.format, r.k_row(at), d, k + from, r.k_scale(l), r.group, head_size);
+    kv_store_element(r.format, r.v_row(at), d, v + from, r.v_scale(l), r.group, head_size);
 }
 
 // The inverse: element d of KV head h of row i's stored K and V at its write_slot of layer l,
@@ -167,8 +170,9 @@ KVLAB_HD void load_kv_element(const Row* rows, int l, float* k, float* v, int kv
     const Row& r = rows[i];
     const std::int64_t at = r.row(l, h, r.write_slot);
     const std::int64_t to = std::int64_t(i) * kv_dim + h * head_size + d;
-    k[to] = kv_load(r.format, r.k_row(at), d, r.k_scale(l), r.group);
-    v[to] = kv_load(r.format, r.v_row(at), d, r.v_scale(l), r.group);
+    k[to] = r.key_group ? r.kivi_key(l, h, int(r.write_slot), head_size, d)
+                        : kv_load(r.format, r.k_row(at), d, r.k_scale(l), r.group, head_size);
+    v[to] = kv_load(r.format, r.v_row(at), d, r.v_scale(l), r.group, head_size);
 }
 
 // Cached attention, query row i of head h at layer l, exactly kernels.h attention_row: over
@@ -187,10 +191,12 @@ KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l,
     // of -1 holds nothing and reads NaN.
     const float ks = r.k_scale(l), vs = r.v_scale(l);
     auto key = [&](int t, int d) {
-        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.k_row(base + s[t]), d, ks, r.group);
+        if (s[t] < 0) return nan_f32();
+        if (r.key_group) return r.kivi_key(l, kv_head[h], int(s[t]), head_size, d);  // KIVI: slot = position
+        return kv_load(r.format, r.k_row(base + s[t]), d, ks, r.group, head_size);
     };
     auto value = [&](int t, int d) {
-        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.v_row(base + s[t]), d, vs, r.group);
+        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.v_row(base + s[t]), d, vs, r.group, head_size);
     };
     auto score = [&](int t) {
         float x = 0.0f;

@@ -191,19 +191,17 @@ public:
         const auto* paged = dynamic_cast<const PagedCache*>(&inner());
         const KVStorage& st = storage();
         if (!paged || !kv_format_int(int(st.format))) return;
-        const int bs = paged->pool().block_size(), group = st.group();
-        const int group_bytes = kv_group_bytes(kv_int_bits(int(st.format)), group);
+        const int bs = paged->pool().block_size();
+        const std::int64_t scale_bytes = std::int64_t(st.head_size / st.group()) * 8;  // a row's first bytes
+        std::vector<std::uint8_t> meta(static_cast<std::size_t>(scale_bytes));         // [scale_bytes]
         for (int pos : positions) {
             if (pos == 0 || pos % bs != 0) continue;
             for (int h = 0; h < config().n_kv_heads; h++)
                 for (const Buffer<std::uint8_t>* tensor : {&st.k, &st.v}) {
                     std::uint8_t* to = tensor->data() + st.row(l, h, slot(pos)) * st.row_bytes();
                     const std::uint8_t* from = tensor->data() + st.row(l, h, slot(pos - 1)) * st.row_bytes();
-                    for (int g = 0; g < st.head_size / group; g++) {
-                        std::uint8_t meta[8];  // the group's scale and minimum
-                        st.memory().download(meta, from + g * group_bytes, sizeof meta);
-                        st.memory().upload(to + g * group_bytes, meta, sizeof meta);
-                    }
+                    st.memory().download(meta.data(), from, scale_bytes);
+                    st.memory().upload(to, meta.data(), scale_bytes);
                 }
         }
     }

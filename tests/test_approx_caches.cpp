@@ -349,7 +349,8 @@ TEST_CASE("quantized: packed codes round-trip, int8 and int4", "[quant]") {
     }
 }
 
-TEST_CASE("quantized: reserved bytes equal allocated bytes for every spec; int4 codes are half of int8's", "[quant]") {
+TEST_CASE("quantized: reserved bytes equal allocated bytes for every spec, and int4 codes are half of int8's",
+          "[quant]") {
     for (const Config& c : {cache_config(5, 4, 8, 512, 2), cache_config(6, 6, 48, 256), cache_config(1, 1, 6, 7)})
         for (QuantSpec::Axis axis : {QuantSpec::Axis::per_token, QuantSpec::Axis::per_channel})
             for (int group = 1; group <= c.head_size(); group++) {
@@ -361,20 +362,23 @@ TEST_CASE("quantized: reserved bytes equal allocated bytes for every spec; int4 
                 CHECK(m4.reserved_bytes == m4.allocated_bytes);
                 CHECK(m8.reserved_bytes == m8.payload_bytes + m8.metadata_bytes);
                 CHECK(m8.used_bytes == 0);
-                CHECK(m8.scratch_bytes == kv_bytes(c, c.max_seq));
+                CHECK(m8.scratch_bytes == 0);  // no fp32 copy
+                // Rows of K and V for max_seq positions: each group's scale and min, then the codes
+                // padded to 4 bytes; per-channel keys also hold group fp32 rows while a group is open.
                 const std::int64_t heads = std::int64_t(c.n_layers) * c.n_kv_heads, hs = c.head_size();
-                const std::int64_t residual = axis == QuantSpec::Axis::per_channel ? 4 * heads * (group - 1) * hs : 0;
-                const std::int64_t codes8 = 2 * heads * c.max_seq * hs;
+                const std::int64_t rows = 2 * heads * c.max_seq;
+                const std::int64_t residual = axis == QuantSpec::Axis::per_channel ? 4 * heads * group * hs : 0;
+                const std::int64_t codes8 = rows * ((hs + 3) / 4 * 4), codes4 = rows * ((hs / 2 + 3) / 4 * 4);
                 CHECK(m8.payload_bytes == codes8 + residual);
-                CHECK(m4.payload_bytes == codes8 / 2 + residual);  // head_size is even in every config here
+                CHECK(m4.payload_bytes == codes4 + residual);
+                CHECK(codes4 * 2 == codes8);  // head_size is even in every config here
                 CHECK(m4.metadata_bytes == m8.metadata_bytes);
-                const std::int64_t k_meta = axis == QuantSpec::Axis::per_token ? heads * c.max_seq * (hs / group)
-                                                                               : heads * (c.max_seq / group) * hs;
-                CHECK(m8.metadata_bytes == 4 * 2 * (heads * c.max_seq * (hs / group) + k_meta));
+                CHECK(m8.metadata_bytes == rows * (hs / group) * 8);
             }
     // stories260K's cache shape, group 8, int8 KIVI: per KV head and position, 8 + 8 code bytes, a
     // scale and a min for the value row (8 B), and for the keys 8 channels' scale and min over 8
-    // positions (8 B): 32 B against fp32's 64 B, times 5 layers * 4 KV heads.
+    // positions (8 B, kept one channel a row in the key rows' own scale slots): 32 B against
+    // fp32's 64 B, times 5 layers * 4 KV heads.
     const QuantizedCache kivi(cache_config(5, 4, 8, 512, 2), {8, QuantSpec::Axis::per_channel, 8});
     CHECK(kivi.bytes_per_token() == 640.0);
     CHECK(kivi.name() == "quant-int8(k=per-channel,v=per-token,group=8)");
@@ -523,7 +527,7 @@ TEST_CASE("window: eviction, rollback errors and memory on a small example", "[w
     CHECK(cache.memory().used_bytes == 0);
 }
 
-TEST_CASE("window: nonsense parameters are one-line errors; a window larger than max_seq is exact", "[window]") {
+TEST_CASE("window: nonsense parameters are one-line errors, and a window larger than max_seq is exact", "[window]") {
     const Config c = cache_config(1, 1, 2, 8);
     CHECK_THROWS_WITH(WindowCache(c, -1, 4), "window cache: sinks must be >= 0, not -1");
     CHECK_THROWS_WITH(WindowCache(c, 0, 0), "window cache: window must be >= 1, not 0");

@@ -782,26 +782,27 @@ void run_store_kv(const Case& k, const Backends& backends) {
         return s == 1.0f ? v : v * s;
     };
     // An integer format's row by the group oracle: its bytes (padding left out) and its values.
+    // The row: every group's scale and min, then the head_size codes (int4: two a byte, the even
+    // element low).
     const int group = kv_row_group(int(format), hs);
     auto int_row = [&](const float* x, std::vector<std::pair<std::int64_t, std::uint8_t>>* bytes, float* values) {
         const int bits = format == KVFormat::int8 ? 8 : 4;
-        std::int64_t at = 0;  // the group's first byte in the row
+        std::vector<unsigned> codes;  // [head_size]
         for (int g0 = 0; g0 < hs; g0 += group) {
             const IntGroupOracle o(x + g0, group, bits);
             std::uint8_t meta[8];
             std::memcpy(meta, &o.scale, 4);
             std::memcpy(meta + 4, &o.min, 4);
-            for (int b = 0; b < 8; b++) bytes->emplace_back(at + b, meta[b]);
-            for (int j = 0; j < group; j++) {
-                values[g0 + j] = o.value(j);
-                if (bits == 8)
-                    bytes->emplace_back(at + 8 + j, std::uint8_t(o.codes[std::size_t(j)]));
-                else if (j % 2 == 0)
-                    bytes->emplace_back(at + 8 + j / 2,
-                                        std::uint8_t(o.codes[std::size_t(j)] |
-                                                     (j + 1 < group ? o.codes[std::size_t(j + 1)] : 0u) << 4));
-            }
-            at += 8 + ((group * bits + 7) / 8 + 3) / 4 * 4;
+            for (int b = 0; b < 8; b++) bytes->emplace_back(std::int64_t(g0 / group) * 8 + b, meta[b]);
+            for (int j = 0; j < group; j++) values[g0 + j] = o.value(j), codes.push_back(o.codes[std::size_t(j)]);
+        }
+        const std::int64_t at = std::int64_t(hs / group) * 8;  // the codes' first byte
+        for (int d = 0; d < hs; d++) {
+            if (bits == 8)
+                bytes->emplace_back(at + d, std::uint8_t(codes[std::size_t(d)]));
+            else if (d % 2 == 0)
+                bytes->emplace_back(at + d / 2, std::uint8_t(codes[std::size_t(d)] |
+                                                             (d + 1 < hs ? codes[std::size_t(d + 1)] : 0u) << 4));
         }
     };
     run_on_backends(

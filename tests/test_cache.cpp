@@ -113,7 +113,9 @@ TEST_CASE("one size limit: a model, a pool or a cache past kMaxBytes is refused 
     const std::vector<int> one = {1};
     CHECK_THROWS_WITH(growing.append(one), refused);
     CHECK(growing.length() == 0);
-    CHECK_THROWS_WITH(QuantizedCache(long_cache), refused);
+    Config wider = long_cache;
+    wider.dim = 1024, wider.n_heads = 16, wider.n_kv_heads = 16;
+    CHECK_THROWS_WITH(QuantizedCache(wider), refused);  // 1.7 GB of int8 rows and scales
     CHECK_THROWS_WITH(WindowCache(long_cache, 4, 131068), refused);
     // Just under the limit is still allowed: the limit is the stated one, not a rounder figure.
     CHECK_NOTHROW(kvlab::check_size("x", kMaxBytes / 8, 8));

@@ -192,10 +192,10 @@ TEST_CASE("kvlab demo on an exported model: every step bitwise equal, FLOPs coun
     CHECK(steps[12]["naive_flops"].get<double>() > 10 * steps[12]["cached_flops"].get<double>());
 }
 
-TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode; the drift from fp32 is reported",
+TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode, and the drift from fp32 is reported",
           "[cli][demo]") {
     const fs::path model = exported_model("demo.bin", kTiny);
-    for (const char* format : {"bf16", "fp16", "fp8-e5m2", "fp8-e4m3"}) {
+    for (const char* format : {"bf16", "fp16", "fp8-e5m2", "fp8-e4m3", "int8", "int4"}) {
         const Run r = run_kvlab("demo --model " + model.string() + " --tokens 1,5,7 --steps 12 --json --kv-format " +
                                 format);
         INFO(format << ": " << r.err);
@@ -214,7 +214,7 @@ TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode; 
     CHECK(!nlohmann::json::parse(fp32.out)["summary"].contains("max_drift_from_fp32"));
     const Run bad = run_kvlab("demo --model " + model.string() + " --steps 2 --kv-format fp9");
     CHECK(bad.exit_code != 0);
-    CHECK(bad.err == "kvlab: error: unknown KV format 'fp9' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3)\n");
+    CHECK(bad.err == "kvlab: error: unknown KV format 'fp9' (fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4)\n");
 }
 
 TEST_CASE("kvlab demo and generate --kv-calibrate: fp8 scales from a prompt, still bitwise equal to the naive decode",
@@ -600,13 +600,13 @@ TEST_CASE("kvlab bench --kv-format: bytes per token and decode speed per format,
     for (const auto& row : j["formats"]) {
         const kvlab::KVFormat f = kvlab::parse_kv_format(row["kv_format"].get<std::string>());
         // A row of head_size: float formats' elements; an integer format's groups (the largest divisor
-        // of head_size up to 32), each an fp32 scale and minimum and its codes padded to 4 bytes.
+        // of head_size up to 32), an fp32 scale and minimum each, then the codes padded to 4 bytes.
         std::int64_t row_bytes = 0;
         if (f == kvlab::KVFormat::int8 || f == kvlab::KVFormat::int4) {
             int group = std::min(32, c.head_size());
             while (c.head_size() % group) group--;
-            const int code_bytes = f == kvlab::KVFormat::int8 ? group : (group + 1) / 2;
-            row_bytes = std::int64_t(c.head_size() / group) * (8 + (code_bytes + 3) / 4 * 4);
+            const int code_bytes = f == kvlab::KVFormat::int8 ? c.head_size() : (c.head_size() + 1) / 2;
+            row_bytes = std::int64_t(c.head_size() / group) * 8 + (code_bytes + 3) / 4 * 4;
         } else {
             row_bytes = std::int64_t(kvlab::kv_format_bytes(int(f))) * c.head_size();
         }

@@ -696,14 +696,13 @@ void window_property(WindowBug bug) {
 
 // ---- 4. The quantized cache's payload, metadata and scratch bytes
 
-enum class QuantBug { none, model_int4_floor };  // wrong model: int4 codes of a row rounded down
+enum class QuantBug { none, model_no_padding };  // wrong model: a row's codes not padded to 4 bytes
 
-// From the documented layout: codes for max_seq rows per (layer, KV head), ceil(head_size * bits
-// / 8) bytes each, for K and V; per-channel keys keep group - 1 fp32 rows per (layer, KV head)
-// until their group completes; a scale and a min (fp32) per group: values per token (head_size /
-// group per row), keys per token alike or per channel (head_size channels for every whole group
-// of positions that fits max_seq). The fp32 mirror attention reads is scratch. None of it depends
-// on the length; used_bytes does.
+// From the documented layout: K and V rows for max_seq positions per (layer, KV head), each the
+// scale and min (fp32) of its head_size / group groups, then its codes (head_size * bits / 8
+// bytes, rounded up and padded to 4); per-channel keys keep their channel scales in those same
+// row slots, and group fp32 rows per (layer, KV head) while their group is open. No fp32 copy.
+// None of it depends on the length; used_bytes does.
 void quant_property(QuantBug bug) {
     const Config c = draw_config();
     const int hs = c.head_size();
@@ -720,11 +719,12 @@ void quant_property(QuantBug bug) {
     CachedDecoder dec(backend, cache);
 
     const std::int64_t heads = std::int64_t(c.n_layers) * c.n_kv_heads, rows = heads * c.max_seq;
-    const std::int64_t row_bytes = bug == QuantBug::model_int4_floor ? hs * bits / 8 : (hs * bits + 7) / 8;
-    const std::int64_t residual = per_channel ? 4 * heads * (group - 1) * hs : 0;
-    const std::int64_t payload = 2 * rows * row_bytes + residual;
-    const std::int64_t key_groups = per_channel ? heads * (c.max_seq / group) * hs : rows * (hs / group);
-    const std::int64_t metadata = 4 * 2 * (rows * (hs / group) + key_groups);
+    const std::int64_t code_bytes = (std::int64_t(hs) * bits + 7) / 8;
+    const std::int64_t codes = bug == QuantBug::model_no_padding ? code_bytes : (code_bytes + 3) / 4 * 4;
+    const std::int64_t scales = std::int64_t(hs / group) * 8, row_bytes = scales + codes;
+    const std::int64_t residual = per_channel ? 4 * heads * group * hs : 0;
+    const std::int64_t payload = 2 * rows * codes + residual;
+    const std::int64_t metadata = 2 * rows * scales;
     History history;
     std::string what = history(cache.name());
     const int n_ops = draw(1, 6);
@@ -740,18 +740,17 @@ void quant_property(QuantBug bug) {
             cache.truncate(n);
         }
         const MemoryStats s = cache.memory();
-        expect_figure("used_bytes", s.used_bytes, kv_bytes(c, cache.length()), what);
+        expect_figure("used_bytes", s.used_bytes, 2 * heads * cache.length() * row_bytes, what);
         expect_figure("payload_bytes", s.payload_bytes, payload, what);
         expect_figure("metadata_bytes", s.metadata_bytes, metadata, what);
         expect_figure("reserved_bytes", s.reserved_bytes, payload + metadata, what);
         expect_figure("allocated_bytes", s.allocated_bytes, payload + metadata, what);
-        expect_figure("scratch_bytes", s.scratch_bytes, kv_bytes(c, c.max_seq), what);
+        expect_figure("scratch_bytes", s.scratch_bytes, 0, what);
         // bytes_per_token, the table's steady-state figure, is the same layout per position: all
-        // of it but the residual when the key groups tile max_seq.
-        if (!per_channel || c.max_seq % group == 0)
-            if (cache.bytes_per_token() * c.max_seq != double(payload + metadata - residual))
-                fail(fmt::format("{}: bytes_per_token {} x max_seq {} != {} bytes of codes and scales", what,
-                                 cache.bytes_per_token(), c.max_seq, payload + metadata - residual));
+        // of it but the residual.
+        if (cache.bytes_per_token() * c.max_seq != double(payload + metadata - residual))
+            fail(fmt::format("{}: bytes_per_token {} x max_seq {} != {} bytes of codes and scales", what,
+                             cache.bytes_per_token(), c.max_seq, payload + metadata - residual));
     }
 }
 
@@ -801,6 +800,6 @@ TEST_CASE("figures: quantized cache: payload, metadata, scratch and used bytes e
              [] { quant_property(QuantBug::none); });
 }
 
-TEST_CASE("figures: quantized counter-test: int4 codes rounded down are caught", "[figures][quant][counter]") {
-    test::expect_failure([] { quant_property(QuantBug::model_int4_floor); }, "payload_bytes");
+TEST_CASE("figures: quantized counter-test: a model without the rows' padding is caught", "[figures][quant][counter]") {
+    test::expect_failure([] { quant_property(QuantBug::model_no_padding); }, "payload_bytes");
 }

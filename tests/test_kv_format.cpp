@@ -419,8 +419,8 @@ std::string memory_mismatch(bool mirror) {
     if (format == KVFormat::int8 || format == KVFormat::int4) {
         int group = std::min(32, hs);
         while (hs % group) group--;
-        const int bytes = format == KVFormat::int8 ? group : (group + 1) / 2;
-        row_codes = std::int64_t(hs / group) * ((bytes + 3) / 4 * 4);
+        const int bytes = format == KVFormat::int8 ? hs : (hs + 1) / 2;  // the row's codes, padded to 4
+        row_codes = (bytes + 3) / 4 * 4;
         row_meta = std::int64_t(hs / group) * 2 * std::int64_t(sizeof(float));
     }
     const std::int64_t rows = fc.cache->storage().n_rows,
@@ -498,7 +498,7 @@ TEST_CASE("KV formats: the CPU's row decode of an integer row gives kv_load's bi
         std::vector<float> got(static_cast<std::size_t>(hs));  // [head_size]
         decode_kv_row(int(f), words.data(), hs, 1.0f, got.data(), group);
         for (int d = 0; d < hs; d++) {
-            const float want = kv_load(int(f), words.data(), d, 1.0f, group);
+            const float want = kv_load(int(f), words.data(), d, 1.0f, group, hs);
             RC_ASSERT(float_bits(got[std::size_t(d)]) == float_bits(want));
         }
     });

@@ -56,7 +56,7 @@ TEST_CASE("published shapes have the published figures", "[memory]") {
     check("DeepSeek-V3", 61, 128, 128, 128, 512, 64);
 }
 
-TEST_CASE("model names match ignoring case, spaces and dashes; unknown ones list the valid names", "[memory]") {
+TEST_CASE("model names match ignoring case, spaces and dashes, and unknown ones list the valid names", "[memory]") {
     CHECK(find_shape("llama2-7b").name == "Llama 2 7B");
     CHECK(find_shape("LLAMA-3-70B").name == "Llama 3 70B");
     CHECK(find_shape("llama 3 8b").name == "Llama 3 8B");

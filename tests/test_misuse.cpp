@@ -57,7 +57,7 @@ struct CacheSnapshot {
     std::vector<int> tokens, table;       // table: a paged cache's blocks
     std::vector<std::int64_t> slots;      // [n] the slots a query at length - 1 attends
     std::vector<std::uint32_t> attended;  // [n_layers, n_kv_heads, n, 2, head_size] those rows' K and V bits
-    std::vector<std::uint32_t> k, v;      // the whole storage (a pool's: every sequence's), bits
+    std::vector<std::uint8_t> k, v;       // the whole storage (a pool's: every sequence's), bytes
 };
 
 CacheSnapshot snapshot(const Cache& cache) {
@@ -70,19 +70,23 @@ CacheSnapshot snapshot(const Cache& cache) {
     if (s.length > 0) {
         s.slots.assign(std::size_t(s.length), -1);
         s.slots.resize(std::size_t(cache.attended(s.length - 1, s.slots.data())));
-        std::vector<const float*> keys, values;
+        // What a query at the last position reads, decoded as attention decodes it (key() and
+        // value(), which also see a quantized cache's fp32 residual).
+        std::vector<int> positions(std::size_t(s.length), -1);
+        const int n =
+            cache.attended(s.length - 1, std::vector<std::int64_t>(positions.size()).data(), positions.data());
         for (int l = 0; l < c.n_layers; l++)
-            for (int h = 0; h < c.n_kv_heads; h++) {
-                const int n = test::attended_rows(cache, l, h, s.length - 1, keys, values);
+            for (int h = 0; h < c.n_kv_heads; h++)
                 for (int i = 0; i < n; i++)
-                    for (const float* row : {keys[std::size_t(i)], values[std::size_t(i)]}) {
-                        const auto b = bits(row, c.head_size());
+                    for (int kv = 0; kv < 2; kv++) {
+                        const int t = positions[std::size_t(i)];
+                        const auto b = bits(kv ? cache.value(l, h, t) : cache.key(l, h, t), c.head_size());
                         s.attended.insert(s.attended.end(), b.begin(), b.end());
                     }
-            }
     }
-    s.k = bits(cache.storage().k_f32(), cache.storage().k.size() / 4);
-    s.v = bits(cache.storage().v_f32(), cache.storage().v.size() / 4);
+    const KVStorage& st = cache.storage();
+    s.k.assign(st.k.data(), st.k.data() + st.k.size());
+    s.v.assign(st.v.data(), st.v.data() + st.v.size());
     return s;
 }
 

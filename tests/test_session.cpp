@@ -70,7 +70,7 @@ TEST_CASE("session: every variant publishes one step per prefill and decode step
     }
 }
 
-TEST_CASE("session: exact variants are bitwise equal to naive decode at every step; int4 is not") {
+TEST_CASE("session: exact variants are bitwise equal to naive decode at every step, and int4 is not") {
     for (Variant v : {Variant::contiguous_head, Variant::paged, Variant::prefix_shared}) {
         INFO(to_string(v));
         const Session session(small(v));

@@ -130,16 +130,21 @@ void check_storage() {
         }
 }
 
-// kvlab's quantized cache with the student's quantizer making what attention reads. kvlab keeps
-// its own bookkeeping (which key rows are KIVI's fp32 residual, when a group completes); after it
-// has stored a row, the rows it quantized are replaced by the student's round trip of the same
-// raw floats, and the student's blocks are what memory() reports.
-class LabQuantizedCache final : public QuantizedCache {
+// A KIVI cache with the student's quantizer making what attention reads: a head-major fp32 cache
+// whose rows are replaced, once stored, by the student's round trip of the same floats (values
+// and per-token keys at once; per-channel keys a group at a time, when its last row is stored,
+// the earlier rows staying fp32 until then: KIVI's residual). kvlab's own QuantizedCache keeps
+// codes only; this one keeps the floats its codes stand for, so that any student block layout
+// plugs in, and reports the student's blocks as its memory.
+class LabQuantizedCache final : public ContiguousCache {
 public:
-    LabQuantizedCache(const Config& c, QuantSpec spec) : QuantizedCache(c, spec) {}
+    LabQuantizedCache(const Config& c, QuantSpec spec) : ContiguousCache(c), spec_(spec), reference_(c, spec) {}
 
+    const QuantSpec& spec() const { return spec_; }
+    std::string name() const override { return reference_.name(); }
+    int max_step() const override { return reference_.max_step(); }
     MemoryStats memory() const override {
-        MemoryStats m = QuantizedCache::memory();
+        MemoryStats m = ContiguousCache::memory();
         m.payload_bytes = code_bytes_;
         m.metadata_bytes = meta_bytes_;
         m.reserved_bytes = m.allocated_bytes = code_bytes_ + meta_bytes_;
@@ -153,30 +158,23 @@ protected:
         const bool kivi = spec().key_axis == Axis::per_channel;
         const bool completes = kivi && pos % g == g - 1;  // the last row of a key group: it is quantized now
         const int k_first = kivi ? pos - g + 1 : pos, k_rows = kivi ? g : 1;
-        // The raw rows, before kvlab replaces them: V and per-token K at pos; for a completed KIVI
-        // group, its g rows (the earlier ones are still the fp32 residual).
-        std::vector<float> v_raw(std::size_t(c.n_kv_heads) * hs), k_raw(std::size_t(c.n_kv_heads) * k_rows * hs);
+        float* k = storage().k_f32();
+        float* v = storage().v_f32();
         for (int h = 0; h < c.n_kv_heads; h++) {
-            std::copy_n(row(mirror().v_f32(), l, h, pos), hs, v_raw.data() + std::size_t(h) * hs);
-            if (!kivi || completes)
-                for (int r = 0; r < k_rows; r++)
-                    std::copy_n(row(mirror().k_f32(), l, h, k_first + r), hs,
-                                k_raw.data() + (std::size_t(h) * k_rows + r) * hs);
-        }
-        QuantizedCache::on_stored(l, pos);
-        for (int h = 0; h < c.n_kv_heads; h++) {
-            round_trip(v_raw.data() + std::size_t(h) * hs, 1, hs, Axis::per_token, row(mirror().v_f32(), l, h, pos));
-            if (!kivi || completes)
-                round_trip(k_raw.data() + std::size_t(h) * k_rows * hs, k_rows, hs, spec().key_axis,
-                           row(mirror().k_f32(), l, h, k_first));
+            std::vector<float> v_raw(row(v, l, h, pos), row(v, l, h, pos) + hs);  // [head_size]
+            round_trip(v_raw.data(), 1, hs, Axis::per_token, row(v, l, h, pos));
+            if (!kivi || completes) {
+                // The key rows [k_rows, head_size] are consecutive: head-major storage.
+                std::vector<float> k_raw(row(k, l, h, k_first), row(k, l, h, k_first) + std::size_t(k_rows) * hs);
+                round_trip(k_raw.data(), k_rows, hs, spec().key_axis, row(k, l, h, k_first));
+            }
         }
     }
 
 private:
-    const KVStorage& mirror() const { return storage(); }
-    // Row (l, h, t) of the host mirror: [n_layers, n_kv_heads, max_seq, head_size].
-    float* row(float* b, int l, int h, int t) const { return b + mirror().row(l, h, t) * config().head_size(); }
-    // out[rows, head_size] (consecutive mirror rows) = dequantize(quantize(x)).
+    // Row (l, h, t) of the fp32 storage: [n_layers, n_kv_heads, max_seq, head_size].
+    float* row(float* b, int l, int h, int t) const { return b + storage().row(l, h, t) * config().head_size(); }
+    // out[rows, head_size] (consecutive rows) = dequantize(quantize(x)).
     void round_trip(const float* x, int rows, int cols, Axis axis, float* out) {
         const int g = spec().group, bits = spec().bits;
         const int n_groups = axis == Axis::per_token ? rows * (cols / g) : (rows / g) * cols;
@@ -188,6 +186,8 @@ private:
         code_bytes_ += std::int64_t(q.codes.size());
         meta_bytes_ += std::int64_t(sizeof(float) * (q.scales.size() + q.mins.size()));
     }
+    QuantSpec spec_;
+    QuantizedCache reference_;  // kvlab's: its name, its step rule, and (check_cache_memory) its promise
     std::int64_t code_bytes_ = 0, meta_bytes_ = 0;  // the student's blocks so far
 };
 
