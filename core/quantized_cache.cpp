@@ -23,7 +23,7 @@ unsigned QuantizedCache::get_code(const std::uint8_t* codes, int i, int bits) {
     return (i % 2 == 0) ? (codes[i / 2] & 0x0fu) : (codes[i / 2] >> 4);
 }
 
-QuantizedCache::QuantizedCache(const Config& config, QuantSpec spec) : Cache(config), spec_(spec) {
+QuantizedCache::QuantizedCache(const Config& config, QuantSpec spec, Memory& memory) : Cache(config), spec_(spec) {
     const Config& c = config_;
     const int hs = c.head_size(), g = spec_.group;
     if (spec_.bits != 8 && spec_.bits != 4)
@@ -33,14 +33,17 @@ QuantizedCache::QuantizedCache(const Config& config, QuantSpec spec) : Cache(con
     if (hs % g != 0) throw Error(fmt::format("quantization group {} does not divide head_size {}", g, hs));
     if (per_channel_keys() && g > c.max_seq)
         throw Error(fmt::format("quantization group {} of per-channel keys exceeds max_seq {}", g, c.max_seq));
+    if (!memory.host_visible())
+        throw Error("quantized cache: its key groups are quantized on the host; it needs host-visible memory");
     const std::int64_t rows = std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq, pairs = rows / c.max_seq;
     // Rows of codes and row scales (size-checked where KVStorage allocates them), all NaN.
-    storage_ = KVStorage(host_memory(), rows, hs, std::int64_t(c.n_kv_heads) * c.max_seq, c.max_seq,
+    storage_ = KVStorage(memory, rows, hs, std::int64_t(c.n_kv_heads) * c.max_seq, c.max_seq,
                          spec_.bits == 8 ? KVFormat::int8 : KVFormat::int4, {}, g);
-    k_residual_.assign(per_channel_keys() ? std::size_t(pairs) * g * hs : 0, kNaN);
+    k_residual_ = Buffer<float>(memory, per_channel_keys() ? pairs * g * hs : 0);
+    memory.fill_nan(k_residual_.data(), k_residual_.size(), int(KVFormat::fp32));
     key_rows_.assign(std::size_t(c.n_layers), 0);
     assert(storage_.n_rows == rows && storage_.group() == g);
-    assert(k_residual_.size() == (per_channel_keys() ? std::size_t(pairs) * g * hs : 0));
+    assert(k_residual_.size() == (per_channel_keys() ? pairs * g * hs : 0));
 }
 
 void QuantizedCache::reserve(int new_length) { assert(new_length <= config_.max_seq); }
@@ -48,7 +51,7 @@ void QuantizedCache::reserve(int new_length) { assert(new_length <= config_.max_
 RowKV QuantizedCache::row_kv() const {
     RowKV r = Cache::row_kv();
     if (per_channel_keys()) {
-        r.k_residual = const_cast<float*>(k_residual_.data());  // the backend stores raw keys there
+        r.k_residual = k_residual_.data();  // the backend stores raw keys there
         r.key_group = spec_.group;
         r.k_quantized = length() / spec_.group * spec_.group;  // groups complete once this step is stored
     }
@@ -159,7 +162,7 @@ void QuantizedCache::release(int n) {
 MemoryStats QuantizedCache::memory() const {
     const Config& c = config_;
     const std::int64_t pairs = std::int64_t(c.n_layers) * c.n_kv_heads;
-    const std::int64_t residual = std::int64_t(sizeof(float)) * std::int64_t(k_residual_.size());
+    const std::int64_t residual = k_residual_.bytes();
     MemoryStats m;
     m.used_bytes = 2 * pairs * length() * storage_.row_bytes();
     // Codes (and their padding) and the fp32 residual; the scales beside the codes are metadata.

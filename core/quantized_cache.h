@@ -38,8 +38,9 @@ struct QuantSpec {
 
 class QuantizedCache : public Cache {
 public:
-    // Throws Error for a spec that does not fit the config (bits, group size).
-    explicit QuantizedCache(const Config& config, QuantSpec spec = {});
+    // Throws Error for a spec that does not fit the config (bits, group size), or memory that is
+    // not host-visible (completed key groups are quantized on the host).
+    explicit QuantizedCache(const Config& config, QuantSpec spec = {}, Memory& memory = host_memory());
 
     std::int64_t slot(int t) const override { return t; }
     const KVStorage& storage() const override { return storage_; }
@@ -84,7 +85,7 @@ private:
     // channels, NaN where nothing is stored; per-channel keys' rows hold their group's channel
     // scales in place of their own.
     KVStorage storage_;
-    std::vector<float> k_residual_;  // per-channel: [n_layers, n_kv_heads, group, head_size] by t % group; else empty
+    Buffer<float> k_residual_;       // per-channel: [n_layers, n_kv_heads, group, head_size] by t % group; else empty
     std::vector<int> key_rows_;      // [n_layers]: positions 0..key_rows_[l]-1 of layer l are written
     mutable std::vector<float> key_row_;  // [head_size] key()'s row
 };

@@ -464,6 +464,76 @@ TEST_CASE("KV formats counter-test: a cache that keeps an fp32 copy besides its 
         "the allocator holds");
 }
 
+namespace {
+
+// A quantized cache that also keeps an fp32 copy of its rows, as it once did, and reports only
+// its codes: the counter-test of the quantized memory property.
+class MirroringQuantized final : public QuantizedCache {
+public:
+    MirroringQuantized(const Config& c, QuantSpec spec, Memory& memory)
+        : QuantizedCache(c, spec, memory),
+          mirror_(memory, 2 * std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq * c.head_size()) {}
+
+private:
+    Buffer<float> mirror_;  // [2, n_layers, n_kv_heads, max_seq, head_size]
+};
+
+// A quantized cache (any bits, key axis and group) filled with a random number of positions; ""
+// when the bytes it reports are the bytes its allocator holds.
+std::string quant_memory_mismatch(bool mirror) {
+    const Config c = draw_config(2);
+    QuantSpec spec;
+    spec.bits = draw(0, 1) ? 8 : 4;
+    spec.key_axis = draw(0, 1) ? QuantSpec::Axis::per_channel : QuantSpec::Axis::per_token;
+    std::vector<int> groups;  // divisors of head_size; per-channel keys: at most max_seq
+    for (int g = 1; g <= c.head_size(); g++)
+        if (c.head_size() % g == 0 && (spec.key_axis == QuantSpec::Axis::per_token || g <= c.max_seq))
+            groups.push_back(g);
+    spec.group = groups[std::size_t(draw(0, int(groups.size()) - 1))];
+    CountingMemory memory;
+    std::unique_ptr<QuantizedCache> cache = mirror ? std::make_unique<MirroringQuantized>(c, spec, memory)
+                                                   : std::make_unique<QuantizedCache>(c, spec, memory);
+    // Positions one at a time, every layer's rows written as the decoder writes them (a backend
+    // needs its own memory: this one is the counting allocator's).
+    const int n = draw(0, c.max_seq);
+    std::vector<float> k_row(std::size_t(c.kv_dim())), v_row(k_row.size());  // [kv_dim]
+    for (int pos = 0; pos < n; pos++) {
+        cache->append(draw_tokens(c, 1));
+        for (int l = 0; l < c.n_layers; l++) {
+            for (float& x : k_row) x = float(draw(-1000, 1000)) / 64.0f;
+            for (float& x : v_row) x = float(draw(-1000, 1000)) / 64.0f;
+            cache->write(l, pos, k_row.data(), v_row.data());
+        }
+    }
+    const MemoryStats ms = cache->memory();
+    const std::string where = fmt::format("{} ({} positions, {}): ", cache->name(), cache->length(), c.describe());
+    if (ms.allocated_bytes != memory.live() || ms.reserved_bytes != memory.live())
+        return where + fmt::format("memory() says {} bytes allocated and {} reserved, the allocator holds {}",
+                                   ms.allocated_bytes, ms.reserved_bytes, memory.live());
+    if (ms.scratch_bytes != 0) return where + fmt::format("{} bytes of scratch: an fp32 copy", ms.scratch_bytes);
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("quantized cache: the memory it reports is the memory its allocator holds: codes, scales, residual",
+          "[kv-format][quant]") {
+    rc::prop("int8 and int4, keys per token or per channel, any group, any number of positions written", [] {
+        const std::string m = quant_memory_mismatch(false);
+        if (!m.empty()) RC_FAIL(m);
+    });
+}
+
+TEST_CASE("quantized cache counter-test: one that keeps an fp32 copy besides its codes is caught",
+          "[kv-format][quant][counter]") {
+    test::expect_failure(
+        [] {
+            const std::string m = quant_memory_mismatch(true);
+            if (!m.empty()) RC_FAIL(m);
+        },
+        "the allocator holds");
+}
+
 TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code, with and without a scale",
           "[kv-format]") {
     for (KVFormat f : kFloatKVFormats) {

@@ -51,10 +51,15 @@ std::string table_row(const VariantInfo& v) {
         for (std::size_t i = 0; i < v.presets.size(); i++)
             params += fmt::format("{} `{}`", i ? "," : "", v.presets[i].label);
     }
-    return fmt::format("| `{}` | {} | {} | {} |", v.name, v.summary, v.regime, params.empty() ? "none" : params);
+    // Which KV formats it stores (core/kv_format.h): any, by --kv-format, or its own codes only.
+    std::string formats;
+    for (KVFormat f : kKVFormats) formats += fmt::format("{}{}", formats.empty() ? "" : ", ", kv_format_name(f));
+    formats = v.kv_formats ? formats + " (`--kv-format`)" : "its own (no `--kv-format`)";
+    return fmt::format("| `{}` | {} | {} | {} | {} |", v.name, v.summary, v.regime, formats,
+                       params.empty() ? "none" : params);
 }
 
-const char* const kTableHeader = "| variant | what it is | exact? | parameters |";
+const char* const kTableHeader = "| variant | what it is | exact? | KV formats | parameters |";
 
 // "contiguous-head" from "| `contiguous-head` | ...".
 std::string row_name(const std::string& row) {
@@ -233,7 +238,7 @@ TEST_CASE("the variant table of docs/variants.md is the registry's, row for row"
     if (!problems.empty()) {
         // The whole table, unwrapped, to paste.
         std::ofstream out("variant-table.md");
-        out << kTableHeader << "\n|---|---|---|---|\n";
+        out << kTableHeader << "\n|---|---|---|---|---|\n";
         for (const VariantInfo& v : variant_table()) out << table_row(v) << "\n";
         UNSCOPED_INFO("the registry's table is in " << (std::filesystem::current_path() / "variant-table.md"));
     }
