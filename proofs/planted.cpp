@@ -269,6 +269,11 @@ std::function<void(StepPlan&)> planted_transform(Mutant m) {
                         pos = (pos + 1) % s.cache->config().max_seq;
                     }
             };
+        case Mutant::chunk_boundary_rope:  // a multi-row step after position 0: its first row at pos - 1
+            return [](StepPlan& p) {
+                for (const StepPlan::Sequence& s : p.seqs)
+                    if (s.n_rows > 1 && s.start > 0) p.positions[std::size_t(s.first_row)] -= 1;
+            };
         case Mutant::gqa_modulo:
             return [](StepPlan& p) {
                 const int n_kv_heads = p.seqs.at(0).cache->config().n_kv_heads;

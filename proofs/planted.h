@@ -51,6 +51,7 @@ enum class Mutant {
     fp16_overflow_inf,      // fp16 cache: a finite value past 65504 is stored as infinity
     prefix_keeps_format,    // prefix cache: a pool switched to another format keeps its cached blocks
     int_scale_prev_block,   // int8/int4 paged cache: a block's first row gets the previous block's group scales
+    chunk_boundary_rope,    // a prefill chunk after the first rotates its first row at the previous position
 };
 
 struct MutantInfo {
@@ -60,7 +61,7 @@ struct MutantInfo {
     std::string_view check;  // the verify check that must catch it (verify.cpp)
 };
 
-inline constexpr std::array<MutantInfo, 17> kMutants{{
+inline constexpr std::array<MutantInfo, 18> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -81,6 +82,9 @@ inline constexpr std::array<MutantInfo, 17> kMutants{{
      "a prefix hit maps blocks written in another KV format (a format switch keeps the prefix cache)", "format-switch"},
     {Mutant::int_scale_prev_block, "int-scale-prev-block",
      "a paged block's first row gets the previous block's group scales (int8, int4)", "format-int8"},
+    {Mutant::chunk_boundary_rope, "chunk-boundary-rope",
+     "a prefill chunk after the first rotates its first row at the previous position (the boundary row repeated)",
+     "chunked-prefill"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
@@ -89,7 +93,8 @@ inline constexpr std::array<MutantInfo, 17> kMutants{{
 std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner);
 // Cached decode's backend (read-before-write, kv-wrong-layer, and the KV format bugs).
 std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner);
-// A cached decoder's plan transform (rope-decode-off, gqa-modulo, batch-mixes-blocks).
+// A cached decoder's plan transform (rope-decode-off, gqa-modulo, batch-mixes-blocks,
+// chunk-boundary-rope).
 std::function<void(StepPlan&)> planted_transform(Mutant m);
 // A cache of any variant (stale-prefix, rollback-keeps-length, spec-rollback-short,
 // int-scale-prev-block).

@@ -354,6 +354,35 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     expect_memory_consistent(*u, what);
 }
 
+// Chunked prefill: any exact variant (any KV format) takes a prompt in chunks of any sizes (1 up
+// to the rest, so chunks cross block boundaries and a window's ring), then decodes; every
+// chunk's last logits and every step's equal naive decode of the prefix so far.
+void chunked_prefill_property(const Devices& devices, Mutant mutant) {
+    const std::vector<Variant> exact = exact_variants();
+    const Variant variant = exact[draw(std::size_t{0}, exact.size() - 1)];
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const KVFormat format = draw_kv_format(devices);
+    Oracle oracle(m, devices, mutant);
+    oracle.set_kv_format(format, {});
+    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory(), format);
+    const auto cached = oracle.cached(*u);
+    const std::vector<int> tokens = draw_tokens(c, draw(2, c.max_seq));
+    const int prompt = draw(2, int(tokens.size()));
+    std::string what = fmt::format("{} in {}, {}, prompt {} of {} in chunks", describe(u.spec), kv_format_name(format),
+                                   c.describe(), prompt, tokens.size());
+    const std::span<const int> all(tokens);
+    for (int at = 0; at < prompt;) {
+        const int n = draw(1, prompt - at);
+        what += fmt::format(" {}", n);
+        at += n;
+        oracle.expect_naive(all.first(at), cached->prefill(all.subspan(std::size_t(at - n), std::size_t(n))), what);
+    }
+    for (int T = prompt + 1; T <= int(tokens.size()); T++)
+        oracle.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
+    expect_memory_consistent(*u, what);
+}
+
 // Sequences of different lengths, some joining later, step together over one pool: a
 // sequence's first step is its whole prompt, later ones one token. Each sequence's logits equal
 // its solo naive run at every step.
@@ -760,6 +789,9 @@ const std::vector<Check>& checks() {
         v.push_back({"rollback", "exact", "any exact variant, 1-3 rollbacks of any length; any KV format",
                      "decode, roll back any number of positions, decode other tokens", std::nullopt,
                      rollback_property});
+        v.push_back({"chunked-prefill", "exact", "any exact variant, a prompt in chunks of 1..rest; any KV format",
+                     "a prompt prefilled chunk by chunk, then decoded, equals naive decode at every chunk and step",
+                     std::nullopt, chunked_prefill_property});
         v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins; any KV format",
                      "sequences of different lengths stepped together over one pool", std::nullopt, batch_property});
         v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",

@@ -49,7 +49,7 @@ TEST_CASE("exact variants: contiguous layouts, growing and paged caches equal na
 }
 
 TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, batches", "[verify][exact]") {
-    for (const char* name : {"prefix-shared", "fork", "rollback", "batch"}) check_rows(name);
+    for (const char* name : {"prefix-shared", "fork", "rollback", "chunked-prefill", "batch"}) check_rows(name);
 }
 
 TEST_CASE("exact KV formats: bf16, fp16, fp8, int8 and int4 caches equal the format-aware naive decode",
@@ -108,6 +108,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"prefix-shared", "exact"},
                                                                     {"fork", "exact"},
                                                                     {"rollback", "exact"},
+                                                                    {"chunked-prefill", "exact"},
                                                                     {"batch", "exact"},
                                                                     {"stale", "exact"},
                                                                     {"speculate", "exact"},
@@ -146,7 +147,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"bf16-truncates", "mutant"},
                                                                     {"fp16-overflow-inf", "mutant"},
                                                                     {"prefix-keeps-format", "mutant"},
-                                                                    {"int-scale-prev-block", "mutant"}};
+                                                                    {"int-scale-prev-block", "mutant"},
+                                                                    {"chunk-boundary-rope", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
