@@ -131,7 +131,6 @@ void QuantizedCache::release(int n) {
     const int hs = config_.head_size(), g = spec_.group;
     if (per_channel_keys()) {
         const RowKV r = row_kv();
-        std::vector<float> row(static_cast<std::size_t>(hs));  // [head_size]
         for (int l = 0; l < config_.n_layers; l++) {
             const int kept = key_rows_[std::size_t(l)];
             if (kept <= n) continue;
@@ -143,13 +142,11 @@ void QuantizedCache::release(int n) {
             const bool was_complete = kept >= g0 + g;
             for (int h = 0; h < config_.n_kv_heads; h++)
                 for (int t = g0; t < g0 + g && t < config_.max_seq; t++) {
-                    if (t < n && was_complete) read_key(l, h, t, row.data());
-                    if (t < n && !was_complete) continue;  // still the raw key
                     float* residual = r.kivi_residual(l, h, t, hs);
-                    if (t < n)
-                        std::copy_n(row.data(), hs, residual);
-                    else
+                    if (t >= n)
                         std::fill_n(residual, hs, kNaN);
+                    else if (was_complete)  // else the residual still holds the raw key
+                        read_key(l, h, t, residual);
                 }
             key_rows_[std::size_t(l)] = n;
         }

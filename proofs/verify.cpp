@@ -65,7 +65,7 @@ public:
         for (NaiveDecoder* n : {&naive_, tested_naive_.get()})
             if (n) n->quant = spec;
     }
-    Memory& memory() { return backend().memory(); }                   // where their caches live
+    Memory& memory() { return backend().memory(); }  // where their caches live
     Mutant mutant() const { return mutant_; }
 
     // A cached decoder under test on `cache`, with the planted bug's backend and plan transform.
@@ -323,16 +323,34 @@ void fork_property(const Devices& devices, Mutant mutant) {
 
 // Decode, roll back any number of positions, decode other tokens, repeat; every step equals
 // naive decode of the tokens that were kept.
+// Any exact variant, its parameters drawn, storing K and V in a drawn KV format (naive decode the
+// same way), with a cached decoder under test on it: the scenarios' common start.
+struct AnyExactVariant {
+    AnyExactVariant(const Devices& devices, Mutant mutant, int min_seq = 1)
+        : c(draw_config(min_seq)),
+          m(random_model(c, *rc::gen::arbitrary<std::uint64_t>())),
+          format(draw_kv_format(devices)),
+          oracle(m, devices, mutant) {
+        const std::vector<Variant> exact = exact_variants();
+        oracle.set_kv_format(format, {});
+        u = cache_under_test(exact[draw(std::size_t{0}, exact.size() - 1)], c, mutant, oracle.memory(), format);
+        cached = oracle.cached(*u);
+    }
+    const Config c;
+    const Model m;
+    const KVFormat format;
+    Oracle oracle;
+    CacheUnderTest u;
+    std::unique_ptr<CachedDecoder> cached;
+};
+
 void rollback_property(const Devices& devices, Mutant mutant) {
-    const std::vector<Variant> exact = exact_variants();
-    const Variant variant = exact[draw(std::size_t{0}, exact.size() - 1)];
-    const Config c = draw_config();
-    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = draw_kv_format(devices);
-    Oracle oracle(m, devices, mutant);
-    oracle.set_kv_format(format, {});
-    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory(), format);
-    const auto cached = oracle.cached(*u);
+    AnyExactVariant run(devices, mutant);
+    const Config& c = run.c;
+    Oracle& oracle = run.oracle;
+    CacheUnderTest& u = run.u;
+    const KVFormat format = run.format;
+    CachedDecoder* cached = run.cached.get();
     std::vector<int> kept;
     const int rounds = draw(1, 3);
     std::string what = fmt::format("{} in {}, {}", describe(u.spec), kv_format_name(format), c.describe());
@@ -358,15 +376,12 @@ void rollback_property(const Devices& devices, Mutant mutant) {
 // to the rest, so chunks cross block boundaries and a window's ring), then decodes; every
 // chunk's last logits and every step's equal naive decode of the prefix so far.
 void chunked_prefill_property(const Devices& devices, Mutant mutant) {
-    const std::vector<Variant> exact = exact_variants();
-    const Variant variant = exact[draw(std::size_t{0}, exact.size() - 1)];
-    const Config c = draw_config(2);
-    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = draw_kv_format(devices);
-    Oracle oracle(m, devices, mutant);
-    oracle.set_kv_format(format, {});
-    CacheUnderTest u = cache_under_test(variant, c, mutant, oracle.memory(), format);
-    const auto cached = oracle.cached(*u);
+    AnyExactVariant run(devices, mutant, 2);
+    const Config& c = run.c;
+    Oracle& oracle = run.oracle;
+    CacheUnderTest& u = run.u;
+    const KVFormat format = run.format;
+    CachedDecoder* cached = run.cached.get();
     const std::vector<int> tokens = draw_tokens(c, draw(2, c.max_seq));
     const int prompt = draw(2, int(tokens.size()));
     std::string what = fmt::format("{} in {}, {}, prompt {} of {} in chunks", describe(u.spec), kv_format_name(format),
@@ -483,7 +498,7 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     const int k = draw(1, 4);
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq));
     const int P = int(prompt.size());
-    const int steps = draw(1, c.max_seq - P + 1);  // the last token needs no position
+    const int steps = draw(1, c.max_seq - P + 1);     // the last token needs no position
     const KVFormat format = draw_kv_format(devices);  // every cache's, and naive decode's
     Oracle oracle(target, devices, mutant);
     oracle.set_kv_format(format, {});
@@ -521,8 +536,8 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     for (int i = 0; i < steps; i++) {
         const std::size_t at = std::size_t(i);
         const int step = got.step_of[at];
-        if (auto diff = first_difference(std::span(want.logits).subspan(at * V, V),
-                                         std::span(got.logits).subspan(at * V, V)))
+        if (auto diff =
+                first_difference(std::span(want.logits).subspan(at * V, V), std::span(got.logits).subspan(at * V, V)))
             fail(fmt::format("{}: target step {}, logits at position {} (token {}) differ from plain greedy, {}", what,
                              step, P - 1 + i, i, *diff));
         if (got.tokens[at] != want.tokens[at])

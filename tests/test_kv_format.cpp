@@ -258,20 +258,27 @@ public:
     int max_step() const override { return config().max_seq; }
 };
 
+// A quantized cache's spec for c: 8 or 4 bits, keys per token or per channel (always, with
+// per_channel), a group that divides head_size (and, per channel, fits max_seq).
+QuantSpec draw_quant_spec(const Config& c, bool per_channel = false) {
+    QuantSpec spec;
+    spec.bits = draw(0, 1) ? 8 : 4;
+    spec.key_axis = per_channel || draw(0, 1) ? QuantSpec::Axis::per_channel : QuantSpec::Axis::per_token;
+    std::vector<int> groups;
+    for (int g = 1; g <= c.head_size(); g++)
+        if (c.head_size() % g == 0 && (spec.key_axis == QuantSpec::Axis::per_token || g <= c.max_seq))
+            groups.push_back(g);
+    spec.group = groups[std::size_t(draw(0, int(groups.size()) - 1))];
+    return spec;
+}
+
 // The quantized cache (8 or 4 bits, keys per token or per channel, any group that fits) against
 // naive decode that rounds K and V as the cache does (NaiveDecoder::quant), or in fp32 (the first
 // counter-test); whole_prefill: the second counter-test's cache, keys per channel.
 void quant_naive_property(bool naive_rounds, bool whole_prefill) {
     const Config c = draw_config(2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    QuantSpec spec;
-    spec.bits = draw(0, 1) ? 8 : 4;
-    spec.key_axis = whole_prefill || draw(0, 1) ? QuantSpec::Axis::per_channel : QuantSpec::Axis::per_token;
-    std::vector<int> groups;  // divisors of head_size; per-channel keys: at most max_seq
-    for (int g = 1; g <= c.head_size(); g++)
-        if (c.head_size() % g == 0 && (spec.key_axis == QuantSpec::Axis::per_token || g <= c.max_seq))
-            groups.push_back(g);
-    spec.group = groups[std::size_t(draw(0, int(groups.size()) - 1))];
+    const QuantSpec spec = draw_quant_spec(c, whole_prefill);
     const bool on_gpu_host = draw(0, 1);
     std::unique_ptr<Backend> backend;
     if (on_gpu_host)
@@ -370,17 +377,43 @@ private:
     std::int64_t live_ = 0;
 };
 
-// A contiguous cache that also keeps an fp32 copy of its rows, as kvlab's quantized caches once
-// did, and reports only its own storage: the memory check must see the difference.
-class MirroringCache final : public ContiguousCache {
+// A cache that also keeps an fp32 copy of its rows, as kvlab's quantized caches once did, and
+// reports only its own storage: the memory checks must see the difference. Base is made with
+// (c, args..., memory).
+template <class Base>
+class WithFp32Copy final : public Base {
 public:
-    MirroringCache(const Config& c, Memory& memory)
-        : ContiguousCache(c, Layout::head_major, memory),
+    template <class... Args>
+    WithFp32Copy(const Config& c, Memory& memory, Args... args)
+        : Base(c, args..., memory),
           mirror_(memory, 2 * std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq * c.head_size()) {}
 
 private:
     Buffer<float> mirror_;  // [2, n_layers, n_kv_heads, max_seq, head_size]
 };
+
+// Appends a random number of positions one at a time and writes every layer's rows as the
+// decoder does (host writes: a backend would need its own memory); returns how many.
+int write_random_positions(Cache& cache) {
+    const Config& c = cache.config();
+    const int n = draw(0, c.max_seq);
+    std::vector<float> k_row(std::size_t(c.kv_dim())), v_row(k_row.size());  // [kv_dim]
+    for (int pos = 0; pos < n; pos++) {
+        cache.append(draw_tokens(c, 1));
+        for (int l = 0; l < c.n_layers; l++) {
+            for (float& x : k_row) x = float(draw(-1000, 1000)) / 64.0f;
+            for (float& x : v_row) x = float(draw(-1000, 1000)) / 64.0f;
+            cache.write(l, pos, k_row.data(), v_row.data());
+        }
+    }
+    return n;
+}
+
+// The property over a mismatch function (memory_mismatch, quant_memory_mismatch): "" every case.
+void expect_no_mismatch(std::string (*mismatch)(bool mirror), bool mirror) {
+    const std::string m = mismatch(mirror);
+    if (!m.empty()) RC_FAIL(m);
+}
 
 // Fills a cache in `format` with a random number of positions (host writes), then compares what
 // it reports with the allocator; "" when they agree. mirror: the counter-test's cache instead.
@@ -392,22 +425,13 @@ std::string memory_mismatch(bool mirror) {
     CountingMemory memory;
     FormatCache fc;
     if (mirror) {
-        fc.cache = std::make_unique<MirroringCache>(c, memory);
+        fc.cache = std::make_unique<WithFp32Copy<ContiguousCache>>(c, memory, ContiguousCache::Layout::head_major);
         fc.cache->set_kv_format(format, scales);
         fc.name = "a contiguous cache with an fp32 mirror";
     } else {
         fc = format_cache(c, draw(0, 3), format, memory, scales);
     }
-    const int n = draw(0, c.max_seq);
-    std::vector<float> k_row(std::size_t(c.kv_dim())), v_row(k_row.size());  // [kv_dim]
-    for (int pos = 0; pos < n; pos++) {
-        fc.cache->append(draw_tokens(c, 1));
-        for (int l = 0; l < c.n_layers; l++) {
-            for (float& x : k_row) x = float(draw(-1000, 1000)) / 64.0f;
-            for (float& x : v_row) x = float(draw(-1000, 1000)) / 64.0f;
-            fc.cache->write(l, pos, k_row.data(), v_row.data());
-        }
-    }
+    const int n = write_random_positions(*fc.cache);
     // The pool's memory is the blocks of every sequence; a cache's own, its rows alone.
     const MemoryStats ms = fc.pool ? fc.pool->memory() : fc.cache->memory();
     // A row's code bytes and its metadata: a float format's elements; an integer format's groups
@@ -448,63 +472,26 @@ std::string memory_mismatch(bool mirror) {
 
 TEST_CASE("KV formats: the memory a cache reports is the memory its allocator holds: codes and scales, no fp32 copy",
           "[kv-format]") {
-    rc::prop("contiguous (both layouts), growing and paged, every format", [] {
-        const std::string m = memory_mismatch(false);
-        if (!m.empty()) RC_FAIL(m);
-    });
+    rc::prop("contiguous (both layouts), growing and paged, every format",
+             [] { expect_no_mismatch(memory_mismatch, false); });
 }
 
 TEST_CASE("KV formats counter-test: a cache that keeps an fp32 copy besides its codes is caught",
           "[kv-format][counter]") {
-    test::expect_failure(
-        [] {
-            const std::string m = memory_mismatch(true);
-            if (!m.empty()) RC_FAIL(m);
-        },
-        "the allocator holds");
+    test::expect_failure([] { expect_no_mismatch(memory_mismatch, true); }, "the allocator holds");
 }
 
 namespace {
-
-// A quantized cache that also keeps an fp32 copy of its rows, as it once did, and reports only
-// its codes: the counter-test of the quantized memory property.
-class MirroringQuantized final : public QuantizedCache {
-public:
-    MirroringQuantized(const Config& c, QuantSpec spec, Memory& memory)
-        : QuantizedCache(c, spec, memory),
-          mirror_(memory, 2 * std::int64_t(c.n_layers) * c.n_kv_heads * c.max_seq * c.head_size()) {}
-
-private:
-    Buffer<float> mirror_;  // [2, n_layers, n_kv_heads, max_seq, head_size]
-};
 
 // A quantized cache (any bits, key axis and group) filled with a random number of positions; ""
 // when the bytes it reports are the bytes its allocator holds.
 std::string quant_memory_mismatch(bool mirror) {
     const Config c = draw_config(2);
-    QuantSpec spec;
-    spec.bits = draw(0, 1) ? 8 : 4;
-    spec.key_axis = draw(0, 1) ? QuantSpec::Axis::per_channel : QuantSpec::Axis::per_token;
-    std::vector<int> groups;  // divisors of head_size; per-channel keys: at most max_seq
-    for (int g = 1; g <= c.head_size(); g++)
-        if (c.head_size() % g == 0 && (spec.key_axis == QuantSpec::Axis::per_token || g <= c.max_seq))
-            groups.push_back(g);
-    spec.group = groups[std::size_t(draw(0, int(groups.size()) - 1))];
+    const QuantSpec spec = draw_quant_spec(c);
     CountingMemory memory;
-    std::unique_ptr<QuantizedCache> cache = mirror ? std::make_unique<MirroringQuantized>(c, spec, memory)
+    std::unique_ptr<QuantizedCache> cache = mirror ? std::make_unique<WithFp32Copy<QuantizedCache>>(c, memory, spec)
                                                    : std::make_unique<QuantizedCache>(c, spec, memory);
-    // Positions one at a time, every layer's rows written as the decoder writes them (a backend
-    // needs its own memory: this one is the counting allocator's).
-    const int n = draw(0, c.max_seq);
-    std::vector<float> k_row(std::size_t(c.kv_dim())), v_row(k_row.size());  // [kv_dim]
-    for (int pos = 0; pos < n; pos++) {
-        cache->append(draw_tokens(c, 1));
-        for (int l = 0; l < c.n_layers; l++) {
-            for (float& x : k_row) x = float(draw(-1000, 1000)) / 64.0f;
-            for (float& x : v_row) x = float(draw(-1000, 1000)) / 64.0f;
-            cache->write(l, pos, k_row.data(), v_row.data());
-        }
-    }
+    write_random_positions(*cache);
     const MemoryStats ms = cache->memory();
     const std::string where = fmt::format("{} ({} positions, {}): ", cache->name(), cache->length(), c.describe());
     if (ms.allocated_bytes != memory.live() || ms.reserved_bytes != memory.live())
@@ -518,20 +505,13 @@ std::string quant_memory_mismatch(bool mirror) {
 
 TEST_CASE("quantized cache: the memory it reports is the memory its allocator holds: codes, scales, residual",
           "[kv-format][quant]") {
-    rc::prop("int8 and int4, keys per token or per channel, any group, any number of positions written", [] {
-        const std::string m = quant_memory_mismatch(false);
-        if (!m.empty()) RC_FAIL(m);
-    });
+    rc::prop("int8 and int4, keys per token or per channel, any group, any number of positions written",
+             [] { expect_no_mismatch(quant_memory_mismatch, false); });
 }
 
 TEST_CASE("quantized cache counter-test: one that keeps an fp32 copy besides its codes is caught",
           "[kv-format][quant][counter]") {
-    test::expect_failure(
-        [] {
-            const std::string m = quant_memory_mismatch(true);
-            if (!m.empty()) RC_FAIL(m);
-        },
-        "the allocator holds");
+    test::expect_failure([] { expect_no_mismatch(quant_memory_mismatch, true); }, "the allocator holds");
 }
 
 TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code, with and without a scale",
