@@ -80,6 +80,7 @@ void CpuBackend::add(Exec& ex, float* x, const float* y, std::int64_t n) { kvlab
 // mask, softmax and P·V sum are the ones the whole matrix would compute.
 void causal_attention(Exec& ex, MatmulFn mm, const Config& c, float* att, const float* q, const float* k,
                       const float* v, int T, const int* kv_head, NaiveAttentionScratch& scratch) {
+    if (ex.attention.tiled()) return tiled_causal_attention(ex, c, att, q, k, v, T, kv_head, scratch);
     const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim();
     constexpr std::int64_t kScoreFloats = std::int64_t{1} << 20;  // 4 MB of scores; all of S up to T = 1024
     const int tile = int(std::clamp<std::int64_t>(kScoreFloats / std::max(T, 1), 1, std::max(T, 1)));
@@ -110,6 +111,30 @@ void causal_attention(Exec& ex, MatmulFn mm, const Config& c, float* att, const 
         }
         ex.flops += std::uint64_t(T) * (T + 1) / 2 + std::uint64_t(T) * softmax_flops(T);
     }
+}
+
+// Row i of head h is tiled_attention_row over keys 0..i: the call a cached decode makes at
+// position i, so naive decode needs no mask (later keys are never visited).
+void tiled_causal_attention(Exec& ex, const Config& c, float* att, const float* q, const float* k, const float* v,
+                            int T, const int* kv_head, NaiveAttentionScratch& scratch) {
+    const int hs = c.head_size(), dim = c.dim, kv_dim = c.kv_dim(), tile = ex.attention.tile;
+    const std::size_t per_thread = std::size_t(tile + hs + 15) / 16 * 16;
+    scratch.scores.resize(std::size_t(ex.n_threads) * per_thread);  // [n_threads, tile + head_size]
+    assert(scratch.scores.size() == std::size_t(ex.n_threads) * per_thread);
+    const std::int64_t n_items = std::int64_t(T) * c.n_heads;
+    const bool parallel = ex.n_threads > 1 && std::int64_t(T) * T * hs * c.n_heads >= ex.parallel_min_work;
+    // Rows differ in length, so threads take items as they go; which thread runs one changes nothing.
+#pragma omp parallel for num_threads(ex.n_threads) schedule(dynamic, 16) if (parallel)
+    for (std::int64_t item = 0; item < n_items; item++) {
+        const int i = int(item / c.n_heads), h = int(item % c.n_heads);
+        const float* kh = k + kv_head[h] * hs;
+        const float* vh = v + kv_head[h] * hs;
+        tiled_attention_row(
+            att + std::int64_t(i) * dim + h * hs, q + std::int64_t(i) * dim + h * hs, hs, i + 1, tile,
+            [&](int t) { return kh + std::int64_t(t) * kv_dim; }, [&](int t) { return vh + std::int64_t(t) * kv_dim; },
+            scratch.scores.data() + std::size_t(omp_get_thread_num()) * per_thread);
+    }
+    for (int i = 0; i < T; i++) ex.flops += std::uint64_t(c.n_heads) * tiled_attention_flops(hs, i + 1, tile);
 }
 
 void CpuBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,
@@ -201,67 +226,144 @@ private:
     int group_ = -1;  // the group whose channel scales ch_scale_ and ch_min_ hold
 };
 
+// Position t's K and V rows of one (row, KV head) of a cached step, as floats: fp32 read in
+// place, a narrower format decoded (decode_kv_row: kv_load's values, exact) into one of 8
+// scratch rows by t % 8, so the eight rows attention reads together are all held; KIVI keys
+// through KiviKeys; a slot of -1 reads NaN.
+class HeadRows {
+public:
+    // decoded: [10, row_floats] this thread's scratch (8 rows, then KiviKeys' scales and minimums)
+    HeadRows(const RowKV& r, int l, int kvh, const std::int64_t* slots, int head_size, std::size_t row_floats,
+             float* decoded, const float* nan_row)
+        : r_(r),
+          slots_(slots),
+          base_(r.row(l, kvh, 0)),
+          hs_(head_size),
+          row_floats_(row_floats),
+          decoded_(decoded),
+          nan_row_(nan_row),
+          ks_(r.k_scale(l)),
+          vs_(r.v_scale(l)),
+          kivi_(r, l, kvh, head_size, decoded + 8 * row_floats, decoded + 9 * row_floats) {}
+    const float* key(int t) {
+        if (slots_[t] < 0) return nan_row_;
+        if (r_.key_group) return kivi_.row(int(slots_[t]), scratch(t));
+        return row(r_.k, ks_, t);
+    }
+    const float* value(int t) { return slots_[t] < 0 ? nan_row_ : row(r_.v, vs_, t); }
+
+private:
+    float* scratch(int t) { return decoded_ + std::size_t(t % 8) * row_floats_; }
+    const float* row(void* storage, float scale, int t) {
+        const void* at = static_cast<const char*>(storage) + (base_ + slots_[t]) * r_.row_bytes;
+        if (r_.format == int(KVFormat::fp32)) return static_cast<const float*>(at);
+        decode_kv_row(r_.format, at, hs_, scale, scratch(t), r_.group);
+        return scratch(t);
+    }
+    const RowKV& r_;
+    const std::int64_t* slots_;
+    std::int64_t base_;
+    int hs_;
+    std::size_t row_floats_;
+    float* decoded_;
+    const float* nan_row_;
+    float ks_, vs_;
+    KiviKeys kivi_;
+};
+
 }  // namespace
+
+float* CpuBackend::thread_scratch(std::vector<float>& v, std::size_t per_thread, int n_threads) {
+    v.resize(std::size_t(n_threads) * per_thread + 16);  // [n_threads, per_thread], 64-byte aligned below
+    assert(v.size() == std::size_t(n_threads) * per_thread + 16);
+    const auto at = reinterpret_cast<std::uintptr_t>(v.data());
+    return v.data() + ((64 - at % 64) % 64) / sizeof(float);
+}
 
 void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
                            const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) {
     const Config& c = config();
     const int hs = c.head_size(), n_heads = c.n_heads;
-    const std::int64_t n_items = std::int64_t(n_rows) * n_heads;
+    const AttentionSpec& a = ex.attention;
     std::int64_t work = 0;  // multiply-adds, to decide whether threads pay off
     for (int i = 0; i < n_rows; i++) {
-        ex.flops += n_heads * attention_row_flops(hs, rows[i].n);
+        ex.flops +=
+            n_heads * (a.tiled() ? tiled_attention_flops(hs, rows[i].n, a.tile) : attention_row_flops(hs, rows[i].n));
         work += std::int64_t(n_heads) * 2 * hs * rows[i].n;
     }
+    const bool parallel = ex.n_threads > 1 && work >= ex.parallel_min_work;
+    if (a.tiled() && n_rows == 1 && probe_row != 0)
+        return split_attention(ex, att, q, rows[0], l, slots, kv_head, parallel);
     // Each thread's scratch starts on a cache line of its own (16 floats), so that two threads
     // never write one line (false sharing halved the decode rate of a format cache at 2 threads).
     auto padded = [](std::size_t n) { return (n + 15) / 16 * 16; };
-    const std::size_t per_thread = padded(std::size_t(std::max(1, max_n))), row_floats = padded(std::size_t(hs));
-    scores_.resize(std::size_t(ex.n_threads) * per_thread + 16);  // [n_threads, per_thread], aligned below
-    // [n_threads, 10, row_floats]: 8 decoded rows, then a KIVI group's channel scales and minimums
-    decoded_.resize(std::size_t(ex.n_threads) * 10 * row_floats + 16);
-    assert(scores_.size() == std::size_t(ex.n_threads) * per_thread + 16 &&
-           decoded_.size() == std::size_t(ex.n_threads) * 10 * row_floats + 16);
-    auto aligned = [](std::vector<float>& v) {
-        const auto at = reinterpret_cast<std::uintptr_t>(v.data());
-        return v.data() + ((64 - at % 64) % 64) / sizeof(float);
-    };
-    float* const scores_base = aligned(scores_);
-    float* const decoded_base = aligned(decoded_);
-    const bool parallel = ex.n_threads > 1 && n_items > 1 && work >= ex.parallel_min_work;
+    const std::size_t row_floats = padded(std::size_t(hs));
+    // [n_threads, per_thread]: a row's scores, then (tiled) a tile's weights and o_j
+    const std::size_t per_thread = padded(std::size_t(std::max(1, max_n))) + padded(std::size_t(a.tile + hs));
+    float* const scores_base = thread_scratch(scores_, per_thread, ex.n_threads);
+    float* const decoded_base = thread_scratch(decoded_, 10 * row_floats, ex.n_threads);  // HeadRows' scratch
+    const std::int64_t n_items = std::int64_t(n_rows) * n_heads;
     // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
-#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
+#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel && n_items > 1)
     for (std::int64_t item = 0; item < n_items; item++) {
         const int i = int(item / n_heads), h = int(item % n_heads);
         const RowKV& r = rows[i];
-        const std::int64_t* s = slots + std::int64_t(i) * max_n;
-        const std::int64_t base = r.row(l, kv_head[h], 0);
         const int thread = omp_get_thread_num();
-        // A stored row as floats: fp32 read in place, a narrower format decoded (decode_kv_row:
-        // kv_load's values, exact) into one of this thread's 8 scratch rows, by t % 8, so the
-        // eight keys attention_row scores together are all held.
-        float* decoded = decoded_base + std::size_t(thread) * 10 * row_floats;
-        const bool fp32 = r.format == int(KVFormat::fp32);
-        auto row = [&](void* storage, float scale, int t) -> const float* {
-            if (s[t] < 0) return nan_row_.data();
-            const void* at = static_cast<const char*>(storage) + (base + s[t]) * r.row_bytes;
-            if (fp32) return static_cast<const float*>(at);
-            float* out = decoded + std::size_t(t % 8) * row_floats;
-            decode_kv_row(r.format, at, hs, scale, out, r.group);
-            return out;
-        };
-        const float ks = r.k_scale(l), vs = r.v_scale(l);
+        HeadRows kv(r, l, kv_head[h], slots + std::int64_t(i) * max_n, hs, row_floats,
+                    decoded_base + std::size_t(thread) * 10 * row_floats, nan_row_.data());
+        auto key = [&](int t) { return kv.key(t); };
+        auto value = [&](int t) { return kv.value(t); };
         float* scores = scores_base + std::size_t(thread) * per_thread;
-        KiviKeys kivi_keys(r, l, kv_head[h], hs, decoded + 8 * row_floats, decoded + 9 * row_floats);
-        auto kivi = [&](int t) -> const float* {
-            if (s[t] < 0) return nan_row_.data();
-            return kivi_keys.row(int(s[t]), decoded + std::size_t(t % 8) * row_floats);
-        };
-        attention_row(
-            att + std::int64_t(i) * c.dim + h * hs, q + std::int64_t(i) * c.dim + h * hs, hs, r.n,
-            [&](int t) { return r.key_group ? kivi(t) : row(r.k, ks, t); }, [&](int t) { return row(r.v, vs, t); },
-            scores);
-        if (i == probe_row) std::copy_n(scores, r.n, probe + std::int64_t(h) * max_n);
+        float* out = att + std::int64_t(i) * c.dim + h * hs;
+        const float* qi = q + std::int64_t(i) * c.dim + h * hs;
+        float* tile = scores + padded(std::size_t(std::max(1, max_n)));  // [tile + head_size]
+        if (a.tiled())
+            tiled_attention_row(out, qi, hs, r.n, a.tile, key, value, tile);
+        else
+            attention_row(out, qi, hs, r.n, key, value, scores);
+        if (i != probe_row) continue;
+        // The viewer's weights: the row's softmax (tiled attention never forms it), into scratch.
+        if (a.tiled()) attention_row(tile, qi, hs, r.n, key, value, scores);
+        std::copy_n(scores, r.n, probe + std::int64_t(h) * max_n);
+    }
+}
+
+// Flash-decoding: one query row, so each (head, key tile) is an item of its own, its partial
+// (attention_tile) kept in partials_; then each head folds its tiles in order. The partials are
+// those tiled_attention_row computes and folds, so the bits are its bits.
+void CpuBackend::split_attention(Exec& ex, float* att, const float* q, const RowKV& r, int l, const std::int64_t* slots,
+                                 const int* kv_head, bool parallel) {
+    const Config& c = config();
+    const int hs = c.head_size(), n_heads = c.n_heads, tile = ex.attention.tile;
+    const int n_tiles = tile_count(r.n, tile), stride = hs + 2;  // a partial: o_j[head_size], m_j, l_j
+    partials_.resize(std::size_t(n_heads) * n_tiles * stride);   // [n_heads, n_tiles, head_size + 2]
+    assert(partials_.size() == std::size_t(n_heads) * n_tiles * stride);
+    auto padded = [](std::size_t n) { return (n + 15) / 16 * 16; };
+    const std::size_t row_floats = padded(std::size_t(hs)), per_thread = padded(std::size_t(tile));
+    float* const e_base = thread_scratch(scores_, per_thread, ex.n_threads);  // [n_threads, tile]
+    float* const decoded_base = thread_scratch(decoded_, 10 * row_floats, ex.n_threads);
+    const std::int64_t n_items = std::int64_t(n_heads) * n_tiles;
+#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel && n_items > 1)
+    for (std::int64_t item = 0; item < n_items; item++) {
+        const int h = int(item / n_tiles), j = int(item % n_tiles), thread = omp_get_thread_num();
+        HeadRows kv(r, l, kv_head[h], slots, hs, row_floats, decoded_base + std::size_t(thread) * 10 * row_floats,
+                    nan_row_.data());
+        float* partial = partials_.data() + std::size_t(item) * stride;
+        const TileStats st = attention_tile(
+            partial, e_base + std::size_t(thread) * per_thread, q + h * hs, hs, j * tile, std::min((j + 1) * tile, r.n),
+            [&](int t) { return kv.key(t); }, [&](int t) { return kv.value(t); });
+        partial[hs] = st.m, partial[hs + 1] = st.l;
+    }
+    for (int h = 0; h < n_heads; h++) {
+        float* out = att + h * hs;
+        for (int d = 0; d < hs; d++) out[d] = 0.0f;
+        if (r.n <= 0) continue;
+        TileStats acc = tile_fold_start();
+        for (int j = 0; j < n_tiles; j++) {
+            const float* partial = partials_.data() + (std::size_t(h) * n_tiles + j) * stride;
+            fold_tile(out, acc, partial, TileStats{partial[hs], partial[hs + 1]}, hs);
+        }
+        for (int d = 0; d < hs; d++) out[d] = out[d] / acc.l;
     }
 }
 

@@ -16,9 +16,14 @@ namespace kvlab {
 struct NaiveAttentionScratch {
     std::vector<float> kt;      // [head_size, T]  one KV head's keys, transposed
     std::vector<float> scores;  // [tile, T]       rows i0 .. i0 + tile - 1 of S, then of P
+                                // (tiled: [n_threads, key tile + head_size] each thread's tile)
 };
+// With Exec::attention tiled, neither product is used: tiled_causal_attention runs instead.
 void causal_attention(Exec& ex, MatmulFn mm, const Config& c, float* att, const float* q, const float* k,
                       const float* v, int T, const int* kv_head, NaiveAttentionScratch& scratch);
+// Tiled attention (tiled_attention.h) over rows 0..T-1: row i reads keys 0..i.
+void tiled_causal_attention(Exec& ex, const Config& c, float* att, const float* q, const float* k, const float* v,
+                            int T, const int* kv_head, NaiveAttentionScratch& scratch);
 
 class CpuBackend final : public Backend {
 public:
@@ -43,6 +48,11 @@ public:
                    const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override;
 
 private:
+    // Tiled attention of a one-row step, each (head, key tile) an item (flash-decoding).
+    void split_attention(Exec& ex, float* att, const float* q, const RowKV& r, int l, const std::int64_t* slots,
+                         const int* kv_head, bool parallel);
+    // v sized to [n_threads, per_thread] and 16 floats more; its first 64-byte-aligned float.
+    static float* thread_scratch(std::vector<float>& v, std::size_t per_thread, int n_threads);
     struct PackedLayer {
         PackedMatrix wq, wk, wv, wo, w1, w2, w3;
     };
@@ -51,9 +61,10 @@ private:
     std::vector<PackedLayer> layers_;  // [n_layers]
     PackedMatrix wcls_;
     NaiveAttentionScratch naive_;  // naive attention's K^T and score tiles
-    std::vector<float> scores_;    // [n_threads, max_n] cached attention: one row's scores per thread
+    std::vector<float> scores_;    // [n_threads, max_n + tile + head_size] cached attention's scores, tiles
+    std::vector<float> partials_;  // [n_heads, n_tiles, head_size + 2] split_attention's tile partials
     std::vector<float> nan_row_;   // [head_size] what a slot of -1 reads
-    std::vector<float> decoded_;   // [n_threads, head_size] cached attention: a narrow format's row, decoded
+    std::vector<float> decoded_;   // [n_threads, 10, head_size] cached attention: decoded rows (HeadRows)
 };
 
 }  // namespace kvlab

@@ -513,6 +513,7 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
         StepSignature sig;
         sig.add(std::uint64_t(n));
         sig.add(std::uint64_t(p.max_n));
+        sig.add(std::uint64_t(exec.attention.tiled() ? exec.attention.tile : 0));  // the attention kernel's
         for (int r : p.out_rows) sig.add(std::uint64_t(r));
         for (const void* ptr :
              {(const void*)act_.x.data(), (const void*)tokens_.data(), (const void*)positions_.data(),

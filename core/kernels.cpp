@@ -1,5 +1,6 @@
 #include "kernels.h"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <cassert>
 #include <cstring>
 #include <xsimd/xsimd.hpp>
+
+#include "config.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -379,6 +382,22 @@ void decode_kv_row(int format, const void* src, int n, float scale, float* dst, 
     // fp8's scale, as kv_load multiplies it (by 1 the product is the value itself: skipped)
     if (scale != 1.0f)
         for (int d = 0; d < n; d++) dst[d] = dst[d] * scale;
+}
+
+AttentionSpec parse_attention(std::string_view kind, int tile) {
+    AttentionSpec a;
+    if (kind == "tiled")
+        a.kind = AttentionSpec::Kind::tiled;
+    else if (kind != "simple")
+        throw Error(fmt::format("unknown attention '{}' (simple, tiled)", kind));
+    if (tile < 1 || tile > AttentionSpec::kMaxTile)
+        throw Error(fmt::format("attention tile {} is out of range (1..{} keys)", tile, AttentionSpec::kMaxTile));
+    a.tile = tile;
+    return a;
+}
+
+std::string attention_name(const AttentionSpec& a) {
+    return a.tiled() ? fmt::format("tiled (tile {})", a.tile) : std::string("simple");
 }
 
 }  // namespace kvlab

@@ -6,6 +6,7 @@
 // happen only across independent output elements.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -14,6 +15,7 @@
 #include "kv_format.h"
 #include "model.h"
 #include "numerics.h"
+#include "tiled_attention.h"
 
 namespace kvlab {
 
@@ -25,6 +27,9 @@ struct Exec {
     // A product with fewer multiply-adds than this runs on the calling thread: starting threads
     // would cost more than it saves. Results are the same either way (tests set it to 0).
     std::int64_t parallel_min_work = std::int64_t{1} << 15;
+    // Which attention runs (tiled_attention.h). Unlike the thread count this changes bits: two
+    // decoders compared bit for bit must run the same one.
+    AttentionSpec attention;
 };
 
 // Y[rows, n_out] = X[rows, n_in] · W[n_in, n_out]; row strides ldy, ldx, ldw (in floats).
@@ -84,50 +89,101 @@ void decode_kv_row(int format, const void* src, int n, float scale, float* dst, 
 // are transposed in registers), so each lane's order is the scalar loop's and so are its bits.
 void dot_rows8(const float* q, const float* const* rows, int head_size, float* s);
 
-// Attention for one query row of one head, over logical positions t = 0..n-1 in order:
-//   score[t] = (q · k_t) / sqrt(head_size);  p = softmax(score);  out = sum_t p[t] v_t
-// key(t) and value(t) return pointers to the head_size floats of position t wherever the cache
-// keeps them, so every cache layout runs exactly this code. Keys are scored eight at a time
-// (dot_rows8), and values summed eight at a time: a pointer key(t) or value(t) returns must stay
-// valid while it is called for the next seven positions. scores has room for n floats.
+// sqrt(head_size), correctly rounded: every score is divided by it.
 inline float attention_scale(int head_size) { return std::sqrt(float(head_size)); }
-template <class KeyRow, class ValueRow>
-void attention_row(float* out, const float* q, int head_size, int n, KeyRow key, ValueRow value, float* scores) {
+
+// s[t - t0] = (q · key(t)) / sqrt(head_size) for t = t0..t1-1: eight keys at a time through
+// dot_rows8 (each lane the scalar loop's sum), the rest one by one.
+template <class KeyRow>
+void score_rows(float* s, const float* q, int head_size, int t0, int t1, KeyRow key) {
     const float scale = attention_scale(head_size);
-    int t = 0;
-    for (; t + 8 <= n; t += 8) {
+    int t = t0;
+    for (; t + 8 <= t1; t += 8) {
         const float* rows[8];
         for (int j = 0; j < 8; j++) rows[j] = key(t + j);
-        dot_rows8(q, rows, head_size, scores + t);
-        for (int j = 0; j < 8; j++) scores[t + j] = scores[t + j] / scale;
+        dot_rows8(q, rows, head_size, s + (t - t0));
+        for (int j = 0; j < 8; j++) s[t - t0 + j] = s[t - t0 + j] / scale;
     }
-    for (; t < n; t++) {
+    for (; t < t1; t++) {
         const float* k = key(t);
-        float s = 0.0f;
-        for (int d = 0; d < head_size; d++) s = s + q[d] * k[d];
-        scores[t] = s / scale;
+        float x = 0.0f;
+        for (int d = 0; d < head_size; d++) x = x + q[d] * k[d];
+        s[t - t0] = x / scale;
     }
-    softmax(scores, n);
-    // out[d] = out[d] + p[t] * v_t[d], t ascending for every d; eight values at a time, so out[d]
-    // goes through memory once per eight terms (the order of its terms is unchanged).
+}
+
+// out[d] = ((0 + p[0] v_t0[d]) + p[1] v_t0+1[d]) + ... over t = t0..t1-1 in order, for every
+// d; eight values at a time, so out[d] goes through memory once per eight terms (the order of
+// its terms is unchanged).
+template <class ValueRow>
+void sum_values(float* out, const float* p, int head_size, int t0, int t1, ValueRow value) {
     for (int d = 0; d < head_size; d++) out[d] = 0.0f;
-    t = 0;
-    for (; t + 8 <= n; t += 8) {
+    int t = t0;
+    for (; t + 8 <= t1; t += 8) {
         const float* v[8];
         for (int j = 0; j < 8; j++) v[j] = value(t + j);
-        const float* p = scores + t;
+        const float* pt = p + (t - t0);
         for (int d = 0; d < head_size; d++) {
             float o = out[d];
-            for (int j = 0; j < 8; j++) o = o + p[j] * v[j][d];
+            for (int j = 0; j < 8; j++) o = o + pt[j] * v[j][d];
             out[d] = o;
         }
     }
-    for (; t < n; t++) {
-        const float p = scores[t];
+    for (; t < t1; t++) {
+        const float pt = p[t - t0];
         const float* v = value(t);
-        for (int d = 0; d < head_size; d++) out[d] = out[d] + p * v[d];
+        for (int d = 0; d < head_size; d++) out[d] = out[d] + pt * v[d];
     }
 }
+
+// Attention for one query row of one head, over logical positions t = 0..n-1 in order:
+//   score[t] = (q · k_t) / sqrt(head_size);  p = softmax(score);  out = sum_t p[t] v_t
+// key(t) and value(t) return pointers to the head_size floats of position t wherever the cache
+// keeps them, so every cache layout runs exactly this code. A pointer key(t) or value(t) returns
+// must stay valid while it is called for the next seven positions (they are read eight at a
+// time). scores has room for n floats.
+template <class KeyRow, class ValueRow>
+void attention_row(float* out, const float* q, int head_size, int n, KeyRow key, ValueRow value, float* scores) {
+    score_rows(scores, q, head_size, 0, n, key);
+    softmax(scores, n);
+    sum_values(out, scores, head_size, 0, n, value);
+}
+
+// Tiled attention's partial of key tile t0..t1-1 for one query row (tiled_attention.h):
+// e[t1 - t0] the tile's weights e_t, o[head_size] = sum e_t v_t; returns (m_j, l_j).
+template <class KeyRow, class ValueRow>
+TileStats attention_tile(float* o, float* e, const float* q, int head_size, int t0, int t1, KeyRow key,
+                         ValueRow value) {
+    score_rows(e, q, head_size, t0, t1, key);
+    const TileStats stats = tile_weights(e, t1 - t0);
+    sum_values(o, e, head_size, t0, t1, value);
+    return stats;
+}
+
+// Folds a tile's partial (o[head_size], stats) into the running (out[head_size], acc).
+inline void fold_tile(float* out, TileStats& acc, const float* o, TileStats stats, int head_size) {
+    const TileFold f = tile_fold(acc, stats);
+    for (int d = 0; d < head_size; d++) out[d] = tile_fold_o(out[d], o[d], f);
+    acc = f.next;
+}
+
+// The same row as tiled attention: the tiles of `tile` keys computed and folded in order, then
+// out = o / l. scratch: [tile + head_size]. n = 0 leaves out zero.
+template <class KeyRow, class ValueRow>
+void tiled_attention_row(float* out, const float* q, int head_size, int n, int tile, KeyRow key, ValueRow value,
+                         float* scratch) {
+    float* e = scratch;         // [tile]
+    float* o = scratch + tile;  // [head_size]
+    for (int d = 0; d < head_size; d++) out[d] = 0.0f;
+    if (n <= 0) return;
+    TileStats acc = tile_fold_start();
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        const TileStats stats = attention_tile(o, e, q, head_size, t0, std::min(t0 + tile, n), key, value);
+        fold_tile(out, acc, o, stats, head_size);
+    }
+    for (int d = 0; d < head_size; d++) out[d] = out[d] / acc.l;
+}
+
 inline std::uint64_t attention_row_flops(int head_size, int n) {
     return std::uint64_t(n) * (2ull * head_size + 1) + softmax_flops(n) + 2ull * std::uint64_t(n) * head_size;
 }

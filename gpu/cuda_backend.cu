@@ -65,11 +65,11 @@ __global__ void add_kernel(float* x, const float* y, std::int64_t n) {
 }
 
 __global__ void causal_attention_kernel(float* att, const float* q, const float* k, const float* v, int T, int dim,
-                                        int kv_dim, int n_heads, int head_size, const int* kv_head) {
+                                        int kv_dim, int n_heads, int head_size, const int* kv_head, int tile) {
     const std::int64_t id = thread_id();
     if (id >= std::int64_t(T) * n_heads) return;
     const int i = int(id / n_heads), h = int(id % n_heads);
-    gpu::causal_attention_head(att, q, k, v, T, dim, kv_dim, head_size, kv_head[h], i, h);
+    gpu::causal_attention_head(att, q, k, v, T, dim, kv_dim, head_size, kv_head[h], i, h, tile);
 }
 
 __global__ void store_kv_kernel(const RowKV* rows, int n_rows, int l, const float* k, const float* v, int n_kv_heads,
@@ -90,11 +90,11 @@ __global__ void load_kv_kernel(const RowKV* rows, int n_rows, int l, float* k, f
 
 __global__ void attention_kernel(float* att, const float* q, const RowKV* rows, int n_rows, int l,
                                  const std::int64_t* slots, int max_n, const int* kv_head, int dim, int n_heads,
-                                 int head_size, int probe_row, float* probe) {
+                                 int head_size, int probe_row, float* probe, int tile) {
     const std::int64_t id = thread_id();
     if (id >= std::int64_t(n_rows) * n_heads) return;
     const int i = int(id / n_heads), h = int(id % n_heads);
-    gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, dim, head_size, probe_row, probe, i, h);
+    gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, dim, head_size, probe_row, probe, i, h, tile);
 }
 
 // Element i of n in `format`: its quiet NaN (kv_store of a NaN, as the host fill writes).
@@ -277,7 +277,10 @@ void CudaBackend::run(const StepSignature& signature, const std::function<void()
 void CudaBackend::count_attention(const PendingCount& p) {
     std::vector<RowKV> rows(std::size_t(p.n_rows));  // [n_rows] host copy, for the counts
     memory_.download(rows.data(), p.rows, std::int64_t(sizeof(RowKV)) * p.n_rows);
-    for (const RowKV& r : rows) p.ex->flops += config_.n_heads * attention_row_flops(config_.head_size(), r.n);
+    const int hs = config_.head_size();
+    for (const RowKV& r : rows)
+        p.ex->flops +=
+            config_.n_heads * (p.tile > 0 ? tiled_attention_flops(hs, r.n, p.tile) : attention_row_flops(hs, r.n));
 }
 
 // Each call: count FLOPs with the CPU's formulas, then (unless replaying) one launch.
@@ -340,10 +343,15 @@ void CudaBackend::causal_attention(Exec& ex, float* att, const float* q, const f
     const Config& c = config_;
     const int hs = c.head_size();
     const std::uint64_t t = std::uint64_t(T);
-    ex.flops += std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
+    const int tile = ex.attention.tiled() ? ex.attention.tile : 0;
+    if (tile > 0)
+        for (int i = 0; i < T; i++) ex.flops += std::uint64_t(c.n_heads) * tiled_attention_flops(hs, i + 1, tile);
+    else
+        ex.flops +=
+            std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
     if (count_only_ || T == 0) return;
     causal_attention_kernel<<<blocks_for(std::int64_t(T) * c.n_heads), kBlock, 0, memory_.stream()>>>(
-        att, q, k, v, T, c.dim, c.kv_dim(), c.n_heads, hs, kv_head);
+        att, q, k, v, T, c.dim, c.kv_dim(), c.n_heads, hs, kv_head, tile);
     check_launch("causal_attention_kernel");
 }
 
@@ -369,14 +377,15 @@ void CudaBackend::attention(Exec& ex, float* att, const float* q, const RowKV* r
     const Config& c = config_;
     if (n_rows == 0) return;
     // The counts rows[i].n are in device memory: inside run() they are read once the step is queued.
-    const PendingCount count{&ex, rows, n_rows};
+    const int tile = ex.attention.tiled() ? ex.attention.tile : 0;
+    const PendingCount count{&ex, rows, n_rows, tile};
     if (in_run_)
         pending_.push_back(count);
     else
         count_attention(count);
     if (count_only_) return;
     attention_kernel<<<blocks_for(std::int64_t(n_rows) * c.n_heads), kBlock, 0, memory_.stream()>>>(
-        att, q, rows, n_rows, l, slots, max_n, kv_head, c.dim, c.n_heads, c.head_size(), probe_row, probe);
+        att, q, rows, n_rows, l, slots, max_n, kv_head, c.dim, c.n_heads, c.head_size(), probe_row, probe, tile);
     check_launch("attention_kernel");
 }
 

@@ -97,6 +97,7 @@ private:
         Exec* ex;
         const RowKV* rows;
         int n_rows;
+        int tile;  // tiled attention's tile, or 0
     };
     void count_attention(const PendingCount& p);
 

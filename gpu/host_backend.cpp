@@ -113,11 +113,16 @@ void GpuHostBackend::causal_attention(Exec& ex, float* att, const float* q, cons
     const Config& c = config();
     const int hs = c.head_size();
     const std::uint64_t t = std::uint64_t(T);
-    // Per head as the CPU counts it: Q K^T, the divisions, the softmax, P V.
-    ex.flops += std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
+    const int tile = ex.attention.tiled() ? ex.attention.tile : 0;
+    // Per head as the CPU counts it: Q K^T, the divisions, the softmax, P V (or the tiles).
+    if (tile > 0)
+        for (int i = 0; i < T; i++) ex.flops += std::uint64_t(c.n_heads) * tiled_attention_flops(hs, i + 1, tile);
+    else
+        ex.flops +=
+            std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
     for (int i = 0; i < T; i++)
         for (int h = 0; h < c.n_heads; h++)
-            gpu::causal_attention_head(att, q, k, v, T, c.dim, c.kv_dim(), hs, kv_head[h], i, h);
+            gpu::causal_attention_head(att, q, k, v, T, c.dim, c.kv_dim(), hs, kv_head[h], i, h, tile);
 }
 
 void GpuHostBackend::store_kv(Exec&, const RowKV* rows, int n_rows, int l, const float* k, const float* v) {
@@ -141,13 +146,15 @@ void GpuHostBackend::attention(Exec& ex, float* att, const float* q, const RowKV
                                float* probe) {
     const Config& c = config();
     const int hs = c.head_size();
+    const int tile = ex.attention.tiled() ? ex.attention.tile : 0;
     for (int i = 0; i < n_rows; i++) {
         assert(rows[i].n <= max_n);
-        ex.flops += c.n_heads * attention_row_flops(hs, rows[i].n);
+        ex.flops +=
+            c.n_heads * (tile > 0 ? tiled_attention_flops(hs, rows[i].n, tile) : attention_row_flops(hs, rows[i].n));
     }
     for (int i = 0; i < n_rows; i++)
         for (int h = 0; h < c.n_heads; h++)
-            gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, c.dim, hs, probe_row, probe, i, h);
+            gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, c.dim, hs, probe_row, probe, i, h, tile);
 }
 
 }  // namespace kvlab

@@ -20,6 +20,9 @@
 //   load_kv_element         and back: the element decoded to fp32 (the format-aware naive decode)
 //   attention_head          one (row i, head h) of cached attention: kernels.h's attention_row
 //                           over rows[i].n slots, read from device memory, in t order
+//   tiled_head              tiled attention (core/tiled_attention.h) of one (row, head), for
+//                           both: a tile's scores in a local array, its weights, then each
+//                           o_j[d] summed in t order and folded into the output
 //
 // The rules they keep: one thread owns its outputs and computes each of them whole; every sum
 // runs in increasing index from +0.0f; no split sums, tree reductions or atomics; e^x is
@@ -37,6 +40,7 @@
 
 #include "kv_format.h"
 #include "numerics.h"
+#include "tiled_attention.h"
 
 namespace kvlab::gpu {
 
@@ -116,12 +120,38 @@ KVLAB_HD inline void softmax_element(float* out, const float* x, int n, int t) {
     out[t] = softmax_weight(x[t], st);
 }
 
+// Tiled attention over keys t = 0..n-1 (core/tiled_attention.h, kernels.h tiled_attention_row):
+// score(t) is (q . k_t) / scale, value(t, d) element d of v_t; tile <= AttentionSpec::kMaxTile.
+// kernels.h computes a tile's o_j[d] for every d before folding, this loop one d at a time: the
+// same operations on the same values, so the same bits.
+template <class Score, class Value>
+KVLAB_HD void tiled_head(float* out, int n, int tile, int head_size, const Score& score, const Value& value) {
+    float e[AttentionSpec::kMaxTile];  // the tile's scores, then its weights
+    for (int d = 0; d < head_size; d++) out[d] = 0.0f;
+    if (n <= 0) return;
+    TileStats acc = tile_fold_start();
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        const int m = n - t0 < tile ? n - t0 : tile;
+        for (int u = 0; u < m; u++) e[u] = score(t0 + u);
+        const TileFold f = tile_fold(acc, tile_weights(e, m));
+        for (int d = 0; d < head_size; d++) {
+            float o = 0.0f;
+            for (int u = 0; u < m; u++) o = o + e[u] * value(t0 + u, d);
+            out[d] = tile_fold_o(out[d], o, f);
+        }
+        acc = f.next;
+    }
+    for (int d = 0; d < head_size; d++) out[d] = out[d] / acc.l;
+}
+
 // Naive attention, query row i of head h: q, att [T, dim]; k, v [T, kv_dim]; the head reads KV
 // head kvh. S[i][j] = (q_i . k_j) / scale for j <= i, -inf after; P =
 // softmax(S[i]); att_i = sum_j P[i][j] v_j over all j = 0..T-1 (CpuBackend::causal_attention
 // multiplies P by V over the whole row, so the masked +0 products are added here too).
+// tile > 0: tiled attention with that tile over keys 0..i instead (no mask: later keys are
+// never visited).
 KVLAB_HD inline void causal_attention_head(float* att, const float* q, const float* k, const float* v, int T, int dim,
-                                           int kv_dim, int head_size, int kvh, int i, int h) {
+                                           int kv_dim, int head_size, int kvh, int i, int h, int tile = 0) {
     const float scale = attention_scale(head_size);
     const int last = i;
     const float* qi = q + std::int64_t(i) * dim + h * head_size;
@@ -132,8 +162,12 @@ KVLAB_HD inline void causal_attention_head(float* att, const float* q, const flo
         for (int d = 0; d < head_size; d++) s = s + qi[d] * kj[d];
         return s / scale;
     };
-    const SoftmaxStats st = softmax_stats(T, score);
     float* out = att + std::int64_t(i) * dim + h * head_size;
+    if (tile > 0) {
+        auto value = [&](int j, int d) { return v[std::int64_t(j) * kv_dim + kvh * head_size + d]; };
+        return tiled_head(out, i + 1, tile, head_size, score, value);
+    }
+    const SoftmaxStats st = softmax_stats(T, score);
     for (int d = 0; d < head_size; d++) out[d] = 0.0f;
     for (int j = 0; j < T; j++) {
         const float p = softmax_weight(score(j), st);
@@ -179,9 +213,11 @@ KVLAB_HD void load_kv_element(const Row* rows, int l, float* k, float* v, int kv
 // t = 0..rows[i].n - 1 (read here, from the rows array: a captured graph replays with new
 // counts), slot slots[i * max_n + t] (-1 reads NaN) of KV head kv_head[h]. q, att: [rows, dim].
 // probe (when not null and i == probe_row): [n_heads, max_n] the softmax weights.
+// tile > 0: tiled attention with that tile (the probe still gets the row's softmax weights).
 template <class Row>
 KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l, const std::int64_t* slots, int max_n,
-                             const int* kv_head, int dim, int head_size, int probe_row, float* probe, int i, int h) {
+                             const int* kv_head, int dim, int head_size, int probe_row, float* probe, int i, int h,
+                             int tile = 0) {
     const Row& r = rows[i];
     const std::int64_t* s = slots + std::int64_t(i) * max_n;
     const std::int64_t base = r.row(l, kv_head[h], 0);
@@ -205,10 +241,17 @@ KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l,
     };
     const int n = r.n;
     float* out = att + std::int64_t(i) * dim + h * head_size;
+    const bool probed = probe != nullptr && i == probe_row;
+    if (tile > 0) {
+        tiled_head(out, n, tile, head_size, score, value);
+        if (!probed || n <= 0) return;
+        const SoftmaxStats st = softmax_stats(n, score);
+        for (int t = 0; t < n; t++) probe[std::int64_t(h) * max_n + t] = softmax_weight(score(t), st);
+        return;
+    }
     for (int d = 0; d < head_size; d++) out[d] = 0.0f;
     if (n <= 0) return;
     const SoftmaxStats st = softmax_stats(n, score);
-    const bool probed = probe != nullptr && i == probe_row;
     for (int t = 0; t < n; t++) {
         const float p = softmax_weight(score(t), st);
         if (probed) probe[std::int64_t(h) * max_n + t] = p;

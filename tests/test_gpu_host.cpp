@@ -112,11 +112,16 @@ void check_gpu_host_decode(Layout layout, MatmulFn planted = nullptr) {
     Built cpu_cache = build(c, k), host_cache = build(c, k);
     NaiveDecoder cpu_naive(cpu), host_naive(host);
     CachedDecoder cpu_cached(cpu, *cpu_cache.cache), host_cached(host, *host_cache.cache);
+    // Simple or tiled attention (tiles of 1-8 keys, so that rows span several), for all four.
+    AttentionSpec attention;
+    if (*rc::gen::arbitrary<bool>()) attention = {AttentionSpec::Kind::tiled, *rc::gen::inRange(1, 9)};
+    for (Exec* ex : {&cpu_naive.exec, &host_naive.exec, &cpu_cached.exec, &host_cached.exec}) ex->attention = attention;
     // The probe (softmax weights of the last row) must agree too; it changes no logit.
     AttentionProbe cpu_probe, host_probe;
     if (layout == Layout::head_major) cpu_cached.observer = &cpu_probe, host_cached.observer = &host_probe;
     const int exact_until = layout == Layout::window ? k.sinks + k.window : c.max_seq;
-    const std::string where = fmt::format("{} cache, {}, model seed {}", layout_name(layout), c.describe(), seed);
+    const std::string where = fmt::format("{} cache, {}, model seed {}, {} attention", layout_name(layout),
+                                          c.describe(), seed, attention_name(attention));
     for (int T = prompt_len; T <= int(tokens.size()); T++) {
         const std::span<const int> prefix(tokens.data(), std::size_t(T));
         const std::span<const int> fresh = T == prompt_len ? prefix : prefix.subspan(std::size_t(T - 1));
@@ -181,10 +186,13 @@ void check_gpu_host_batch() {
     Batch cpu_batch = make_batch(), host_batch = make_batch();
     CachedDecoder cpu_dec(cpu, *cpu_batch.ptrs[0]), host_dec(host, *host_batch.ptrs[0]);
     NaiveDecoder naive(host);
+    AttentionSpec attention;  // simple or tiled, for all three
+    if (*rc::gen::arbitrary<bool>()) attention = {AttentionSpec::Kind::tiled, *rc::gen::inRange(1, 9)};
+    for (Exec* ex : {&cpu_dec.exec, &host_dec.exec, &naive.exec}) ex->attention = attention;
     std::vector<std::vector<int>> seqs(static_cast<std::size_t>(n_seqs));  // each sequence's tokens so far
-    const std::string where = fmt::format("{} sequences on {} caches, {}, model seed {}", n_seqs,
+    const std::string where = fmt::format("{} sequences on {} caches, {}, model seed {}, {} attention", n_seqs,
                                           paged ? fmt::format("paged (block {})", block_size) : "contiguous",
-                                          c.describe(), seed);
+                                          c.describe(), seed, attention_name(attention));
     for (int step = 0; step < n_steps; step++) {
         const std::vector<float> lc = cpu_dec.step(cpu_batch.ptrs, chunks[std::size_t(step)]);
         const std::vector<float> lh = host_dec.step(host_batch.ptrs, chunks[std::size_t(step)]);
