@@ -8,6 +8,12 @@
 
 namespace kvlab::cli {
 
+// --attention and --tile (core/tiled_attention.h): the attention every decoder of a command runs.
+struct AttentionOptions {
+    std::string kind = "simple";  // simple or tiled
+    int tile = 64;                // keys per tile (tiled)
+};
+
 struct ModelOptions {
     std::string model;       // llama2.c checkpoint; default: the shared stories260K, else random
     std::string tokenizer;   // llama2.c tokenizer.bin
@@ -16,6 +22,7 @@ struct ModelOptions {
 
 struct DemoOptions {
     ModelOptions m;
+    AttentionOptions attention;
     std::string prompt, tokens;
     int steps = 64;
     int threads = 1;
@@ -29,6 +36,7 @@ int run_demo(const DemoOptions& o);
 
 struct GenerateOptions {
     ModelOptions m;
+    AttentionOptions attention;
     std::string prompt, tokens;
     int steps = 256;
     float temperature = 0.0f;  // 0 = greedy
@@ -45,6 +53,7 @@ int run_generate(const GenerateOptions& o);
 
 struct SpeculateOptions {
     ModelOptions m;
+    AttentionOptions attention;
     std::string draft = "random";  // a checkpoint, "self" (the target), or "random" (the target's shape, 1 layer)
     std::uint64_t draft_seed = 1;  // for the random draft
     int k = 4;                     // draft tokens per target step
@@ -88,6 +97,7 @@ struct VerifyCommandOptions {
     std::uint64_t seed = 1;
     std::string device = "cpu";  // where the decoders run; two devices: the second checked against the first
     std::string kv_format;       // "": variant rows in fp32, scenarios draw; a name: every format-taking cache in it
+    AttentionOptions attention{"", 64};  // kind "": simple, and the tiled-attention row draws its tiles
     bool json = false;
     bool list = false;
 };

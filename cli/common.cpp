@@ -18,6 +18,15 @@ void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer
     cmd->add_option("--model-seed", seed, "seed of the random model (used when there is no checkpoint)");
 }
 
+void add_attention_options(CLI::App* cmd, AttentionOptions& a) {
+    cmd->add_option("--attention", a.kind,
+                    "simple (one softmax per row) or tiled (FlashAttention-style key tiles, split-KV decode; "
+                    "exact too, other bits than simple): naive and cached decode both run it");
+    cmd->add_option("--tile", a.tile, "tiled attention's keys per tile, fixed in key-index space (1..256)");
+}
+
+AttentionSpec attention_spec(const AttentionOptions& a) { return parse_attention(a.kind, a.tile); }
+
 void check_numbers(CLI::App& app) {
     // CLI::Range compares, and every comparison with NaN is false: NaN passed every range.
     const CLI::Validator finite(

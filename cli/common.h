@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "kv_format.h"
 #include "model_loader.h"
+#include "tiled_attention.h"
 
 namespace CLI {
 class App;
@@ -18,6 +20,11 @@ namespace kvlab::cli {
 
 // --model, --tokenizer and --model-seed, with one help text for every command that takes them.
 void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer, std::uint64_t& seed);
+
+// --attention and --tile, with one help text for every command that takes them.
+void add_attention_options(CLI::App* cmd, AttentionOptions& a);
+// The options as core's spec; Error (one line) for a kind or tile out of range.
+AttentionSpec attention_spec(const AttentionOptions& a);
 
 // Refuses what CLI11's own checks let through, for every option of every command of `app`: a
 // value that is not finite (nan, inf) for a floating-point option, and a negative one for an

@@ -47,6 +47,7 @@ struct SideBySide {
     const std::vector<std::string> devices;
     const std::string d0, d1;  // d1 is "" with one device
     const KVFormat format;
+    const AttentionSpec attention;  // every decoder's, the fp32 yardstick's too
     const std::unique_ptr<Backend> backend;
     ContiguousCache cache;  // in `format`
     NaiveDecoder naive;     // format-aware: stores K and V in `format` too
@@ -74,6 +75,7 @@ SideBySide::SideBySide(const LoadedModel& lm, const DemoOptions& o)
       d0(devices[0]),
       d1(devices.size() > 1 ? devices[1] : ""),
       format(parse_kv_format(o.kv_format)),
+      attention(attention_spec(o.attention)),
       backend(make_backend(devices[0], lm.model, backend_options(o))),
       cache(lm.model.config(), ContiguousCache::Layout::head_major, backend->memory()),
       naive(*backend),
@@ -86,6 +88,9 @@ SideBySide::SideBySide(const LoadedModel& lm, const DemoOptions& o)
       cached2(backend2 ? std::make_unique<CachedDecoder>(*backend2, *cache2) : nullptr),
       fp32(format != KVFormat::fp32 ? std::make_unique<NaiveDecoder>(*backend) : nullptr) {
     naive.exec.n_threads = cached.exec.n_threads = o.threads;
+    for (Exec* ex : {&naive.exec, &cached.exec, naive2 ? &naive2->exec : nullptr, cached2 ? &cached2->exec : nullptr,
+                     fp32 ? &fp32->exec : nullptr})
+        if (ex) ex->attention = attention;
     scales = kv_calibration(lm, format, o.kv_calibrate);
     cache.set_kv_format(format, scales);
     naive.kv_format = format, naive.kv_scales = scales;
@@ -172,6 +177,7 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
     j["threads"] = o.threads;
     j["devices"] = run.devices;
     j["kv_format"] = kv_format_name(run.format);
+    j["attention"] = {{"kind", run.attention.tiled() ? "tiled" : "simple"}, {"tile", run.attention.tile}};
     j["prompt_tokens"] = std::vector<int>(tokens.begin(), tokens.begin() + s.P);
     j["generated_tokens"] = std::vector<int>(tokens.begin() + s.P, tokens.end());
     j["generated_text"] = s.generated;
@@ -231,9 +237,11 @@ void print_header(const DemoOptions& o, const SideBySide& run, const std::vector
                                  : fmt::format(", on {}", run.d0),
                run.fp32 ? fmt::format(", K and V stored in {} by both", kv_format_name(run.format)) : "");
     fmt::print("model      {}  ({})\n", lm.source, lm.model.config().describe());
-    fmt::print("prompt     {} tokens{}; greedy decode of {} more; {} thread{}\n\n", P,
-               lm.tokenizer ? fmt::format(" \"{}\"", one_line(prompt_text)) : "", o.steps, o.threads,
-               o.threads == 1 ? "" : "s");
+    fmt::print(
+        "prompt     {} tokens{}; greedy decode of {} more; {} thread{}{}\n\n", P,
+        lm.tokenizer ? fmt::format(" \"{}\"", one_line(prompt_text)) : "", o.steps, o.threads,
+        o.threads == 1 ? "" : "s",
+        run.attention.tiled() ? fmt::format("; {} attention, split-KV decode", attention_name(run.attention)) : "");
     const std::string other_header =
         run.naive2 ? fmt::format(" {:>14} {:>14}", run.d1 + " naive ms", run.d1 + " cached ms") : std::string();
     fmt::print("{:>7} {:>9} {:>6}  {:<12} {:>9} {:>11} {:>9} {:>11} {:>8}{}  {}\n", "step", "pos", "token", "text",

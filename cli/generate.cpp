@@ -31,6 +31,7 @@ int run_generate(const GenerateOptions& o) {
     cache.set_kv_format(format, kv_calibration(lm, format, o.kv_calibrate));
     CachedDecoder dec(*backend, cache);
     dec.exec.n_threads = o.threads;
+    dec.exec.attention = attention_spec(o.attention);
 
     // Like llama2.c, the prompt is echoed (BOS itself prints nothing) and generation stops early
     // if the model emits BOS, which delimits stories in its training data.

@@ -73,6 +73,7 @@ CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
         "store K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4; naive decode stores them the same "
         "way, and each step's drift from fp32 naive decode is reported");
     demo_cmd->add_option("--kv-calibrate", demo.kv_calibrate, kKvCalibrateHelp);
+    add_attention_options(demo_cmd, demo.attention);
     return demo_cmd;
 }
 
@@ -100,6 +101,7 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
     gen_cmd->add_option("--kv-format", gen.kv_format,
                         "store K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
     gen_cmd->add_option("--kv-calibrate", gen.kv_calibrate, kKvCalibrateHelp);
+    add_attention_options(gen_cmd, gen.attention);
     return gen_cmd;
 }
 
@@ -123,6 +125,7 @@ CLI::App* add_speculate(CLI::App& app, SpeculateOptions& spec) {
     spec_cmd->add_option(
         "--kv-format", spec.kv_format,
         "every cache (target, draft, plain) stores K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
+    add_attention_options(spec_cmd, spec.attention);
     spec_cmd->add_flag("--json", spec.json, "machine-readable output");
     return spec_cmd;
 }
@@ -182,6 +185,10 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
                            "cpu (default), gpu or gpu-host: the decoders and caches under test and naive decode run "
                            "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "
                            "second's naive and cached decode must equal it");
+    verify_cmd->add_option("--attention", ver.attention.kind,
+                           "simple or tiled: naive decode and the decoders under test run it in every exact row "
+                           "(default: simple, and the tiled-attention row draws its tiles)");
+    verify_cmd->add_option("--tile", ver.attention.tile, "tiled attention's keys per tile (1..256)");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
     verify_cmd->add_flag("--list", ver.list, "list the variants, their parameters, the scenarios and planted bugs");
     return verify_cmd;

@@ -60,6 +60,7 @@ Race race(const SpeculateOptions& o, const Model& model, const Draft& d, const s
     const std::unique_ptr<Backend> draft_backend = d.model ? make_backend(devices[0], *d.model) : nullptr;
     CachedDecoder plain(*backend), target(*backend), draft(draft_backend ? *draft_backend : *backend);
     plain.exec.n_threads = target.exec.n_threads = draft.exec.n_threads = o.threads;
+    plain.exec.attention = target.exec.attention = draft.exec.attention = attention_spec(o.attention);
     // Every cache in the format: speculative decoding must still give plain greedy decode's bits.
     const KVFormat format = parse_kv_format(o.kv_format);
     for (CachedDecoder* dec : {&plain, &target, &draft}) dec->cache().set_kv_format(format);

@@ -50,6 +50,7 @@ int run_verify(const VerifyCommandOptions& o) {
     const auto t0 = std::chrono::steady_clock::now();
     VerifyOptions vo{o.cases, o.seed, o.device};
     vo.kv_format = o.kv_format;
+    vo.attention = o.attention.kind, vo.tile = o.attention.tile;
     const std::vector<VerifyRow> rows = verify(o.variant, vo);
     const double seconds = seconds_since(t0);
     int n_ok = 0, n_mutants = 0, n_caught = 0;
@@ -63,6 +64,7 @@ int run_verify(const VerifyCommandOptions& o) {
         j["cases"] = o.cases;
         j["device"] = o.device;
         if (!o.kv_format.empty()) j["kv_format"] = o.kv_format;
+        if (!o.attention.kind.empty()) j["attention"] = {{"kind", o.attention.kind}, {"tile", o.attention.tile}};
         j["seconds"] = seconds;
         j["all_ok"] = n_ok == int(rows.size());
         if (n_mutants) j["kill_rate"] = double(n_caught) / n_mutants;
@@ -90,6 +92,9 @@ int run_verify(const VerifyCommandOptions& o) {
             "KV format {}: the variant rows and scenarios store K and V in it where the variant takes a format, "
             "and naive decode stores them the same way\n",
             o.kv_format);
+    if (!o.attention.kind.empty())
+        fmt::print("attention {}: naive decode and the decoders under test run it in every exact row\n",
+                   attention_name(attention_spec(o.attention)));
     fmt::print("{} case(s) per property, seed {}; counterexamples are RapidCheck's shrunk cases\n\n", o.cases, o.seed);
     std::size_t w_name = 7, w_params = 10, w_result = 6;
     for (const VerifyRow& r : rows) {

@@ -69,6 +69,42 @@ public:
     }
 };
 
+// split-kv-from-length: flash-decoding whose split count is fixed, so that the splits' size (and
+// the tile boundaries) follow the KV length: a one-row step's tile becomes ceil(n / 4). Modelled
+// on split-KV decode kernels that choose the number of splits from the sequence length and the
+// device (FlashAttention's num_splits heuristic): each choice gives other bits.
+class SplitFromLength final : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
+        Exec e = ex;
+        if (ex.attention.tiled() && n_rows == 1) {
+            RowKV r;
+            memory().download(&r, rows, std::int64_t(sizeof(RowKV)));  // rows may live on a device
+            e.attention.tile = std::clamp((r.n + 3) / 4, 1, AttentionSpec::kMaxTile);
+        }
+        inner().attention(e, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
+        ex.flops = e.flops;
+    }
+};
+
+// key-tile-from-rows: the key tile follows the number of query rows: a step of several rows
+// (prefill) runs twice the key tile of a one-row step (decode). Modelled on engines that run one
+// attention kernel for prefill and another, with other tile sizes, for decode.
+class TileFromRows final : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
+        Exec e = ex;
+        if (ex.attention.tiled() && n_rows > 1)
+            e.attention.tile = std::min(2 * ex.attention.tile, AttentionSpec::kMaxTile);
+        inner().attention(e, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
+        ex.flops = e.flops;
+    }
+};
+
 // The KV format bugs: each changes what the cached path stores, as a conversion or a scale
 // written twice would. Host or device memory alike: the decorator moves rows and inputs through
 // the backend's Memory.
@@ -251,6 +287,8 @@ std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner) {
     switch (m) {
         case Mutant::read_before_write: return std::make_unique<ReadsBeforeWrite>(inner);
         case Mutant::kv_wrong_layer: return std::make_unique<WritesNextLayer>(inner);
+        case Mutant::split_kv_from_length: return std::make_unique<SplitFromLength>(inner);
+        case Mutant::key_tile_from_rows: return std::make_unique<TileFromRows>(inner);
         case Mutant::fp8_scale_twice: return std::make_unique<ScaleTwice>(inner);
         case Mutant::bf16_truncates: return std::make_unique<WrongConversion>(inner, KVFormat::bf16, truncated_to_bf16);
         case Mutant::fp16_overflow_inf:

@@ -4,7 +4,8 @@
 //
 //   backend decorator  (forwarding.h: ForwardingBackend) naive or cached decode runs its kernels
 //                      through it: mask-off-by-one, read-before-write, kv-wrong-layer,
-//                      fp8-scale-twice, bf16-truncates, fp16-overflow-inf
+//                      fp8-scale-twice, bf16-truncates, fp16-overflow-inf,
+//                      split-kv-from-length, key-tile-from-rows
 //   plan transform     (decode.h: CachedDecoder::transform) edits a step's plan before it runs:
 //                      rope-decode-off, gqa-modulo, batch-mixes-blocks
 //   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
@@ -52,6 +53,8 @@ enum class Mutant {
     prefix_keeps_format,    // prefix cache: a pool switched to another format keeps its cached blocks
     int_scale_prev_block,   // int8/int4 paged cache: a block's first row gets the previous block's group scales
     chunk_boundary_rope,    // a prefill chunk after the first rotates its first row at the previous position
+    split_kv_from_length,   // tiled decode: the key tile is a quarter of the KV length (four splits)
+    key_tile_from_rows,     // tiled: a step of several rows runs twice the key tile of a one-row step
 };
 
 struct MutantInfo {
@@ -61,7 +64,7 @@ struct MutantInfo {
     std::string_view check;  // the verify check that must catch it (verify.cpp)
 };
 
-inline constexpr std::array<MutantInfo, 18> kMutants{{
+inline constexpr std::array<MutantInfo, 20> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -85,13 +88,18 @@ inline constexpr std::array<MutantInfo, 18> kMutants{{
     {Mutant::chunk_boundary_rope, "chunk-boundary-rope",
      "a prefill chunk after the first rotates its first row at the previous position (the boundary row repeated)",
      "chunked-prefill"},
+    {Mutant::split_kv_from_length, "split-kv-from-length",
+     "split-KV decode with a fixed split count: the key tiles follow the KV length", "tiled-attention"},
+    {Mutant::key_tile_from_rows, "key-tile-from-rows",
+     "the key tile follows the query row count: prefill tiles twice as wide as decode's", "tiled-attention"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
 // and a decorator returned refers to `inner`, which must outlive it.
 // Naive decode's backend (mask-off-by-one).
 std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner);
-// Cached decode's backend (read-before-write, kv-wrong-layer, and the KV format bugs).
+// Cached decode's backend (read-before-write, kv-wrong-layer, the KV format bugs and the tiled
+// attention bugs).
 std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner);
 // A cached decoder's plan transform (rope-decode-off, gqa-modulo, batch-mixes-blocks,
 // chunk-boundary-rope).

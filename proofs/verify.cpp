@@ -34,6 +34,9 @@ struct Devices {
     std::string reference = "cpu", tested = "cpu";
     std::function<std::unique_ptr<Backend>(std::string_view, const Model&)> make;
     std::optional<KVFormat> format;  // VerifyOptions::kv_format, when given
+    // VerifyOptions::attention: what naive and cached decode both run (simple unless given); the
+    // tiled-attention scenario draws a tile when none is given.
+    std::optional<AttentionSpec> attention;
 };
 
 // The oracle for one generated model on the devices of a run: naive decode on the reference
@@ -43,7 +46,8 @@ struct Devices {
 class Oracle {
 public:
     Oracle(const Model& m, const Devices& d, Mutant mutant)
-        : mutant_(mutant),
+        : attention_(d.attention.value_or(AttentionSpec{})),
+          mutant_(mutant),
           reference_(d.make(d.reference, m)),
           tested_(d.tested == d.reference ? nullptr : d.make(d.tested, m)),
           planted_naive_(planted_naive_backend(mutant, *reference_)),
@@ -53,6 +57,7 @@ public:
             planted_tested_naive_ = planted_naive_backend(mutant, *tested_);
             tested_naive_ = std::make_unique<NaiveDecoder>(planted_tested_naive_ ? *planted_tested_naive_ : *tested_);
         }
+        set_attention(attention_);
     }
     Backend& backend() { return tested_ ? *tested_ : *reference_; }  // where the decoders under test run
     // Naive decode stores K and V in this format with these scales (the format-aware naive decode).
@@ -65,6 +70,13 @@ public:
         for (NaiveDecoder* n : {&naive_, tested_naive_.get()})
             if (n) n->quant = spec;
     }
+    // Which attention naive decode and the cached decoders made after this call run.
+    void set_attention(const AttentionSpec& a) {
+        attention_ = a;
+        for (NaiveDecoder* n : {&naive_, tested_naive_.get()})
+            if (n) n->exec.attention = a;
+    }
+    const AttentionSpec& attention() const { return attention_; }
     Memory& memory() { return backend().memory(); }  // where their caches live
     Mutant mutant() const { return mutant_; }
 
@@ -72,6 +84,7 @@ public:
     std::unique_ptr<CachedDecoder> cached(Cache& cache) {
         auto d = std::make_unique<CachedDecoder>(planted_cached_ ? *planted_cached_ : backend(), cache);
         d->transform = planted_transform(mutant_);
+        d->exec.attention = attention_;
         return d;
     }
 
@@ -95,6 +108,7 @@ public:
     }
 
 private:
+    AttentionSpec attention_;
     Mutant mutant_;
     std::unique_ptr<Backend> reference_, tested_;
     std::unique_ptr<Backend> planted_naive_, planted_cached_, planted_tested_naive_;  // decorators, or null
@@ -335,6 +349,17 @@ struct AnyExactVariant {
         oracle.set_kv_format(format, {});
         u = cache_under_test(exact[draw(std::size_t{0}, exact.size() - 1)], c, mutant, oracle.memory(), format);
         cached = oracle.cached(*u);
+        if (oracle.attention().tiled()) {  // the split-KV path on threads too (bits never change)
+            cached->exec.n_threads = draw(1, 2);
+            cached->exec.parallel_min_work = 0;
+        }
+    }
+    // "paged(block_size=3,n_blocks=4) in bf16, <config>" (and the tile, when tiled).
+    std::string describe() const {
+        const AttentionSpec& a = oracle.attention();
+        return fmt::format(
+            "{} in {}, {}{}", kvlab::describe(u.spec), kv_format_name(format), c.describe(),
+            a.tiled() ? fmt::format(", {} attention on {} thread(s)", attention_name(a), cached->exec.n_threads) : "");
     }
     const Config c;
     const Model m;
@@ -349,11 +374,10 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     const Config& c = run.c;
     Oracle& oracle = run.oracle;
     CacheUnderTest& u = run.u;
-    const KVFormat format = run.format;
     CachedDecoder* cached = run.cached.get();
     std::vector<int> kept;
     const int rounds = draw(1, 3);
-    std::string what = fmt::format("{} in {}, {}", describe(u.spec), kv_format_name(format), c.describe());
+    std::string what = run.describe();
     for (int r = 0; r <= rounds; r++) {
         if (r > 0) {
             const int n = draw(0, int(kept.size()));
@@ -379,13 +403,10 @@ void chunked_prefill_property(const Devices& devices, Mutant mutant) {
     AnyExactVariant run(devices, mutant, 2);
     const Config& c = run.c;
     Oracle& oracle = run.oracle;
-    CacheUnderTest& u = run.u;
-    const KVFormat format = run.format;
     CachedDecoder* cached = run.cached.get();
     const std::vector<int> tokens = draw_tokens(c, draw(2, c.max_seq));
     const int prompt = draw(2, int(tokens.size()));
-    std::string what = fmt::format("{} in {}, {}, prompt {} of {} in chunks", describe(u.spec), kv_format_name(format),
-                                   c.describe(), prompt, tokens.size());
+    std::string what = fmt::format("{}, prompt {} of {} in chunks", run.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
     for (int at = 0; at < prompt;) {
         const int n = draw(1, prompt - at);
@@ -395,7 +416,19 @@ void chunked_prefill_property(const Devices& devices, Mutant mutant) {
     }
     for (int T = prompt + 1; T <= int(tokens.size()); T++)
         oracle.expect_naive(all.first(T), cached->decode(tokens[T - 1]), what);
-    expect_memory_consistent(*u, what);
+    expect_memory_consistent(*run.u, what);
+}
+
+// A key tile: small ones most often (so that tiny sequences span several tiles), any up to 24.
+int draw_tile() { return *rc::gen::arbitrary<bool>() ? draw(1, 8) : draw(1, 24); }
+
+// Tiled attention: naive decode and the cached decoder both run it with one tile (the run's, or
+// drawn), over a chunked prefill and decode as above; one-row steps take the split-KV path, and
+// the cached decoder runs on 1 or 2 threads.
+void tiled_attention_property(const Devices& devices, Mutant mutant) {
+    Devices d = devices;
+    if (!d.attention || !d.attention->tiled()) d.attention = AttentionSpec{AttentionSpec::Kind::tiled, draw_tile()};
+    chunked_prefill_property(d, mutant);
 }
 
 // Sequences of different lengths, some joining later, step together over one pool: a
@@ -509,6 +542,7 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     const std::unique_ptr<Backend> draft_backend = draft_model ? devices.make(devices.tested, *draft_model) : nullptr;
     CachedDecoder draft(draft_backend ? *draft_backend : oracle.backend());
     draft.cache().set_kv_format(format);
+    draft.exec.attention = oracle.attention();
     SpeculativeDecoder spec(*cached, draft, k);
     const std::string what = fmt::format("speculate k = {}, draft {}, target {} in {}, {}, prompt {} + {} steps", k,
                                          draft_kind == 0   ? "another random model"
@@ -519,6 +553,7 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     // The reference: plain greedy cached decode with the target, itself checked against naive.
     CachedDecoder plain(oracle.backend());
     plain.cache().set_kv_format(format);
+    plain.exec.attention = oracle.attention();
     const DecodeRun want = greedy_decode(plain, prompt, steps);
     std::vector<int> sequence = prompt;
     const std::size_t V = std::size_t(c.vocab_size);
@@ -807,6 +842,11 @@ const std::vector<Check>& checks() {
         v.push_back({"chunked-prefill", "exact", "any exact variant, a prompt in chunks of 1..rest; any KV format",
                      "a prompt prefilled chunk by chunk, then decoded, equals naive decode at every chunk and step",
                      std::nullopt, chunked_prefill_property});
+        v.push_back({"tiled-attention", "exact",
+                     "any exact variant and KV format, key tile 1..24 (or --tile), chunked prefill, 1-2 threads",
+                     "naive, prefill, chunked prefill and split-KV decode all run tiled attention with one fixed "
+                     "key tile: bitwise equal",
+                     std::nullopt, tiled_attention_property});
         v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins; any KV format",
                      "sequences of different lengths stepped together over one pool", std::nullopt, batch_property});
         v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
@@ -976,8 +1016,9 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
         throw Error(fmt::format("verify: unknown variant '{}' (one of: {})", which, list));
     }
     const std::vector<std::string> devices = parse_devices(o.device);
-    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt};
+    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt, std::nullopt};
     if (!o.kv_format.empty()) d.format = parse_kv_format(o.kv_format);
+    if (!o.attention.empty()) d.attention = parse_attention(o.attention, o.tile);
     if (!d.make) d.make = [](std::string_view device, const Model& m) { return make_backend(device, m); };
     if (const std::string why = d.tested == "gpu" ? gpu_unavailable() : ""; !why.empty()) throw Error(why);
     std::vector<VerifyRow> rows;

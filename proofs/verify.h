@@ -45,6 +45,11 @@ struct VerifyOptions {
     // it, wherever the variant takes a format, and naive decode stores them the same way. "": the
     // variant rows run in fp32 and the scenarios draw a format per case.
     std::string kv_format = "";
+    // "simple" or "tiled" (core/tiled_attention.h): what naive decode and the decoders under test
+    // run in every exact row, with this key tile when tiled. "": simple, and the tiled-attention
+    // row draws its tiles.
+    std::string attention = "";
+    int tile = 64;
 };
 
 struct VerifyRow {

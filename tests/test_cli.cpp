@@ -192,6 +192,38 @@ TEST_CASE("kvlab demo on an exported model: every step bitwise equal, FLOPs coun
     CHECK(steps[12]["naive_flops"].get<double>() > 10 * steps[12]["cached_flops"].get<double>());
 }
 
+TEST_CASE("kvlab demo, generate, speculate and verify with --attention tiled: bitwise equal at every step",
+          "[cli][tiled]") {
+    const fs::path model = exported_model("demo.bin", kTiny);
+    for (const char* device : {"cpu", "cpu,gpu-host"})
+        for (const char* tile : {"1", "3", "256"}) {
+            const Run r = run_kvlab("demo --model " + model.string() + " --tokens 1,5,7 --steps 12 --json --device " +
+                                    device + " --attention tiled --tile " + tile + " --kv-format int8");
+            INFO(r.err);
+            REQUIRE(r.exit_code == 0);
+            const auto j = nlohmann::json::parse(r.out);
+            CHECK(j["summary"]["all_bitwise_equal"] == true);
+            CHECK(j["attention"]["kind"] == "tiled");
+            CHECK(j["attention"]["tile"] == std::stoi(tile));
+        }
+    const Run g =
+        run_kvlab("generate --model " + model.string() + " --tokens 1,5 --steps 8 --attention tiled --tile 2");
+    CHECK(g.exit_code == 0);
+    const Run sp = run_kvlab("speculate --model " + model.string() +
+                             " --tokens 1,5 --steps 8 --reps 1 --draft self --attention tiled --tile 2 --json");
+    INFO(sp.err);
+    CHECK(sp.exit_code == 0);
+    const Run v = run_kvlab("verify tiled-attention --cases 20 --attention tiled --tile 5 --json");
+    CHECK(v.exit_code == 0);
+    CHECK(nlohmann::json::parse(v.out)["attention"]["tile"] == 5);
+    for (const char* command : {"demo", "generate", "speculate", "verify"}) {
+        check_refused(fmt::format("{} --attention flash", command), "unknown attention 'flash' (simple, tiled)");
+        for (const char* tile : {"0", "300"})
+            check_refused(fmt::format("{} --attention tiled --tile {}", command, tile),
+                          fmt::format("attention tile {} is out of range", tile));
+    }
+}
+
 TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode, and the drift from fp32 is reported",
           "[cli][demo]") {
     const fs::path model = exported_model("demo.bin", kTiny);
@@ -433,7 +465,7 @@ TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + wi
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
-    CHECK(r.out.find("mutants caught 18 of 18 (kill rate 100%)") != std::string::npos);
+    CHECK(r.out.find("mutants caught 20 of 20 (kill rate 100%)") != std::string::npos);
     CHECK(r.out.find("bitwise equal while T <= sinks + window; differs beyond") != std::string::npos);
     const Run j = run_kvlab("verify prefix-shared --cases 20 --json");
     REQUIRE(j.exit_code == 0);
@@ -563,7 +595,7 @@ TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and chec
     const nlohmann::json j = nlohmann::json::parse(one.out);
     CHECK(j["device"] == "gpu-host");
     CHECK(j["all_ok"] == true);
-    CHECK(j["rows"].size() == 19);  // 11 variants and scenarios, 6 KV formats, format-switch, quantized-exact
+    CHECK(j["rows"].size() == 20);  // 12 variants and scenarios, 6 KV formats, format-switch, quantized-exact
     const Run two = run_kvlab("verify paged --device cpu,gpu-host --cases 20");
     INFO(two.out << two.err);
     CHECK(two.exit_code == 0);

@@ -52,6 +52,25 @@ TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, ba
     for (const char* name : {"prefix-shared", "fork", "rollback", "chunked-prefill", "batch"}) check_rows(name);
 }
 
+TEST_CASE("tiled attention: naive, prefill, chunked prefill and split-KV decode agree bit for bit", "[verify][tiled]") {
+    check_rows("tiled-attention");
+    // --attention tiled: every scenario's naive and cached decode run it, with a fixed tile.
+    for (int tile : {1, 3, 8}) {
+        VerifyOptions o = kOptions;
+        o.cases = 50, o.attention = "tiled", o.tile = tile;
+        for (const char* name : {"contiguous-head", "paged", "prefix-shared", "fork", "rollback", "batch", "speculate",
+                                 "format-int4", "quantized-exact", "tiled-attention"})
+            check_rows(name, o);
+    }
+    CHECK_THROWS_WITH(verify("paged",
+                             [] {
+                                 VerifyOptions o = kOptions;
+                                 o.attention = "tiled", o.tile = 0;
+                                 return o;
+                             }()),
+                      "attention tile 0 is out of range (1..256 keys)");
+}
+
 TEST_CASE("exact KV formats: bf16, fp16, fp8, int8 and int4 caches equal the format-aware naive decode",
           "[verify][exact]") {
     for (const char* name : {"format-bf16", "format-fp16", "format-fp8-e5m2", "format-fp8-e4m3", "format-int8",
@@ -109,6 +128,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"fork", "exact"},
                                                                     {"rollback", "exact"},
                                                                     {"chunked-prefill", "exact"},
+                                                                    {"tiled-attention", "exact"},
                                                                     {"batch", "exact"},
                                                                     {"stale", "exact"},
                                                                     {"speculate", "exact"},
@@ -148,7 +168,9 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"fp16-overflow-inf", "mutant"},
                                                                     {"prefix-keeps-format", "mutant"},
                                                                     {"int-scale-prev-block", "mutant"},
-                                                                    {"chunk-boundary-rope", "mutant"}};
+                                                                    {"chunk-boundary-rope", "mutant"},
+                                                                    {"split-kv-from-length", "mutant"},
+                                                                    {"key-tile-from-rows", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
