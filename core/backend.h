@@ -14,6 +14,7 @@
 // CPU, device memory for CUDA. All of them produce the same bits (NUMERICS.md).
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,8 +25,8 @@
 #include <vector>
 
 #include "config.h"
-#include "kv_format.h"
 #include "kernels.h"
+#include "kv_format.h"
 
 namespace kvlab {
 
@@ -78,6 +79,17 @@ public:
     Memory* memory() const { return memory_; }
     void upload(std::span<const T> host, std::int64_t at = 0) {
         memory_->upload(data_ + at, host.data(), std::int64_t(host.size_bytes()));
+    }
+    // A copy in the same memory (a cache's snapshot), and the contents of one of this size back.
+    Buffer clone() const {
+        if (!memory_) return Buffer();
+        Buffer c(*memory_, size_);
+        if (size_ > 0) memory_->copy(c.data_, data_, bytes());
+        return c;
+    }
+    void copy_from(const Buffer& o) {
+        assert(o.size_ == size_);
+        if (size_ > 0) memory_->copy(data_, o.data_, bytes());
     }
 
 private:

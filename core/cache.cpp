@@ -208,6 +208,7 @@ void Cache::write(int l, int pos, const float* k_row, const float* v_row) {
     const int positions[] = {pos};
     try {
         stored(l, positions);
+        committed();  // a host write is its own request
     } catch (...) {
         for (int h = 0; h < n_kv_heads; h++) {
             st.memory().upload(st.k_row(st.row(l, h, s)), old_k.data() + h * rb, rb);
@@ -303,6 +304,21 @@ int Cache::attach_prefix(std::span<const int>) {
         throw Error(
             fmt::format("kv cache: a prefix attaches only to an empty sequence, not to one of length {}", length()));
     return 0;
+}
+
+std::unique_ptr<CacheSnapshot> Cache::snapshot(int) const {
+    auto s = std::make_unique<CacheSnapshot>();
+    s->length = length();
+    return s;
+}
+
+void Cache::restore(const CacheSnapshot& s) {
+    if (length() > s.length) truncate(s.length);
+}
+
+void Cache::set_tokens(std::span<const int> tokens) {
+    tokens_.assign(tokens.begin(), tokens.end());
+    append_start_ = length();
 }
 
 void Cache::adopt(std::span<const int> tokens) {

@@ -115,6 +115,13 @@ struct KVStorage {
 // empty; throws Error for another size or a scale that is not finite and > 0.
 std::vector<float> checked_kv_scales(int n_layers, std::span<const float> scales);
 
+// What a cache held before a request of several steps, to put back if a later step fails
+// (Cache::snapshot). The base keeps the length; a variant adds what truncating cannot restore.
+struct CacheSnapshot {
+    virtual ~CacheSnapshot() = default;
+    int length = 0;
+};
+
 class Cache {
 public:
     explicit Cache(const Config& config);
@@ -173,6 +180,18 @@ public:
     virtual std::span<const int> tokens() const { return tokens_; }
     // Rollback: forgets positions >= n, as speculative decoding does with rejected drafts.
     virtual void truncate(int n);
+    // A request that fails part-way (a step's kernel, a later chunk of a prefill) leaves the cache
+    // as it was: snapshot(added) before it appends `added` positions, restore() after the
+    // failure. The base keeps the length and truncates back, exact wherever a rollback gives back
+    // what the cache held; a window whose ring the request wraps over evicted rows, and a
+    // quantized cache whose request completes a key group (the open group's raw keys are
+    // replaced), keep copies of what it can overwrite.
+    virtual std::unique_ptr<CacheSnapshot> snapshot(int added) const;
+    virtual void restore(const CacheSnapshot& s);
+    // The request that wrote the latest rows succeeded: they may now be shared (a paged cache
+    // publishes the blocks they completed to its pool's prefix cache). A failed request never
+    // gets here, so nothing it wrote is ever published.
+    virtual void committed() {}
     void clear() { truncate(0); }
     // Prefix caching: maps already computed rows for the longest usable prefix of tokens into
     // this empty cache and returns how many positions it now holds (0 for variants without).
@@ -199,6 +218,8 @@ protected:
     void record(EventKind kind, int pos = -1, int count = 0, int block = -1, int from = -1) const;
     // For attach_prefix: positions 0..tokens.size()-1 now hold rows computed elsewhere.
     void adopt(std::span<const int> tokens);
+    // For restore: the cache's tokens are these again (its rows put back by the variant).
+    void set_tokens(std::span<const int> tokens);
     void check_head(int l, int h) const;  // throws Error for a layer or KV head out of range
 
     Config config_;

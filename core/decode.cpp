@@ -311,8 +311,18 @@ void CachedDecoder::run_chunks(std::span<const int> tokens, bool all_rows) {
     const std::size_t chunk =
         std::size_t(std::max<std::int64_t>(1, std::min<std::int64_t>(cache().max_step(), kMaxSlots / widest)));
     Cache* const caches[] = {cache_};
+    // A request of several chunks is one request: whatever would refuse a later chunk (its pool's
+    // free blocks) refuses it before the first, and a later chunk that fails anyway (a device
+    // error) puts the cache back as it was (Cache::snapshot).
+    const bool chunked = tokens.size() > chunk;
+    if (chunked) {
+        const int added[] = {int(tokens.size())};
+        check_pool_room(caches, added);
+    }
+    const std::unique_ptr<CacheSnapshot> before = chunked ? cache().snapshot(int(tokens.size())) : nullptr;
     row_logits_.clear();
     all_rows_ = all_rows;
+    in_request_ = chunked;  // its chunks commit together, at the end
     try {
         for (std::size_t i = 0; i < tokens.size(); i += chunk) {
             const std::span<const int> part = tokens.subspan(i, std::min(chunk, tokens.size() - i));
@@ -323,10 +333,12 @@ void CachedDecoder::run_chunks(std::span<const int> tokens, bool all_rows) {
             row_logits_.insert(row_logits_.end(), logits_.begin(), logits_.end());
         }
     } catch (...) {
-        all_rows_ = false;
+        all_rows_ = in_request_ = false;
+        if (before) cache().restore(*before);
         throw;
     }
-    all_rows_ = false;
+    all_rows_ = in_request_ = false;
+    if (chunked) cache().committed();
     assert(!all_rows || row_logits_.size() == tokens.size() * std::size_t(c.vocab_size));
 }
 
@@ -360,7 +372,12 @@ const std::vector<float>& CachedDecoder::extend(std::span<const int> sequence) {
     if (std::size_t(pos()) >= sequence.size())
         throw Error(fmt::format("the cache already holds all {} tokens of the request; roll back to run the last one",
                                 sequence.size()));
-    return prefill(sequence.subspan(pos()));
+    try {
+        return prefill(sequence.subspan(pos()));
+    } catch (...) {
+        if (prefix_hit_ > 0) cache().truncate(0), prefix_hit_ = 0;  // the request is refused whole: the hit too
+        throw;
+    }
 }
 
 const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
@@ -389,12 +406,14 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
     }
     check_pool_room(caches, added);
     std::vector<int> start(n_seqs);
+    std::vector<std::unique_ptr<CacheSnapshot>> before(static_cast<std::size_t>(n_seqs));  // [n_seqs]
     for (int s = 0; s < n_seqs; s++) {
         start[s] = caches[s]->length();
+        before[std::size_t(s)] = caches[s]->snapshot(added[s]);
         try {
             caches[s]->append(tokens[s]);
         } catch (...) {
-            for (int r = 0; r < s; r++) caches[r]->truncate(start[r]);
+            for (int r = 0; r < s; r++) caches[r]->restore(*before[std::size_t(r)]);
             throw;
         }
     }
@@ -407,9 +426,12 @@ const std::vector<float>& CachedDecoder::step(std::span<Cache* const> caches,
         const bool capture = backend_->capturing() && !observer;
         StepPlan plan = plan_step(c, caches, tokens, start, all_rows_, capture ? c.max_seq : 1);
         if (transform) transform(plan);
-        return execute(plan);
+        const std::vector<float>& logits = execute(plan);
+        if (!in_request_)
+            for (int s = 0; s < n_seqs; s++) caches[s]->committed();
+        return logits;
     } catch (...) {
-        for (int s = 0; s < n_seqs; s++) caches[s]->truncate(start[s]);
+        for (int s = 0; s < n_seqs; s++) caches[s]->restore(*before[std::size_t(s)]);
         throw;
     }
 }

@@ -228,6 +228,7 @@ private:
     std::vector<float> logits_;        // [n_out, vocab_size]: each sequence's last row, or every row (all_rows_)
     std::vector<float> row_logits_;    // [tokens, vocab_size] prefill_rows' result, over its chunks
     bool all_rows_ = false;            // set by prefill_rows: classify every row of the step
+    bool in_request_ = false;          // a chunk of a longer prefill: the caches commit at its end
     int prefix_hit_ = 0;
 };
 

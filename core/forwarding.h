@@ -77,6 +77,9 @@ public:
     std::int64_t write_slot(int pos) override { return inner_.write_slot(pos); }
     void stored(int l, std::span<const int> positions) override { inner_.stored(l, positions); }
     void truncate(int n) override { inner_.truncate(n); }
+    std::unique_ptr<CacheSnapshot> snapshot(int added) const override { return inner_.snapshot(added); }
+    void restore(const CacheSnapshot& s) override { inner_.restore(s); }
+    void committed() override { inner_.committed(); }
     std::int64_t slot(int t) const override { return inner_.slot(t); }
     int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override {
         return inner_.attended(pos, slots, positions);

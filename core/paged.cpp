@@ -384,8 +384,13 @@ void PagedCache::on_stored(int l, int pos) {
     if (l == config_.n_layers - 1 && pos % bs == bs - 1 && pos / bs == int(hashes_.size())) {
         const BlockKey key = key_of(pos / bs);
         hashes_.push_back(pool().hash(key));
-        if (pool().prefix_caching()) pool().publish(table_[std::size_t(pos / bs)], key);
+        if (pool().prefix_caching()) unpublished_.push_back({pos / bs, key});
     }
+}
+
+void PagedCache::committed() {
+    for (const auto& [b, key] : unpublished_) pool().publish(table_[std::size_t(b)], key);
+    unpublished_.clear();
 }
 
 void PagedCache::release(int n) {
@@ -396,6 +401,7 @@ void PagedCache::release(int n) {
         table_.pop_back();
     }
     hashes_.resize(std::min<std::size_t>(hashes_.size(), std::size_t(n / bs)));
+    std::erase_if(unpublished_, [&](const auto& p) { return p.first >= int(hashes_.size()); });
     // A block cut in the middle holds n % bs of our rows now: those past them read NaN unless
     // another holder still holds them (copy-on-write handles our next write then), or the block
     // is published.

@@ -244,6 +244,8 @@ public:
     // The pool's format: BlockPool::set_kv_format.
     void set_kv_format(KVFormat format, std::span<const float> scales = {}) override;
     int attach_prefix(std::span<const int> tokens) override;
+    // Publishes the blocks the request completed (prefix caching): a failed request publishes none.
+    void committed() override;
     MemoryStats memory() const override;
     std::string name() const override;
 
@@ -268,6 +270,8 @@ private:
     std::uint64_t model_;
     std::vector<int> table_;             // [ceil(length / block_size)] physical block of each logical block
     std::vector<std::uint64_t> hashes_;  // [length / block_size] hash of each full logical block
+    // Blocks the running request completed, published when it commits: (logical block, key).
+    std::vector<std::pair<int, BlockKey>> unpublished_;
 };
 
 // Throws Error, changing nothing, when appending added[s] positions to each paged sequence of a

@@ -156,6 +156,31 @@ void QuantizedCache::release(int n) {
     storage_.poison(config_, n, length() - n);
 }
 
+namespace {
+struct QuantizedSnapshot final : CacheSnapshot {
+    Buffer<std::uint8_t> k;     // the key rows' codes and scales
+    Buffer<float> k_residual;   // the open groups' raw keys
+    std::vector<int> key_rows;  // [n_layers]
+};
+}  // namespace
+
+std::unique_ptr<CacheSnapshot> QuantizedCache::snapshot(int added) const {
+    if (!per_channel_keys() || length() % spec_.group + added < spec_.group) return Cache::snapshot(added);
+    auto s = std::make_unique<QuantizedSnapshot>();
+    s->length = length();
+    s->k = storage_.k.clone(), s->k_residual = k_residual_.clone();
+    s->key_rows = key_rows_;
+    return s;
+}
+
+void QuantizedCache::restore(const CacheSnapshot& snapshot) {
+    Cache::restore(snapshot);  // values (per token) and the length, as a rollback gives them back
+    const auto* s = dynamic_cast<const QuantizedSnapshot*>(&snapshot);
+    if (!s) return;
+    storage_.k.copy_from(s->k), k_residual_.copy_from(s->k_residual);
+    key_rows_ = s->key_rows;
+}
+
 MemoryStats QuantizedCache::memory() const {
     const Config& c = config_;
     const std::int64_t pairs = std::int64_t(c.n_layers) * c.n_kv_heads;

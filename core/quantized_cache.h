@@ -55,6 +55,10 @@ public:
     // would quantize a group before its earlier rows' queries run). NaiveDecoder::quant follows
     // the same rule.
     int max_step() const override { return per_channel_keys() ? 1 : config_.max_seq; }
+    // Per-channel keys: the key rows, the residual and the groups' state, since a request that
+    // completes a group replaces the open group's raw keys, which no rollback can give back.
+    std::unique_ptr<CacheSnapshot> snapshot(int added) const override;
+    void restore(const CacheSnapshot& s) override;
 
     // Bytes one more position costs in steady state (codes and row scales of K and V; the fixed
     // fp32 residual is left out): the number for a table.

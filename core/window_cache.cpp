@@ -78,6 +78,62 @@ void WindowCache::release(int n) {
         }
 }
 
+namespace {
+// The ring slots a request writes, as they were: their owners and their rows.
+struct WindowSnapshot final : CacheSnapshot {
+    std::vector<int> slots, owner;  // [n] the slots, and the position each held (-1: none)
+    Buffer<std::uint8_t> k, v;      // [n, n_layers, n_kv_heads, row_bytes] their rows
+};
+}  // namespace
+
+// Writing a slot evicts the position it held, which a rollback cannot give back (a later
+// rollback to just after that position would be refused): the slots the request writes are kept.
+std::unique_ptr<CacheSnapshot> WindowCache::snapshot(int added) const {
+    if (direct_) return Cache::snapshot(added);  // slot = position: nothing is ever overwritten
+    auto s = std::make_unique<WindowSnapshot>();
+    s->length = length();
+    std::vector<bool> taken(std::size_t(ring_size_), false);  // [ring_size]
+    for (int p = length(); p < length() + added && int(s->slots.size()) < ring_size_; p++)
+        if (!taken[std::size_t(ring_slot(p))]) {
+            taken[std::size_t(ring_slot(p))] = true;
+            s->slots.push_back(ring_slot(p));
+            s->owner.push_back(owner_[std::size_t(ring_slot(p))]);
+        }
+    const int heads = config_.n_layers * config_.n_kv_heads;
+    const std::int64_t rb = storage_.row_bytes(), n = std::int64_t(s->slots.size()) * heads;
+    s->k = Buffer<std::uint8_t>(storage_.memory(), n * rb), s->v = Buffer<std::uint8_t>(storage_.memory(), n * rb);
+    assert(s->k.size() == n * rb && s->owner.size() == s->slots.size());
+    for (std::size_t i = 0; i < s->slots.size(); i++)
+        for (int lh = 0; lh < heads; lh++) {  // rows (l, h) of a slot: l * layer_rows + h * head_rows + slot
+            const std::int64_t row = storage_.row(lh / config_.n_kv_heads, lh % config_.n_kv_heads, s->slots[i]);
+            const std::int64_t at = (std::int64_t(i) * heads + lh) * rb;
+            storage_.memory().copy(s->k.data() + at, storage_.k_row(row), rb);
+            storage_.memory().copy(s->v.data() + at, storage_.v_row(row), rb);
+        }
+    return s;
+}
+
+void WindowCache::restore(const CacheSnapshot& snapshot) {
+    const auto* copy = dynamic_cast<const WindowSnapshot*>(&snapshot);
+    if (!copy) return Cache::restore(snapshot);
+    const WindowSnapshot& s = *copy;
+    const int heads = config_.n_layers * config_.n_kv_heads;
+    const std::int64_t rb = storage_.row_bytes();
+    for (std::size_t i = 0; i < s.slots.size(); i++) {
+        owner_[std::size_t(s.slots[i])] = s.owner[i];
+        for (int lh = 0; lh < heads; lh++) {
+            const std::int64_t row = storage_.row(lh / config_.n_kv_heads, lh % config_.n_kv_heads, s.slots[i]);
+            const std::int64_t at = (std::int64_t(i) * heads + lh) * rb;
+            storage_.memory().copy(storage_.k_row(row), s.k.data() + at, rb);
+            storage_.memory().copy(storage_.v_row(row), s.v.data() + at, rb);
+        }
+    }
+    const int forgotten = length() - s.length;
+    const std::vector<int> kept(tokens().begin(), tokens().begin() + s.length);
+    set_tokens(kept);
+    record(EventKind::rolled_back, s.length, forgotten);
+}
+
 MemoryStats WindowCache::memory() const {
     int resident_positions = 0;
     for (int t : owner_) resident_positions += t >= 0 && t < length();

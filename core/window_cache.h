@@ -34,6 +34,10 @@ public:
     // The ring is made again in the format, while the cache is empty.
     void set_kv_format(KVFormat format, std::span<const float> scales = {}) override;
     int max_append() const override { return chunk_; }
+    // The ring's rows and owners: a request in chunks overwrites evicted rows, which no
+    // rollback can give back.
+    std::unique_ptr<CacheSnapshot> snapshot(int added) const override;
+    void restore(const CacheSnapshot& s) override;
     MemoryStats memory() const override;
     std::string name() const override;  // "window(sinks=S,window=W)"
 

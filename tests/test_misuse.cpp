@@ -28,7 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "cpu_backend.h"
 #include "decode.h"
+#include "forwarding.h"
 #include "paged.h"
 #include "property.h"
 #include "quantized_cache.h"
@@ -51,7 +53,7 @@ std::vector<std::uint32_t> bits(const float* p, std::int64_t n) {
 // ----------------------------------------------------------------------------------------------
 // Snapshots: everything a refused call must leave as it was.
 
-struct CacheSnapshot {
+struct HeldState {
     std::string name;
     int length = 0;
     std::vector<int> tokens, table;       // table: a paged cache's blocks
@@ -60,9 +62,9 @@ struct CacheSnapshot {
     std::vector<std::uint8_t> k, v;       // the whole storage (a pool's: every sequence's), bytes
 };
 
-CacheSnapshot snapshot(const Cache& cache) {
+HeldState held_state(const Cache& cache) {
     const Config& c = cache.config();
-    CacheSnapshot s;
+    HeldState s;
     s.name = cache.name();
     s.length = cache.length();
     s.tokens.assign(cache.tokens().begin(), cache.tokens().end());
@@ -97,7 +99,7 @@ struct PoolSnapshot {
     std::int64_t shared_writes = 0, prefix_hits = 0;
 };
 
-PoolSnapshot snapshot(const BlockPool& pool) {
+PoolSnapshot held_state(const BlockPool& pool) {
     PoolSnapshot s;
     s.n_free = pool.n_free(), s.n_cached = pool.n_cached(), s.n_used = pool.n_used();
     for (int b = 0; b < pool.n_blocks(); b++) {
@@ -109,7 +111,7 @@ PoolSnapshot snapshot(const BlockPool& pool) {
 }
 
 // The first difference between two snapshots of cache `who`, or "".
-std::string difference(const CacheSnapshot& a, const CacheSnapshot& b, const std::string& who) {
+std::string difference(const HeldState& a, const HeldState& b, const std::string& who) {
     auto first = [](const auto& x, const auto& y) {
         std::size_t i = 0;
         while (i < x.size() && i < y.size() && x[i] == y[i]) i++;
@@ -171,17 +173,18 @@ struct World {
     std::vector<int> latest;  // [caches] the first position of each one's latest append: rows from it are writable
 
     struct Snapshot {
-        std::vector<CacheSnapshot> caches;
+        std::vector<HeldState> caches;
         PoolSnapshot pool;
     };
     Snapshot snap() const {
         Snapshot s;
-        for (const auto& c : caches) s.caches.push_back(snapshot(*c));
-        s.pool = snapshot(*pool);
+        for (const auto& c : caches) s.caches.push_back(held_state(*c));
+        s.pool = held_state(*pool);
         return s;
     }
-    std::string difference(const Snapshot& before) const {
-        const Snapshot now = snap();
+    std::string difference(const Snapshot& before) const { return difference(caches, before, snap()); }
+    static std::string difference(const std::vector<std::unique_ptr<Cache>>& caches, const Snapshot& before,
+                                  const Snapshot& now) {
         for (std::size_t i = 0; i < caches.size(); i++)
             if (auto d =
                     ::difference(before.caches[i], now.caches[i], fmt::format("cache {} ({})", i, now.caches[i].name));
@@ -373,14 +376,14 @@ TEST_CASE("misuse: a batch that does not fit its pool is refused before a fork c
     const std::vector<Cache*> batch{child.get(), &b};
     const std::vector<std::vector<int>> tokens{{7}, {1, 2, 3, 4, 5}};  // the child's copy-on-write takes the last free
                                                                        // block; b needs 2
-    const std::vector<CacheSnapshot> before{snapshot(parent), snapshot(*child), snapshot(b)};
-    const PoolSnapshot pool_before = snapshot(pool);
+    const std::vector<HeldState> before{held_state(parent), held_state(*child), held_state(b)};
+    const PoolSnapshot pool_before = held_state(pool);
     CHECK(refusal_problem([&] { dec.step(batch, tokens); },
                           {"batch: sequence 1: paged cache: sequence 2 needs 2 more blocks"}) == "");
-    CHECK(difference(before[0], snapshot(parent), "parent") == "");
-    CHECK(difference(before[1], snapshot(*child), "child") == "");
-    CHECK(difference(before[2], snapshot(b), "b") == "");
-    CHECK(difference(pool_before, snapshot(pool)) == "");
+    CHECK(difference(before[0], held_state(parent), "parent") == "");
+    CHECK(difference(before[1], held_state(*child), "child") == "");
+    CHECK(difference(before[2], held_state(b), "b") == "");
+    CHECK(difference(pool_before, held_state(pool)) == "");
 }
 
 TEST_CASE("misuse: a batch that does not fit (a pool, max_seq, a window's chunk) changes no cache", "[misuse][batch]") {
@@ -407,6 +410,78 @@ TEST_CASE("misuse: a batch that does not fit (a pool, max_seq, a window's chunk)
             if (msg.find('\n') != std::string::npos) RC_FAIL("not one line: " + msg);
             if (const std::string d = w.difference(before); !d.empty()) RC_FAIL("changed by \"" + msg + "\": " + d);
         }
+    });
+}
+
+// A CPU backend whose fail_at-th product or attention call (counting from 0) throws, as a device
+// error would; -1: none.
+class FailsAt final : public ForwardingBackend {
+public:
+    FailsAt(Backend& inner, int fail_at) : ForwardingBackend(inner), fail_at_(fail_at) {}
+    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
+        tick(), inner().matmul(ex, y, ldy, x, ldx, m, l, rows);
+    }
+    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
+        tick(), inner().attention(ex, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
+    }
+    int calls = 0;
+
+private:
+    void tick() {
+        if (calls++ == fail_at_) throw Error("planted device error");
+    }
+    int fail_at_;
+};
+
+// Fixed: a prefill taken in chunks (a window's chunk, per-channel keys' one position a step) that
+// failed in a later chunk kept its earlier chunks, and a window's ring had overwritten rows it
+// could not give back. Now the request is one: refused or failed anywhere, every cache and the
+// pool are as they were (Cache::snapshot), bit for bit.
+TEST_CASE("misuse: a prefill that fails in any chunk leaves every cache and the pool as before", "[misuse][chunks]") {
+    rc::prop("random caches, a prefill of any length, a failure at any call", [] {
+        const Config c = draw_config(2, 2);
+        World w = draw_world(c);
+        const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+        const std::size_t i = std::size_t(draw(0, int(w.caches.size()) - 1));
+        Cache& cache = *w.caches[i];
+        RC_PRE(cache.length() < c.max_seq);
+        // Not covered: a paged sequence whose first write copies a shared block (copy-on-write)
+        // keeps its private copy when a kernel fails after it (the same rows; the pool holds one
+        // block more). Refusals come before the copy and change nothing (the batch tests above).
+        if (const auto* p = dynamic_cast<const PagedCache*>(&cache)) {
+            const int bs = p->pool().block_size(), b = cache.length() / bs;
+            const std::vector<int>& table = p->block_table();
+            const bool copies =
+                cache.length() % bs != 0 && b < int(table.size()) && p->pool().needs_copy(table[std::size_t(b)]);
+            RC_PRE(!copies);  // (RC_PRE's captured || would not short-circuit)
+        }
+        const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq - cache.length()));
+        CpuBackend cpu(m);
+        FailsAt failing(cpu, draw(0, 12 * c.n_layers * int(tokens.size())));
+        CachedDecoder dec(failing, cache);
+        // A growing cache keeps the capacity a failed step doubled it to, as a rollback does: its
+        // raw storage is left out, its held rows (HeldState::attended) are compared.
+        auto snap = [&] {
+            World::Snapshot s = w.snap();
+            for (std::size_t j = 0; j < w.caches.size(); j++)
+                if (dynamic_cast<const GrowingCache*>(w.caches[j].get())) s.caches[j].k.clear(), s.caches[j].v.clear();
+            return s;
+        };
+        const World::Snapshot before = snap();
+        RC_LOG() << w.show() << "; prefill of " << tokens.size() << " into cache " << i << "\n";
+        bool failed = false;
+        try {
+            dec.prefill(tokens);
+        } catch (const Error& e) {
+            failed = true;
+            const std::string msg = e.what();
+            RC_TAG(msg.substr(0, msg.find(':')));
+            if (const std::string d = World::difference(w.caches, before, snap()); !d.empty())
+                RC_FAIL(fmt::format("changed by \"{}\" after {} calls: {}", msg, failing.calls, d));
+        }
+        RC_TAG(failed ? "failed" : "ran");
+        RC_TAG(tokens.size() > std::size_t(cache.max_step()) ? "chunked" : "one step");
     });
 }
 
@@ -539,19 +614,19 @@ TEST_CASE("misuse: rewriting a row in a block shared by a fork or the prefix cac
         std::unique_ptr<PagedCache> child = publish ? nullptr : parent.fork(1);
         const int pos = draw(0, n - 1);
         const std::vector<float> row(std::size_t(c.kv_dim()), 2.0f);
-        const CacheSnapshot p0 = snapshot(parent);
-        const std::optional<CacheSnapshot> c0 = child ? std::optional(snapshot(*child)) : std::nullopt;
-        const PoolSnapshot pool0 = snapshot(pool);
+        const HeldState p0 = held_state(parent);
+        const std::optional<HeldState> c0 = child ? std::optional(held_state(*child)) : std::nullopt;
+        const PoolSnapshot pool0 = held_state(pool);
         RC_LOG() << c.describe() << " block_size " << bs << " length " << n << " pos " << pos << "\n";
         const int block = parent.block_table()[std::size_t(pos / bs)];
         if (const auto p = refusal_problem([&] { parent.write(draw(0, c.n_layers - 1), pos, row.data(), row.data()); },
                                            {fmt::format("position {}", pos), fmt::format("block {}", block)});
             !p.empty())
             RC_FAIL(p);
-        if (auto d = difference(p0, snapshot(parent), "parent"); !d.empty()) RC_FAIL(d);
+        if (auto d = difference(p0, held_state(parent), "parent"); !d.empty()) RC_FAIL(d);
         if (child)
-            if (auto d = difference(*c0, snapshot(*child), "fork"); !d.empty()) RC_FAIL(d);
-        if (auto d = difference(pool0, snapshot(pool)); !d.empty()) RC_FAIL(d);
+            if (auto d = difference(*c0, held_state(*child), "fork"); !d.empty()) RC_FAIL(d);
+        if (auto d = difference(pool0, held_state(pool)); !d.empty()) RC_FAIL(d);
     });
 }
 
@@ -568,13 +643,13 @@ TEST_CASE("misuse: per-channel keys written out of order are refused, the rows u
         cache.append(draw_tokens(c, n));
         const int l = draw(0, c.n_layers - 1), pos = draw(kept + 1, kept + n - 1);
         const std::vector<float> row(std::size_t(c.kv_dim()), 3.0f);
-        const CacheSnapshot before = snapshot(cache);
+        const HeldState before = held_state(cache);
         RC_LOG() << c.describe() << " " << cache.name() << " layer " << l << " pos " << pos << "\n";
         if (const auto p = refusal_problem([&] { cache.write(l, pos, row.data(), row.data()); },
                                            {fmt::format("layer {} got {} before {}", l, pos, kept)});
             !p.empty())
             RC_FAIL(p);
-        if (auto d = difference(before, snapshot(cache), "quantized"); !d.empty()) RC_FAIL(d);
+        if (auto d = difference(before, held_state(cache), "quantized"); !d.empty()) RC_FAIL(d);
     });
 }
 
@@ -592,9 +667,9 @@ TEST_CASE("misuse: a fork whose parent is freed reads and decodes exactly as bef
         std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq - 1));
         CachedDecoder(m, *parent).prefill(tokens);
         auto child = parent->fork(1);
-        const CacheSnapshot before = snapshot(*child);
+        const HeldState before = held_state(*child);
         parent.reset();
-        if (auto d = difference(before, snapshot(*child), "fork"); !d.empty()) RC_FAIL("parent freed: " + d);
+        if (auto d = difference(before, held_state(*child), "fork"); !d.empty()) RC_FAIL("parent freed: " + d);
         CachedDecoder dec(m, *child);
         NaiveDecoder naive(m);
         for (int t : draw_tokens(c, draw(1, c.max_seq - int(tokens.size())))) {
@@ -741,9 +816,9 @@ TEST_CASE("misuse counter-test: a refusal that changed state first, or names not
          {Mutating::Bug::appends, Mutating::Bug::writes, Mutating::Bug::two_lines, Mutating::Bug::wrong_name}) {
         Mutating cache(c);
         append_rows(cache, 0, std::vector<int>{1, 2, 3});
-        const CacheSnapshot before = snapshot(cache);
+        const HeldState before = held_state(cache);
         const std::string problem = refusal_problem([&] { cache.misuse(bug); }, {"cannot roll back to 99"});
-        const std::string changed = difference(before, snapshot(cache), "planted");
+        const std::string changed = difference(before, held_state(cache), "planted");
         INFO("refusal: " << problem << "; change: " << changed);
         switch (bug) {
             case Mutating::Bug::appends: CHECK(changed == "planted: length 3 -> 4"); break;
@@ -758,11 +833,11 @@ TEST_CASE("misuse counter-test: a refusal that changed state first, or names not
     BlockPool pool(c, 2, 4);
     PagedCache a(pool, 0, 0);
     append_rows(a, 0, std::vector<int>{1, 2, 3});
-    const PoolSnapshot p0 = snapshot(pool);
+    const PoolSnapshot p0 = held_state(pool);
     auto fork = a.fork(1);
-    CHECK_THAT(difference(p0, snapshot(pool)), Catch::StartsWith("pool: block 0 refcount 1 -> 2"));
+    CHECK_THAT(difference(p0, held_state(pool)), Catch::StartsWith("pool: block 0 refcount 1 -> 2"));
     fork.reset();
-    CHECK(difference(p0, snapshot(pool)) == "");
+    CHECK(difference(p0, held_state(pool)) == "");
 }
 
 TEST_CASE("misuse counter-test: decoding a rolled-back cache is not decoding the whole sequence", "[misuse][counter]") {
