@@ -105,6 +105,27 @@ public:
     }
 };
 
+// extend-splits-prefix: a step of several rows that follows cached rows (an extend after a prefix
+// hit, or a later chunk) attends the cached prefix and its own rows in separate parts merged by
+// their softmax statistics: tiles of the prefix's length. Modelled on engines' "extend" attention
+// kernels, which treat a cached prefix and the new tokens as two inputs, unlike cold prefill.
+class ExtendSplitsPrefix final : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
+        Exec e = ex;
+        if (n_rows > 1) {
+            RowKV r;
+            memory().download(&r, rows, std::int64_t(sizeof(RowKV)));
+            const int prefix = r.n - 1;  // positions before the step's first row
+            if (prefix > 0) e.attention = {AttentionSpec::Kind::tiled, std::min(prefix, AttentionSpec::kMaxTile)};
+        }
+        inner().attention(e, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
+        ex.flops = e.flops;
+    }
+};
+
 // The KV format bugs: each changes what the cached path stores, as a conversion or a scale
 // written twice would. Host or device memory alike: the decorator moves rows and inputs through
 // the backend's Memory.
@@ -289,6 +310,7 @@ std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner) {
         case Mutant::kv_wrong_layer: return std::make_unique<WritesNextLayer>(inner);
         case Mutant::split_kv_from_length: return std::make_unique<SplitFromLength>(inner);
         case Mutant::key_tile_from_rows: return std::make_unique<TileFromRows>(inner);
+        case Mutant::extend_splits_prefix: return std::make_unique<ExtendSplitsPrefix>(inner);
         case Mutant::fp8_scale_twice: return std::make_unique<ScaleTwice>(inner);
         case Mutant::bf16_truncates: return std::make_unique<WrongConversion>(inner, KVFormat::bf16, truncated_to_bf16);
         case Mutant::fp16_overflow_inf:

@@ -5,7 +5,7 @@
 //   backend decorator  (forwarding.h: ForwardingBackend) naive or cached decode runs its kernels
 //                      through it: mask-off-by-one, read-before-write, kv-wrong-layer,
 //                      fp8-scale-twice, bf16-truncates, fp16-overflow-inf,
-//                      split-kv-from-length, key-tile-from-rows
+//                      split-kv-from-length, key-tile-from-rows, extend-splits-prefix
 //   plan transform     (decode.h: CachedDecoder::transform) edits a step's plan before it runs:
 //                      rope-decode-off, gqa-modulo, batch-mixes-blocks
 //   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
@@ -55,6 +55,7 @@ enum class Mutant {
     chunk_boundary_rope,    // a prefill chunk after the first rotates its first row at the previous position
     split_kv_from_length,   // tiled decode: the key tile is a quarter of the KV length (four splits)
     key_tile_from_rows,     // tiled: a step of several rows runs twice the key tile of a one-row step
+    extend_splits_prefix,   // a multi-row step after cached rows (an extend) splits its softmax at the prefix
 };
 
 struct MutantInfo {
@@ -64,7 +65,7 @@ struct MutantInfo {
     std::string_view check;  // the verify check that must catch it (verify.cpp)
 };
 
-inline constexpr std::array<MutantInfo, 20> kMutants{{
+inline constexpr std::array<MutantInfo, 21> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -92,6 +93,9 @@ inline constexpr std::array<MutantInfo, 20> kMutants{{
      "split-KV decode with a fixed split count: the key tiles follow the KV length", "tiled-attention"},
     {Mutant::key_tile_from_rows, "key-tile-from-rows",
      "the key tile follows the query row count: prefill tiles twice as wide as decode's", "tiled-attention"},
+    {Mutant::extend_splits_prefix, "extend-splits-prefix",
+     "an extend after a prefix hit runs another kernel than cold prefill: its softmax split at the cached prefix",
+     "prefix-hit-extend"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,

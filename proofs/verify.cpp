@@ -419,6 +419,54 @@ void chunked_prefill_property(const Devices& devices, Mutant mutant) {
     expect_memory_consistent(*run.u, what);
 }
 
+// Prefix-hit extend, as engines serve a repeated prompt: request A fills a prefix-caching pool;
+// request B, sharing any prefix of A, maps A's full blocks (the hit) and prefills only the rest,
+// then decodes. Every logit equals a cold prefill of B's prompt on a cache with no prefix cache,
+// and naive decode; the hit is as long as the shared full blocks allow.
+void prefix_extend_property(const Devices& devices, Mutant mutant) {
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    Oracle oracle(m, devices, mutant);
+    const KVFormat format = draw_kv_format(devices);
+    oracle.set_kv_format(format, {});
+    const VariantParam& block_size = *find_param(variant_info(Variant::prefix_shared), "block_size");
+    const int bs = draw_value(block_size, c, {}), per_seq = (c.max_seq + bs - 1) / bs;
+    const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
+    pool->set_kv_format(format);
+    const std::vector<int> a = draw_tokens(c, draw(1, c.max_seq));
+    const int k = draw(0, int(a.size()));  // B's tokens shared with A
+    std::vector<int> b(a.begin(), a.begin() + k);
+    const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
+    b.insert(b.end(), suffix.begin(), suffix.end());
+    const int prompt = draw(1, int(b.size()));
+    const std::span<const int> bspan(b);
+    const std::string what = fmt::format("block_size {} in {}, {}, A {} tokens, B shares {} of {} (prompt {}){}", bs,
+                                         kv_format_name(format), c.describe(), a.size(), k, b.size(), prompt,
+                                         oracle.attention().tiled() ? ", " + attention_name(oracle.attention()) : "");
+    PagedCache seq_a(*pool, m.w.fingerprint(), 0);
+    oracle.cached(seq_a)->prefill(a);
+    PagedCache seq_b(*pool, m.w.fingerprint(), 1);
+    ContiguousCache cold_cache(c, ContiguousCache::Layout::head_major, oracle.memory());
+    cold_cache.set_kv_format(format);
+    const auto hit = oracle.cached(seq_b), cold = oracle.cached(cold_cache);
+    const std::vector<float> extended = hit->extend(bspan.first(prompt));
+    int common = 0;  // at least k: the suffix may start with A's next tokens too
+    while (common < int(a.size()) && common < prompt && a[std::size_t(common)] == b[std::size_t(common)]) common++;
+    const int expected = bs * std::min({common / bs, int(a.size()) / bs, (prompt - 1) / bs});
+    if (hit->prefix_hit() != expected)
+        fail(fmt::format("{}: B's prefix hit {} positions, expected {}", what, hit->prefix_hit(), expected));
+    const std::string at = fmt::format("{}: hit {}, extend", what, hit->prefix_hit());
+    if (auto diff = first_difference(cold->prefill(bspan.first(prompt)), extended))
+        fail(fmt::format("{}: logits differ from a cold prefill at T = {}, {}", at, prompt, *diff));
+    oracle.expect_naive(bspan.first(prompt), extended, at);
+    for (int T = prompt + 1; T <= int(b.size()); T++) {
+        const std::vector<float> l = hit->decode(b[std::size_t(T - 1)]);
+        if (auto diff = first_difference(cold->decode(b[std::size_t(T - 1)]), l))
+            fail(fmt::format("{}: decode differs from the cold cache's at T = {}, {}", at, T, *diff));
+        oracle.expect_naive(bspan.first(T), l, at);
+    }
+}
+
 // A key tile: small ones most often (so that tiny sequences span several tiles), any up to 24.
 int draw_tile() { return *rc::gen::arbitrary<bool>() ? draw(1, 8) : draw(1, 24); }
 
@@ -842,6 +890,11 @@ const std::vector<Check>& checks() {
         v.push_back({"chunked-prefill", "exact", "any exact variant, a prompt in chunks of 1..rest; any KV format",
                      "a prompt prefilled chunk by chunk, then decoded, equals naive decode at every chunk and step",
                      std::nullopt, chunked_prefill_property});
+        v.push_back({"prefix-hit-extend", "exact",
+                     "prefix-caching pool, block_size drawn, B shares 0..all of A's tokens, prompt 1..T; any KV "
+                     "format",
+                     "a prefix hit then the rest prefilled then decode equals a cold prefill and naive decode",
+                     std::nullopt, prefix_extend_property});
         v.push_back({"tiled-attention", "exact",
                      "any exact variant and KV format, key tile 1..24 (or --tile), chunked prefill, 1-2 threads",
                      "naive, prefill, chunked prefill and split-KV decode all run tiled attention with one fixed "

@@ -49,7 +49,8 @@ TEST_CASE("exact variants: contiguous layouts, growing and paged caches equal na
 }
 
 TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, batches", "[verify][exact]") {
-    for (const char* name : {"prefix-shared", "fork", "rollback", "chunked-prefill", "batch"}) check_rows(name);
+    for (const char* name : {"prefix-shared", "fork", "rollback", "chunked-prefill", "prefix-hit-extend", "batch"})
+        check_rows(name);
 }
 
 TEST_CASE("tiled attention: naive, prefill, chunked prefill and split-KV decode agree bit for bit", "[verify][tiled]") {
@@ -59,7 +60,7 @@ TEST_CASE("tiled attention: naive, prefill, chunked prefill and split-KV decode 
         VerifyOptions o = kOptions;
         o.cases = 50, o.attention = "tiled", o.tile = tile;
         for (const char* name : {"contiguous-head", "paged", "prefix-shared", "fork", "rollback", "batch", "speculate",
-                                 "format-int4", "quantized-exact", "tiled-attention"})
+                                 "format-int4", "quantized-exact", "prefix-hit-extend", "tiled-attention"})
             check_rows(name, o);
     }
     CHECK_THROWS_WITH(verify("paged",
@@ -128,6 +129,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"fork", "exact"},
                                                                     {"rollback", "exact"},
                                                                     {"chunked-prefill", "exact"},
+                                                                    {"prefix-hit-extend", "exact"},
                                                                     {"tiled-attention", "exact"},
                                                                     {"batch", "exact"},
                                                                     {"stale", "exact"},
@@ -170,7 +172,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"int-scale-prev-block", "mutant"},
                                                                     {"chunk-boundary-rope", "mutant"},
                                                                     {"split-kv-from-length", "mutant"},
-                                                                    {"key-tile-from-rows", "mutant"}};
+                                                                    {"key-tile-from-rows", "mutant"},
+                                                                    {"extend-splits-prefix", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
