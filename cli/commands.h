@@ -31,6 +31,7 @@ struct DemoOptions {
     bool json = false;
     std::string kv_format = "fp32";  // core/kv_format.h: the format the cache stores K and V in
     std::string kv_calibrate;        // fp8: text whose fp32 prefill sets the scales ("": all 1)
+    bool logprobs = false;           // each decoded token's log-probability, rescored by one prefill
 };
 int run_demo(const DemoOptions& o);
 
@@ -48,6 +49,7 @@ struct GenerateOptions {
     bool json = false;
     std::string kv_format = "fp32";  // core/kv_format.h: the format the cache stores K and V in
     std::string kv_calibrate;        // fp8: text whose fp32 prefill sets the scales ("": all 1)
+    bool logprobs = false;           // print each generated token's log-probability, and rescore them
 };
 int run_generate(const GenerateOptions& o);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "approx_metrics.h"
 #include "cache.h"
@@ -42,6 +43,8 @@ struct SideBySide {
     SideBySide(const LoadedModel& lm, const DemoOptions& o);
     // One step: naive recomputes all of `tokens`; cached runs only `fresh` (the prompt, then one token).
     const std::vector<float>& step(const std::string& kind, const std::vector<int>& tokens, std::span<const int> fresh);
+    // The log-probabilities of tokens[from..] from one prefill on a fresh cache of the first device.
+    std::vector<float> rescore(const std::vector<int>& tokens, int from);
 
     const LoadedModel& lm;
     const std::vector<std::string> devices;
@@ -98,6 +101,14 @@ SideBySide::SideBySide(const LoadedModel& lm, const DemoOptions& o)
     if (fp32) fp32->exec.n_threads = o.threads;
 }
 
+std::vector<float> SideBySide::rescore(const std::vector<int>& tokens, int from) {
+    ContiguousCache fresh(lm.model.config(), ContiguousCache::Layout::head_major, backend->memory());
+    fresh.set_kv_format(format, scales);
+    CachedDecoder scorer(*backend, fresh);
+    scorer.exec = cached.exec;
+    return kvlab::rescore(scorer, tokens, from);
+}
+
 const std::vector<float>& SideBySide::step(const std::string& kind, const std::vector<int>& tokens,
                                            std::span<const int> fresh) {
     StepRow r{kind, cached.pos(), cached.pos() + int(fresh.size()) - 1, fresh.back(), "", 0, 0, 0, 0, 0, 0, {}, ""};
@@ -147,6 +158,10 @@ struct Summary {
     double max_drift = 0;  // over the steps: max |logit - fp32 naive's logit|
     double max_kl = 0;     // over the steps: KL(fp32 naive || format-aware naive)
     int same_top1 = 0;     // steps whose greedy token is fp32 naive decode's
+    // --logprobs: each decoded token's log-probability, and whether one prefill of the whole text
+    // on a fresh cache gave every one back bit for bit.
+    std::vector<float> logprobs;
+    bool rescore_equal = true;
 };
 
 Summary summarize(const SideBySide& run, int P, const std::string& generated) {
@@ -217,6 +232,10 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
                     {"kv_positions", s.T},
                     {"kv_bytes", s.kv_used},
                     {"kv_bytes_formula", kv_bytes(c, s.T, run.format)}};
+    if (o.logprobs) {
+        j["logprobs"] = s.logprobs;
+        j["summary"]["rescored_logprobs_bitwise_equal"] = s.rescore_equal;
+    }
     if (run.fp32) {
         j["summary"]["max_drift_from_fp32"] = s.max_drift;
         j["summary"]["max_kl_from_fp32"] = s.max_kl;
@@ -282,6 +301,10 @@ void print_summary(const SideBySide& run, const Summary& s) {
             "of every layer between {:.3g} and {:.3g}\n",
             run.scales[0], run.scales[1], *std::min_element(run.scales.begin(), run.scales.end()),
             *std::max_element(run.scales.begin(), run.scales.end()));
+    if (!s.logprobs.empty())
+        fmt::print("logprobs   {} decoded tokens, sum {:.4f}; one prefill of the text rescored {}\n", s.logprobs.size(),
+                   std::accumulate(s.logprobs.begin(), s.logprobs.end(), 0.0),
+                   s.rescore_equal ? "every one bit for bit" : "them DIFFERENTLY");
     fmt::print("time       naive {:.1f} ms, cached {:.1f} ms: cached is {:.1f}x faster over the run\n",
                s.naive_total * 1e3, s.cached_total * 1e3, s.naive_total / s.cached_total);
     if (rows.size() >= 11) {
@@ -328,14 +351,20 @@ int run_demo(const DemoOptions& o) {
 
     const std::vector<float>* logits = &run.step("prefill", tokens, tokens);
     std::string generated;
+    std::vector<float> logprobs;  // [steps] with --logprobs
     for (int s = 0; s < o.steps; s++) {
         const int next = argmax(*logits);
+        if (o.logprobs) logprobs.push_back(token_logprob(logits->data(), int(logits->size()), next));
         generated += token_text(lm, tokens.back(), next);
         tokens.push_back(next);
         logits = &run.step("decode", tokens, std::span<const int>(&tokens.back(), 1));
     }
 
-    const Summary s = summarize(run, P, generated);
+    Summary s = summarize(run, P, generated);
+    if (o.logprobs) {
+        s.logprobs = logprobs;
+        s.rescore_equal = !first_difference(logprobs, run.rescore(tokens, P));
+    }
     if (o.json) {
         print_json(o, run, tokens, s);
     } else {
@@ -346,6 +375,10 @@ int run_demo(const DemoOptions& o) {
     if (s.n_equal != int(run.rows.size())) {
         fmt::print(stderr, "kvlab: error: logits differ at {} of {} steps\n", int(run.rows.size()) - s.n_equal,
                    run.rows.size());
+        return 1;
+    }
+    if (!s.rescore_equal) {
+        fmt::print(stderr, "kvlab: error: rescoring by one prefill changed a log-probability\n");
         return 1;
     }
     return 0;

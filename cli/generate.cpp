@@ -7,12 +7,33 @@
 #include "cache.h"
 #include "commands.h"
 #include "common.h"
+#include "compare.h"
 #include "decode.h"
 #include "device.h"
 #include "kv_format.h"
 #include "sampler.h"
 
 namespace kvlab::cli {
+
+namespace {
+
+// --logprobs: each generated token's log-probability, and whether one prefill rescored them all
+// bit for bit.
+void print_logprobs(const LoadedModel& lm, const std::vector<int>& tokens, int P, const std::vector<float>& logprobs,
+                    bool rescore_equal) {
+    double total = 0.0;
+    fmt::print("\n{:>5} {:>6}  {:<14} {:>12}\n", "pos", "token", "text", "logprob");
+    for (std::size_t g = 0; g < logprobs.size(); g++) {
+        const int pos = P + int(g), token = tokens[std::size_t(pos)];
+        const std::string text = lm.tokenizer ? token_text(lm, tokens[std::size_t(pos - 1)], token) : "";
+        fmt::print("{:>5} {:>6}  {:<14} {:>12.6f}\n", pos, token, one_line(text), logprobs[g]);
+        total += logprobs[g];
+    }
+    fmt::print("logprobs  {} generated tokens, sum {:.4f}; one prefill of the text rescored {}\n", logprobs.size(),
+               total, rescore_equal ? "every one bit for bit" : "them DIFFERENTLY");
+}
+
+}  // namespace
 
 int run_generate(const GenerateOptions& o) {
     const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
@@ -49,15 +70,28 @@ int run_generate(const GenerateOptions& o) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> logits = dec.prefill(tokens);
     int generated = 0;
+    std::vector<float> logprobs;  // [generated] --logprobs: each generated token's, under the model's softmax
     for (int s = 0; s < o.steps; s++) {
+        const std::vector<float> raw = o.logprobs ? logits : std::vector<float>{};  // sample() rescales logits
         const int next = sampler.sample(logits);
         if (next == Tokenizer::kBos) break;
+        if (o.logprobs) logprobs.push_back(token_logprob(raw.data(), c.vocab_size, next));
         emit(tokens.back(), next);
         tokens.push_back(next);
         generated++;
         if (s + 1 < o.steps) logits = dec.decode(next);
     }
     const double secs = seconds_since(t0);
+    // Rescoring: one prefill of the whole text on a fresh cache gives every log-probability again.
+    std::vector<float> rescored;
+    if (o.logprobs && generated > 0) {
+        ContiguousCache fresh(c, ContiguousCache::Layout::head_major, backend->memory());
+        fresh.set_kv_format(cache.kv_format(), cache.kv_scales());
+        CachedDecoder scorer(*backend, fresh);
+        scorer.exec = dec.exec;
+        rescored = rescore(scorer, tokens, P);
+    }
+    const bool rescore_equal = !first_difference(logprobs, rescored);
     if (o.json) {
         nlohmann::json j = {{"model", lm.source},
                             {"prompt_tokens", std::vector<int>(tokens.begin(), tokens.begin() + P)},
@@ -69,12 +103,15 @@ int run_generate(const GenerateOptions& o) {
                             {"kv_format", kv_format_name(cache.kv_format())},
                             {"seconds", secs},
                             {"tokens_per_second", generated / secs}};
+        if (o.logprobs) j["logprobs"] = logprobs, j["rescored_logprobs_bitwise_equal"] = rescore_equal;
         fmt::print("{}\n", j.dump(2));
     } else {
         fmt::print("\n");
+        if (o.logprobs) print_logprobs(lm, tokens, P, logprobs, rescore_equal);
         fmt::print(stderr, "achieved tok/s: {:.1f} ({} tokens in {:.3f} s)\n", generated / secs, generated, secs);
     }
-    return 0;
+    if (!rescore_equal) fmt::print(stderr, "kvlab: error: rescoring by one prefill changed a log-probability\n");
+    return rescore_equal ? 0 : 1;
 }
 
 }  // namespace kvlab::cli

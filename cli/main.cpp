@@ -74,6 +74,9 @@ CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
         "way, and each step's drift from fp32 naive decode is reported");
     demo_cmd->add_option("--kv-calibrate", demo.kv_calibrate, kKvCalibrateHelp);
     add_attention_options(demo_cmd, demo.attention);
+    demo_cmd->add_flag("--logprobs", demo.logprobs,
+                       "each decoded token's log-probability; then one prefill of the whole text on a fresh cache "
+                       "must give every one back bit for bit (rescoring)");
     return demo_cmd;
 }
 
@@ -102,6 +105,9 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
                         "store K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
     gen_cmd->add_option("--kv-calibrate", gen.kv_calibrate, kKvCalibrateHelp);
     add_attention_options(gen_cmd, gen.attention);
+    gen_cmd->add_flag("--logprobs", gen.logprobs,
+                      "print each generated token's log-probability under the model's softmax (temperature 1), "
+                      "then rescore the text with one prefill: every one must come back bit for bit");
     return gen_cmd;
 }
 

@@ -33,6 +33,20 @@ void Activations::check(const Config& c) const {
     (void)c, (void)r;
 }
 
+std::vector<float> rescore(CachedDecoder& dec, std::span<const int> sequence, int from) {
+    const int n = int(sequence.size()), V = dec.backend().config().vocab_size;
+    if (from < 1 || from >= n)
+        throw Error(
+            fmt::format("rescore: tokens from {} of a sequence of {} (the first has no logits before it)", from, n));
+    if (dec.pos() != 0) throw Error(fmt::format("rescore: the cache must be empty, not hold {} positions", dec.pos()));
+    const std::vector<float>& rows = dec.prefill_rows(sequence.first(std::size_t(n - 1)));  // [n - 1, vocab_size]
+    assert(rows.size() == std::size_t(n - 1) * std::size_t(V));
+    std::vector<float> lp;  // [n - from]
+    for (int t = from; t < n; t++)
+        lp.push_back(token_logprob(rows.data() + std::size_t(t - 1) * V, V, sequence[std::size_t(t)]));
+    return lp;
+}
+
 void check_tokens(const Config& c, std::span<const int> tokens, int start_pos) {
     if (tokens.empty()) throw Error("no tokens to run: a sequence needs at least one token");
     for (std::size_t i = 0; i < tokens.size(); i++)

@@ -232,6 +232,12 @@ private:
     int prefix_hit_ = 0;
 };
 
+// Rescoring (as reinforcement learning rescores sampled text): the log-probabilities of
+// sequence[from..] (1 <= from < size), each token's under the logits of the position before it,
+// from one prefill_rows of sequence[0..size-1) on `dec`, whose cache must be empty. Each equals,
+// bit for bit, token_logprob (kernels.h) of the logits decode produced at that position.
+std::vector<float> rescore(CachedDecoder& dec, std::span<const int> sequence, int from);
+
 // fp8 scales [n_layers, 2] calibrated once from a prompt, as engines calibrate k_scale and
 // v_scale: an fp32 prefill of `tokens`, then for each layer the largest |K| (and |V|) over every
 // position and KV head divided by the format's largest finite value, so that the largest value

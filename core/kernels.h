@@ -71,6 +71,19 @@ void rope(Exec& ex, float* vec, int rows, int n_heads, int head_size, std::span<
 void softmax(float* x, int n);
 inline std::uint64_t softmax_flops(int n) { return 5ull * std::uint64_t(n); }
 
+// log p(token) under softmax(x[n]), computed as a log-softmax: (x[token] - max) - ln sum,
+// max scanned from x[0] and sum = sum_j e^(x_j - max) in index order (softmax's), never as the
+// log of a rounded probability (which loses every digit of a small one). Rescoring and decode
+// both call it on bitwise-equal logits, so their log-probabilities agree bit for bit.
+inline float token_logprob(const float* x, int n, int token) {
+    float max = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) sum = sum + exp_f32(x[i] - max);
+    return (x[token] - max) - log_f32(sum);
+}
+
 // h1[n] = silu(h1[n]) * h3[n], silu(a) = a * (1 / (1 + e^-a)).
 void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n);
 

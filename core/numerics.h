@@ -64,6 +64,39 @@ KVLAB_HD inline float exp_f32(float x) {
     return p * pow2_f32(k);
 }
 
+// ln x in float from plain multiplies, adds and one division, so that, like exp_f32, the same
+// source gives the same bits on any IEEE machine and the GPU. Within 2 ulp (tests/test_kernels.cpp).
+//   x = m 2^e, m in [sqrt(1/2), sqrt(2))   (subnormals scaled by 2^23 first)
+//   ln m = 2 atanh(s) = 2 (s + s^3/3 + ... + s^13/13), s = (m - 1) / (m + 1), |s| <= 0.1716
+//                                          (truncation error < 1e-12, far under an ulp)
+//   ln x = e kLn2Hi + (e kLn2Lo + ln m)    (e kLn2Hi is exact: 9 bits times at most 8)
+KVLAB_HD inline float log_f32(float x) {
+    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // exp_f32's split of ln 2
+    if (x != x || x < 0.0f) return float_from_bits(0x7fc00000u);      // NaN
+    if (x == 0.0f) return float_from_bits(0xff800000u);               // -inf
+    if (x == float_from_bits(0x7f800000u)) return x;                  // +inf
+    int e = 0;
+    if (x < float_from_bits(0x00800000u)) x = x * 8388608.0f, e = -23;  // subnormal: times 2^23, exact
+#if defined(__CUDA_ARCH__)
+    const std::uint32_t u = __float_as_uint(x);
+#else
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+#endif
+    e += int(u >> 23) - 127;
+    float m = float_from_bits((u & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+    if (m > 1.41421356f) m = m * 0.5f, e += 1;                   // exact
+    const float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;         // m - 1 is exact
+    float p = 1.0f / 13.0f;
+    p = p * s2 + 1.0f / 11.0f;
+    p = p * s2 + 1.0f / 9.0f;
+    p = p * s2 + 1.0f / 7.0f;
+    p = p * s2 + 1.0f / 5.0f;
+    p = p * s2 + 1.0f / 3.0f;
+    const float ln_m = 2.0f * s + 2.0f * s * (p * s2);
+    const float ef = float(e);
+    return ef * kLn2Hi + (ef * kLn2Lo + ln_m);
+}
+
 inline std::uint32_t float_bits(float x) { return std::bit_cast<std::uint32_t>(x); }
 
 // Distance in units in the last place between two floats: 0 means bitwise equal (so +0 and

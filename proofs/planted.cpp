@@ -304,6 +304,20 @@ std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner) {
     return nullptr;
 }
 
+// logprob-unfused: ln of softmax's rounded probability, as a framework that computes
+// log(softmax(x)) in two ops does, against the fused log-softmax decode used (a small
+// probability's digits are gone, or it underflows to -inf).
+float unfused_logprob(const float* x, int n, int token) {
+    float max = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) sum = sum + exp_f32(x[i] - max);
+    return log_f32(exp_f32(x[token] - max) / sum);
+}
+
+LogprobFn planted_logprob(Mutant m) { return m == Mutant::logprob_unfused ? unfused_logprob : token_logprob; }
+
 std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner) {
     switch (m) {
         case Mutant::read_before_write: return std::make_unique<ReadsBeforeWrite>(inner);

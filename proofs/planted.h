@@ -10,6 +10,7 @@
 //                      rope-decode-off, gqa-modulo, batch-mixes-blocks
 //   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
 //                      spec-rollback-short
+//   log-probability    (kernels.h: token_logprob) the rescoring path's: logprob-unfused
 //   pool override      (paged.h: BlockPool's slot, needs_copy, key, set_kv_format)
 //                      slot-wrong-block, cow-no-copy, hash-ignores-model, prefix-keeps-format
 //
@@ -56,6 +57,7 @@ enum class Mutant {
     split_kv_from_length,   // tiled decode: the key tile is a quarter of the KV length (four splits)
     key_tile_from_rows,     // tiled: a step of several rows runs twice the key tile of a one-row step
     extend_splits_prefix,   // a multi-row step after cached rows (an extend) splits its softmax at the prefix
+    logprob_unfused,        // rescoring takes log(softmax(x)[token]); decode took the fused log-softmax
 };
 
 struct MutantInfo {
@@ -65,7 +67,7 @@ struct MutantInfo {
     std::string_view check;  // the verify check that must catch it (verify.cpp)
 };
 
-inline constexpr std::array<MutantInfo, 21> kMutants{{
+inline constexpr std::array<MutantInfo, 22> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -96,6 +98,8 @@ inline constexpr std::array<MutantInfo, 21> kMutants{{
     {Mutant::extend_splits_prefix, "extend-splits-prefix",
      "an extend after a prefix hit runs another kernel than cold prefill: its softmax split at the cached prefix",
      "prefix-hit-extend"},
+    {Mutant::logprob_unfused, "logprob-unfused",
+     "rescoring computes log(softmax(x)) where decode computed a fused log-softmax", "rescoring"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
@@ -111,6 +115,10 @@ std::function<void(StepPlan&)> planted_transform(Mutant m);
 // A cache of any variant (stale-prefix, rollback-keeps-length, spec-rollback-short,
 // int-scale-prev-block).
 std::unique_ptr<Cache> planted_cache(Mutant m, Cache& inner);
+// The log-probability a rescoring computes from a row of logits (kernels.h token_logprob; for
+// logprob-unfused the log of the rounded probability).
+using LogprobFn = float (*)(const float* logits, int n, int token);
+LogprobFn planted_logprob(Mutant m);
 // A block pool: planted for slot-wrong-block, cow-no-copy, hash-ignores-model and
 // prefix-keeps-format, a correct
 // BlockPool otherwise (the constructor's arguments are BlockPool's).

@@ -19,6 +19,7 @@
 #include "model.h"
 #include "planted.h"
 #include "property.h"
+#include "sampler.h"
 #include "speculative.h"
 
 namespace kvlab {
@@ -467,6 +468,38 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
     }
 }
 
+// Rescoring: greedy decode of any exact variant (any KV format and the run's attention) records
+// each chosen token's log-probability (token_logprob of its logits); one prefill of the whole text
+// on a fresh cache of the same format (prefill_rows) must give every one back bit for bit.
+void rescoring_property(const Devices& devices, Mutant mutant) {
+    AnyExactVariant run(devices, mutant);
+    const Config& c = run.c;
+    std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const int P = int(tokens.size()), steps = draw(1, c.max_seq - P + 1);  // the last token is not fed
+    const std::size_t V = std::size_t(c.vocab_size);
+    std::vector<float> logits = run.cached->prefill(tokens), decoded;  // decoded: [steps]
+    for (int s = 0; s < steps; s++) {
+        const int next = argmax(logits);
+        decoded.push_back(token_logprob(logits.data(), c.vocab_size, next));
+        tokens.push_back(next);
+        if (s + 1 < steps) logits = run.cached->decode(next);
+    }
+    ContiguousCache fresh(c, ContiguousCache::Layout::head_major, run.oracle.memory());
+    fresh.set_kv_format(run.format);
+    const auto scorer = run.oracle.cached(fresh);
+    const std::vector<float>& rows = scorer->prefill_rows(std::span(tokens).first(tokens.size() - 1));
+    const LogprobFn logprob = planted_logprob(run.oracle.mutant());
+    for (int g = 0; g < steps; g++) {
+        const float got = logprob(rows.data() + std::size_t(P - 1 + g) * V, c.vocab_size, tokens[std::size_t(P + g)]);
+        if (float_bits(got) != float_bits(decoded[std::size_t(g)]))
+            fail(
+                fmt::format("{}, prompt {} + {} greedy steps: token {} at position {}: log-probability {} ({:08x}) "
+                            "when decoded, {} ({:08x}) rescored",
+                            run.describe(), P, steps, g, P + g, decoded[std::size_t(g)],
+                            float_bits(decoded[std::size_t(g)]), got, float_bits(got)));
+    }
+}
+
 // A key tile: small ones most often (so that tiny sequences span several tiles), any up to 24.
 int draw_tile() { return *rc::gen::arbitrary<bool>() ? draw(1, 8) : draw(1, 24); }
 
@@ -895,6 +928,9 @@ const std::vector<Check>& checks() {
                      "format",
                      "a prefix hit then the rest prefilled then decode equals a cold prefill and naive decode",
                      std::nullopt, prefix_extend_property});
+        v.push_back({"rescoring", "exact", "any exact variant and KV format, prompt 1..T, greedy steps to max_seq",
+                     "the log-probabilities greedy decode computed equal one prefill's of the whole text", std::nullopt,
+                     rescoring_property});
         v.push_back({"tiled-attention", "exact",
                      "any exact variant and KV format, key tile 1..24 (or --tile), chunked prefill, 1-2 threads",
                      "naive, prefill, chunked prefill and split-KV decode all run tiled attention with one fixed "

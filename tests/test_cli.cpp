@@ -224,6 +224,34 @@ TEST_CASE("kvlab demo, generate, speculate and verify with --attention tiled: bi
     }
 }
 
+TEST_CASE("kvlab generate and demo --logprobs: each token's log-probability, rescored bit for bit by one prefill",
+          "[cli][logprobs]") {
+    const fs::path model = exported_model("demo.bin", kTiny);
+    for (const char* extra : {"", " --attention tiled --tile 2", " --kv-format fp8-e4m3"}) {
+        const Run g =
+            run_kvlab("generate --model " + model.string() + " --tokens 1,5 --steps 9 --logprobs --json" + extra);
+        INFO(g.err);
+        REQUIRE(g.exit_code == 0);
+        const auto j = nlohmann::json::parse(g.out);
+        CHECK(j["rescored_logprobs_bitwise_equal"] == true);
+        REQUIRE(j["logprobs"].size() == j["generated_tokens"].size());
+        for (const auto& lp : j["logprobs"]) CHECK(lp.get<double>() <= 0.0);
+        const Run d = run_kvlab("demo --model " + model.string() + " --tokens 1,5 --steps 9 --logprobs --json" + extra);
+        REQUIRE(d.exit_code == 0);
+        const auto jd = nlohmann::json::parse(d.out);
+        CHECK(jd["summary"]["rescored_logprobs_bitwise_equal"] == true);
+        CHECK(jd["logprobs"].size() == 9);
+    }
+    // Greedy decode: the demo and generate choose the same tokens, with the same log-probabilities.
+    const auto g = nlohmann::json::parse(
+        run_kvlab("generate --model " + model.string() + " --tokens 1,5 --steps 9 --logprobs --json").out);
+    const auto d = nlohmann::json::parse(
+        run_kvlab("demo --model " + model.string() + " --tokens 1,5 --steps 9 --logprobs --json").out);
+    for (std::size_t i = 0; i < g["logprobs"].size(); i++) CHECK(g["logprobs"][i] == d["logprobs"][i]);
+    const Run text = run_kvlab("generate --model " + model.string() + " --tokens 1,5 --steps 4 --logprobs");
+    CHECK(text.out.find("one prefill of the text rescored every one bit for bit") != std::string::npos);
+}
+
 TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode, and the drift from fp32 is reported",
           "[cli][demo]") {
     const fs::path model = exported_model("demo.bin", kTiny);
@@ -465,7 +493,7 @@ TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + wi
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
-    CHECK(r.out.find("mutants caught 21 of 21 (kill rate 100%)") != std::string::npos);
+    CHECK(r.out.find("mutants caught 22 of 22 (kill rate 100%)") != std::string::npos);
     CHECK(r.out.find("bitwise equal while T <= sinks + window; differs beyond") != std::string::npos);
     const Run j = run_kvlab("verify prefix-shared --cases 20 --json");
     REQUIRE(j.exit_code == 0);
@@ -595,7 +623,7 @@ TEST_CASE("kvlab verify --device: the suite on the GPU's kernels, alone and chec
     const nlohmann::json j = nlohmann::json::parse(one.out);
     CHECK(j["device"] == "gpu-host");
     CHECK(j["all_ok"] == true);
-    CHECK(j["rows"].size() == 21);  // 13 variants and scenarios, 6 KV formats, format-switch, quantized-exact
+    CHECK(j["rows"].size() == 22);  // 14 variants and scenarios, 6 KV formats, format-switch, quantized-exact
     const Run two = run_kvlab("verify paged --device cpu,gpu-host --cases 20");
     INFO(two.out << two.err);
     CHECK(two.exit_code == 0);

@@ -4,8 +4,8 @@
 // the others and their float64 oracles: tests/test_backend_ops.cpp.
 #include <rapidcheck/catch.h>
 
-#include <catch2/catch.hpp>
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -14,6 +14,7 @@
 
 #include "host_backend.h"
 #include "kernels.h"
+#include "planted.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -92,6 +93,53 @@ TEST_CASE("exp_f32 is within 1 ulp of the correctly rounded e^x", "[kernels][exp
     }
     INFO("worst case x = " << worst_x);
     CHECK(worst <= 1);
+}
+
+TEST_CASE("log_f32 is within 2 ulp of the correctly rounded ln x for every 97th positive float", "[kernels][log]") {
+    std::uint64_t worst = 0;
+    float worst_x = 0;
+    for (std::uint32_t u = 1; u < 0x7f800000u; u += 97) {  // subnormals, normals, both sides of 1
+        const float x = std::bit_cast<float>(u);
+        const std::uint64_t d = ulp_distance(log_f32(x), float(std::log(double(x))));
+        if (d > worst) worst = d, worst_x = x;
+    }
+    INFO("worst case x = " << worst_x << " (" << worst << " ulp)");
+    CHECK(worst <= 2);
+    const float inf = std::numeric_limits<float>::infinity();
+    CHECK(float_bits(log_f32(1.0f)) == float_bits(0.0f));
+    CHECK(log_f32(0.0f) == -inf);
+    CHECK(log_f32(inf) == inf);
+    CHECK(std::isnan(log_f32(-1.0f)));
+    CHECK(std::isnan(log_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// The log-softmax of one token, within 4e-6 (absolute, plus 2 ulp of the answer) of float64's; a
+// token far below the maximum keeps its log-probability (about x - max), which ln of a rounded
+// probability loses: that one underflows to -inf at 104 below the maximum.
+void logprob_oracle(float (*logprob)(const float*, int, int)) {
+    const int n = *rc::gen::inRange(1, 65);
+    const float spread = *rc::gen::element(1.0f, 20.0f, 200.0f);
+    std::vector<float> x = *rc::gen::container<std::vector<float>>(
+        std::size_t(n),
+        rc::gen::map(rc::gen::inRange(-1000, 1001), [=](int v) { return spread * float(v) / 1000.0f; }));
+    const int token = *rc::gen::inRange(0, n);
+    double max = x[0], sum = 0.0;
+    for (float v : x) max = std::max(max, double(v));
+    for (float v : x) sum += std::exp(double(v) - max);
+    const double want = (double(x[std::size_t(token)]) - max) - std::log(sum);
+    const float got = logprob(x.data(), n, token);
+    if (!(std::fabs(got - want) <= 4e-6 + 2.4e-7 * std::fabs(want)))
+        RC_FAIL(fmt::format("token {} of {} (spread {}): log-probability {} but float64 gives {}", token, n, spread,
+                            got, want));
+}
+
+TEST_CASE("token_logprob is float64's log-softmax, far tails included", "[kernels][log]") {
+    rc::prop("token_logprob vs float64", [] { logprob_oracle(token_logprob); });
+}
+
+TEST_CASE("token_logprob counter-test: ln of the rounded softmax probability is caught in the tail",
+          "[kernels][log][counter]") {
+    test::expect_failure([] { logprob_oracle(planted_logprob(Mutant::logprob_unfused)); }, "but float64 gives");
 }
 
 TEST_CASE("exp_f32 handles the edges: -inf is an exact zero, overflow is inf, NaN stays NaN", "[kernels][exp]") {

@@ -49,7 +49,8 @@ TEST_CASE("exact variants: contiguous layouts, growing and paged caches equal na
 }
 
 TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, batches", "[verify][exact]") {
-    for (const char* name : {"prefix-shared", "fork", "rollback", "chunked-prefill", "prefix-hit-extend", "batch"})
+    for (const char* name :
+         {"prefix-shared", "fork", "rollback", "chunked-prefill", "prefix-hit-extend", "rescoring", "batch"})
         check_rows(name);
 }
 
@@ -60,7 +61,7 @@ TEST_CASE("tiled attention: naive, prefill, chunked prefill and split-KV decode 
         VerifyOptions o = kOptions;
         o.cases = 50, o.attention = "tiled", o.tile = tile;
         for (const char* name : {"contiguous-head", "paged", "prefix-shared", "fork", "rollback", "batch", "speculate",
-                                 "format-int4", "quantized-exact", "prefix-hit-extend", "tiled-attention"})
+                                 "format-int4", "quantized-exact", "prefix-hit-extend", "rescoring", "tiled-attention"})
             check_rows(name, o);
     }
     CHECK_THROWS_WITH(verify("paged",
@@ -130,6 +131,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"rollback", "exact"},
                                                                     {"chunked-prefill", "exact"},
                                                                     {"prefix-hit-extend", "exact"},
+                                                                    {"rescoring", "exact"},
                                                                     {"tiled-attention", "exact"},
                                                                     {"batch", "exact"},
                                                                     {"stale", "exact"},
@@ -173,7 +175,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"chunk-boundary-rope", "mutant"},
                                                                     {"split-kv-from-length", "mutant"},
                                                                     {"key-tile-from-rows", "mutant"},
-                                                                    {"extend-splits-prefix", "mutant"}};
+                                                                    {"extend-splits-prefix", "mutant"},
+                                                                    {"logprob-unfused", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
