@@ -100,6 +100,7 @@ struct VerifyCommandOptions {
     std::string device = "cpu";  // where the decoders run; two devices: the second checked against the first
     std::string kv_format;       // "": variant rows in fp32, scenarios draw; a name: every format-taking cache in it
     AttentionOptions attention{"", 64};  // kind "": simple, and the tiled-attention row draws its tiles
+    std::string profile = "fast";        // fast, or long: contexts up to 8192, with a progress line
     bool json = false;
     bool list = false;
 };

@@ -195,6 +195,10 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
                            "simple or tiled: naive decode and the decoders under test run it in every exact row "
                            "(default: simple, and the tiled-attention row draws its tiles)");
     verify_cmd->add_option("--tile", ver.attention.tile, "tiled attention's keys per tile (1..256)");
+    verify_cmd->add_option("--profile", ver.profile,
+                           "fast (default: tiny models, sequences up to 20) or long (thin models, contexts up to "
+                           "8192, sizes biased to 96/97, 255-257 and powers of two; a progress line on stderr; "
+                           "runs the planted bugs whose threshold lies past the fast profile)");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
     verify_cmd->add_flag("--list", ver.list, "list the variants, their parameters, the scenarios and planted bugs");
     return verify_cmd;

@@ -11,7 +11,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "cache_factory.h"
@@ -43,20 +45,37 @@ int print_list() {
     return 0;
 }
 
+// The suite's options; the long profile's progress is one line on stderr, rewritten in place on a
+// terminal (terminal: whether stderr is one).
+VerifyOptions verify_options(const VerifyCommandOptions& o, bool terminal) {
+    VerifyOptions vo{o.cases, o.seed, o.device};
+    vo.kv_format = o.kv_format;
+    vo.attention = o.attention.kind, vo.tile = o.attention.tile;
+    vo.profile = o.profile;
+    if (o.profile == "long")
+        vo.progress = [terminal](std::string_view line) {
+            if (terminal)
+                fmt::print(stderr, "\r\x1b[K{}", line);
+            else
+                fmt::print(stderr, "{}\n", line);
+            std::fflush(stderr);
+        };
+    return vo;
+}
+
 }  // namespace
 
 int run_verify(const VerifyCommandOptions& o) {
     if (o.list) return print_list();
     const auto t0 = std::chrono::steady_clock::now();
-    VerifyOptions vo{o.cases, o.seed, o.device};
-    vo.kv_format = o.kv_format;
-    vo.attention = o.attention.kind, vo.tile = o.attention.tile;
-    const std::vector<VerifyRow> rows = verify(o.variant, vo);
+    const bool terminal = ::isatty(2);
+    const std::vector<VerifyRow> rows = verify(o.variant, verify_options(o, terminal));
+    if (terminal && o.profile == "long") fmt::print(stderr, "\r\x1b[K");
     const double seconds = seconds_since(t0);
     int n_ok = 0, n_mutants = 0, n_caught = 0;
     for (const VerifyRow& r : rows) {
         n_ok += r.ok;
-        if (r.kind == "mutant") n_mutants++, n_caught += r.ok;
+        if (r.kind == "mutant" && r.cases > 0) n_mutants++, n_caught += r.ok;  // a mutant not run is not counted
     }
     if (o.json) {
         nlohmann::json j;
@@ -64,6 +83,7 @@ int run_verify(const VerifyCommandOptions& o) {
         j["cases"] = o.cases;
         j["device"] = o.device;
         if (!o.kv_format.empty()) j["kv_format"] = o.kv_format;
+        j["profile"] = o.profile;
         if (!o.attention.kind.empty()) j["attention"] = {{"kind", o.attention.kind}, {"tile", o.attention.tile}};
         j["seconds"] = seconds;
         j["all_ok"] = n_ok == int(rows.size());
@@ -76,6 +96,7 @@ int run_verify(const VerifyCommandOptions& o) {
                                  {"result", r.result},
                                  {"ok", r.ok},
                                  {"counterexample", r.counterexample},
+                                 {"counterexample_T", r.counterexample_T},
                                  {"figures", r.figures}});
         fmt::print("{}\n", j.dump(2));
         return n_ok == int(rows.size()) ? 0 : 1;

@@ -126,6 +126,70 @@ public:
     }
 };
 
+// norm-split-at-256: rmsnorm of a step of 256 rows or more sums each row's squares in two halves
+// (j < dim / 2, then the rest), as a norm kernel that switches its block shape at 256 tokens does:
+// a prompt prefilled in one step then differs from the same prompt decoded. Computed on the host
+// from the model's weights (any memory: the rows are moved through it).
+class NormSplitsAt256 final : public ForwardingBackend {
+public:
+    NormSplitsAt256(Backend& inner, const Model& model) : ForwardingBackend(inner), model_(model) {}
+    void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override {
+        if (rows < 256) return inner().rmsnorm(ex, out, x, n, l, rows);
+        const int dim = config().dim;
+        const Weights& w = model_.w;
+        const float* weight = n == Norm::att   ? w.rms_att.data() + std::int64_t(l) * dim
+                              : n == Norm::ffn ? w.rms_ffn.data() + std::int64_t(l) * dim
+                                               : w.rms_final.data();
+        std::vector<float> xs(std::size_t(rows) * dim), os(xs.size());  // [rows, dim]
+        memory().download(xs.data(), x, std::int64_t(sizeof(float)) * rows * dim);
+        for (int r = 0; r < rows; r++) {
+            const float* xr = xs.data() + std::size_t(r) * dim;
+            float a = 0.0f, b = 0.0f;
+            for (int j = 0; j < dim / 2; j++) a = a + xr[j] * xr[j];
+            for (int j = dim / 2; j < dim; j++) b = b + xr[j] * xr[j];
+            const float s = 1.0f / std::sqrt((a + b) / float(dim) + 1e-5f);
+            for (int j = 0; j < dim; j++) os[std::size_t(r) * dim + j] = weight[j] * (s * xr[j]);
+        }
+        memory().upload(out, os.data(), std::int64_t(sizeof(float)) * rows * dim);
+        ex.flops += std::uint64_t(rows) * (5ull * dim + 4);
+    }
+
+private:
+    const Model& model_;
+};
+
+// split-from-batch: every product of a step of two or more sequences sums k in two halves (a
+// reduction split chosen from the batch size, as GEMM heuristics pick split-K by problem shape):
+// a sequence batched then differs from the same sequence alone. The batch size comes from the
+// plan (planted_transform); the product is computed on the host from the model's weights.
+thread_local int t_batch_sequences = 1;
+
+class SplitFromBatch final : public ForwardingBackend {
+public:
+    SplitFromBatch(Backend& inner, const Model& model) : ForwardingBackend(inner), model_(model) {}
+    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
+        if (t_batch_sequences < 2) return inner().matmul(ex, y, ldy, x, ldx, m, l, rows);
+        const MatrixRef w = matrix_of(model_.w, m, l);
+        std::vector<float> xs(std::size_t(rows) * ldx), ys(std::size_t(rows) * ldy);  // [rows, ldx], [rows, ldy]
+        memory().download(xs.data(), x, std::int64_t(sizeof(float)) * rows * ldx);
+        memory().download(ys.data(), y, std::int64_t(sizeof(float)) * rows * ldy);
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < w.n_out; o++) {
+                float a = 0.0f, b = 0.0f;
+                for (int k = 0; k < w.n_in / 2; k++)
+                    a = a + xs[std::size_t(r) * ldx + k] * w.w[std::int64_t(k) * w.n_out + o];
+                for (int k = w.n_in / 2; k < w.n_in; k++)
+                    b = b + xs[std::size_t(r) * ldx + k] * w.w[std::int64_t(k) * w.n_out + o];
+                ys[std::size_t(r) * ldy + o] = a + b;
+            }
+        memory().upload(y, ys.data(), std::int64_t(sizeof(float)) * rows * ldy);
+        ex.flops += 2ull * std::uint64_t(rows) * w.n_in * w.n_out;
+    }
+
+private:
+    const Model& model_;
+};
+
 // The KV format bugs: each changes what the cached path stores, as a conversion or a scale
 // written twice would. Host or device memory alike: the decorator moves rows and inputs through
 // the backend's Memory.
@@ -318,13 +382,15 @@ float unfused_logprob(const float* x, int n, int token) {
 
 LogprobFn planted_logprob(Mutant m) { return m == Mutant::logprob_unfused ? unfused_logprob : token_logprob; }
 
-std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner) {
+std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner, const Model& model) {
     switch (m) {
         case Mutant::read_before_write: return std::make_unique<ReadsBeforeWrite>(inner);
         case Mutant::kv_wrong_layer: return std::make_unique<WritesNextLayer>(inner);
         case Mutant::split_kv_from_length: return std::make_unique<SplitFromLength>(inner);
         case Mutant::key_tile_from_rows: return std::make_unique<TileFromRows>(inner);
         case Mutant::extend_splits_prefix: return std::make_unique<ExtendSplitsPrefix>(inner);
+        case Mutant::norm_split_at_256: return std::make_unique<NormSplitsAt256>(inner, model);
+        case Mutant::split_from_batch: return std::make_unique<SplitFromBatch>(inner, model);
         case Mutant::fp8_scale_twice: return std::make_unique<ScaleTwice>(inner);
         case Mutant::bf16_truncates: return std::make_unique<WrongConversion>(inner, KVFormat::bf16, truncated_to_bf16);
         case Mutant::fp16_overflow_inf:
@@ -348,6 +414,7 @@ std::function<void(StepPlan&)> planted_transform(Mutant m) {
                 for (const StepPlan::Sequence& s : p.seqs)
                     if (s.n_rows > 1 && s.start > 0) p.positions[std::size_t(s.first_row)] -= 1;
             };
+        case Mutant::split_from_batch: return [](StepPlan& p) { t_batch_sequences = int(p.seqs.size()); };
         case Mutant::gqa_modulo:
             return [](StepPlan& p) {
                 const int n_kv_heads = p.seqs.at(0).cache->config().n_kv_heads;

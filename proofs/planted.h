@@ -5,7 +5,8 @@
 //   backend decorator  (forwarding.h: ForwardingBackend) naive or cached decode runs its kernels
 //                      through it: mask-off-by-one, read-before-write, kv-wrong-layer,
 //                      fp8-scale-twice, bf16-truncates, fp16-overflow-inf,
-//                      split-kv-from-length, key-tile-from-rows, extend-splits-prefix
+//                      split-kv-from-length, key-tile-from-rows, extend-splits-prefix,
+//                      norm-split-at-256, split-from-batch
 //   plan transform     (decode.h: CachedDecoder::transform) edits a step's plan before it runs:
 //                      rope-decode-off, gqa-modulo, batch-mixes-blocks
 //   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
@@ -58,6 +59,8 @@ enum class Mutant {
     key_tile_from_rows,     // tiled: a step of several rows runs twice the key tile of a one-row step
     extend_splits_prefix,   // a multi-row step after cached rows (an extend) splits its softmax at the prefix
     logprob_unfused,        // rescoring takes log(softmax(x)[token]); decode took the fused log-softmax
+    norm_split_at_256,      // cached: rmsnorm of a step of 256 rows or more sums its squares in two halves
+    split_from_batch,       // cached: a step of two or more sequences sums every product's k in two halves
 };
 
 struct MutantInfo {
@@ -65,9 +68,10 @@ struct MutantInfo {
     std::string_view name;
     std::string_view bug;
     std::string_view check;  // the verify check that must catch it (verify.cpp)
+    bool long_only = false;  // its threshold lies past the fast profile: `kvlab verify --profile long` catches it
 };
 
-inline constexpr std::array<MutantInfo, 22> kMutants{{
+inline constexpr std::array<MutantInfo, 24> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -100,17 +104,22 @@ inline constexpr std::array<MutantInfo, 22> kMutants{{
      "prefix-hit-extend"},
     {Mutant::logprob_unfused, "logprob-unfused",
      "rescoring computes log(softmax(x)) where decode computed a fused log-softmax", "rescoring"},
+    {Mutant::norm_split_at_256, "norm-split-at-256",
+     "rmsnorm switches its reduction at 256 rows: a long prefill differs from decoding it (long profile)",
+     "chunked-prefill", true},
+    {Mutant::split_from_batch, "split-from-batch",
+     "a product's reduction split chosen from the batch size: a sequence batched differs from it alone", "batch"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
 // and a decorator returned refers to `inner`, which must outlive it.
 // Naive decode's backend (mask-off-by-one).
 std::unique_ptr<Backend> planted_naive_backend(Mutant m, Backend& inner);
-// Cached decode's backend (read-before-write, kv-wrong-layer, the KV format bugs and the tiled
-// attention bugs).
-std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner);
+// Cached decode's backend (read-before-write, kv-wrong-layer, the KV format bugs, the tiled
+// attention bugs, and norm-split-at-256 and split-from-batch, which compute with `model`'s weights).
+std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner, const Model& model);
 // A cached decoder's plan transform (rope-decode-off, gqa-modulo, batch-mixes-blocks,
-// chunk-boundary-rope).
+// chunk-boundary-rope; split-from-batch notes the step's batch size for its backend).
 std::function<void(StepPlan&)> planted_transform(Mutant m);
 // A cache of any variant (stale-prefix, rollback-keeps-length, spec-rollback-short,
 // int-scale-prev-block).

@@ -80,6 +80,38 @@ Config draw_config(int min_seq, int min_vocab) {
     return c;
 }
 
+const std::vector<int>& size_thresholds() {
+    static const std::vector<int> sizes = [] {
+        std::vector<int> s{96, 97};
+        for (int p = 2; p <= 8192; p *= 2)
+            for (int d : {-1, 0, 1}) s.push_back(p + d);
+        std::sort(s.begin(), s.end());
+        s.erase(std::unique(s.begin(), s.end()), s.end());
+        return s;
+    }();
+    return sizes;
+}
+
+int draw_size(int lo, int hi) {
+    std::vector<int> in_range;
+    for (int t : size_thresholds())
+        if (t >= lo && t <= hi) in_range.push_back(t);
+    if (!in_range.empty() && draw(0, 1) == 0) return in_range[std::size_t(draw(0, int(in_range.size()) - 1))];
+    return draw(lo, hi);
+}
+
+Config draw_long_config(int min_seq) {
+    Config c;
+    c.n_layers = draw(1, 2);
+    c.n_heads = draw(1, 2);
+    c.n_kv_heads = *proofs::gen_n_kv_heads(c.n_heads);
+    c.dim = c.n_heads * draw(c.n_heads == 1 ? 2 : 1, 4);
+    c.hidden_dim = draw(1, 8);
+    c.vocab_size = draw(2, 16);
+    c.max_seq = draw_size(std::max(min_seq, 2), 8192);
+    return c;
+}
+
 std::vector<int> draw_tokens(const Config& c, int n) {
     std::vector<int> t(std::size_t(std::max(n, 0)));
     for (int& x : t) x = draw(0, c.vocab_size - 1);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -38,7 +39,20 @@ struct Devices {
     // VerifyOptions::attention: what naive and cached decode both run (simple unless given); the
     // tiled-attention scenario draws a tile when none is given.
     std::optional<AttentionSpec> attention;
+    // --profile long: the scenarios that can (chunked-prefill, tiled-attention, prefix-hit-extend,
+    // rescoring) draw thin models with contexts up to 8192 (draw_long_config), sizes biased to the
+    // thresholds (draw_size), and check naive decode at each chunk and a few decode steps.
+    bool long_profile = false;
+    std::function<void(int T)> reached;  // told each case's longest sequence (the progress line)
 };
+
+// A long-profile-aware property's shape and the length it reaches.
+Config draw_shape(const Devices& d, int min_seq, bool long_ok) {
+    return d.long_profile && long_ok ? draw_long_config(min_seq) : draw_config(min_seq);
+}
+void note_reached(const Devices& d, int T) {
+    if (d.reached) d.reached(T);
+}
 
 // The oracle for one generated model on the devices of a run: naive decode on the reference
 // device. With two devices, naive decode on the tested one must equal the reference's too, so
@@ -52,7 +66,7 @@ public:
           reference_(d.make(d.reference, m)),
           tested_(d.tested == d.reference ? nullptr : d.make(d.tested, m)),
           planted_naive_(planted_naive_backend(mutant, *reference_)),
-          planted_cached_(planted_cached_backend(mutant, backend())),
+          planted_cached_(planted_cached_backend(mutant, backend(), m)),
           naive_(planted_naive_ ? *planted_naive_ : *reference_) {
         if (tested_) {
             planted_tested_naive_ = planted_naive_backend(mutant, *tested_);
@@ -341,8 +355,9 @@ void fork_property(const Devices& devices, Mutant mutant) {
 // Any exact variant, its parameters drawn, storing K and V in a drawn KV format (naive decode the
 // same way), with a cached decoder under test on it: the scenarios' common start.
 struct AnyExactVariant {
-    AnyExactVariant(const Devices& devices, Mutant mutant, int min_seq = 1)
-        : c(draw_config(min_seq)),
+    // long_ok: a thin long model in the long profile (the scenario checks few positions).
+    AnyExactVariant(const Devices& devices, Mutant mutant, int min_seq = 1, bool long_ok = false)
+        : c(draw_shape(devices, min_seq, long_ok)),
           m(random_model(c, *rc::gen::arbitrary<std::uint64_t>())),
           format(draw_kv_format(devices)),
           oracle(m, devices, mutant) {
@@ -401,16 +416,21 @@ void rollback_property(const Devices& devices, Mutant mutant) {
 // to the rest, so chunks cross block boundaries and a window's ring), then decodes; every
 // chunk's last logits and every step's equal naive decode of the prefix so far.
 void chunked_prefill_property(const Devices& devices, Mutant mutant) {
-    AnyExactVariant run(devices, mutant, 2);
+    AnyExactVariant run(devices, mutant, 2, true);
     const Config& c = run.c;
     Oracle& oracle = run.oracle;
     CachedDecoder* cached = run.cached.get();
-    const std::vector<int> tokens = draw_tokens(c, draw(2, c.max_seq));
-    const int prompt = draw(2, int(tokens.size()));
+    const bool long_run = devices.long_profile;  // then at most 4 chunks and 3 decode steps
+    const int prompt = long_run ? draw_size(2, c.max_seq) : draw(2, c.max_seq);
+    const std::vector<int> tokens =
+        draw_tokens(c, long_run ? std::min(c.max_seq, prompt + draw(0, 3)) : draw(prompt, c.max_seq));
+    note_reached(devices, int(tokens.size()));
     std::string what = fmt::format("{}, prompt {} of {} in chunks", run.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
-    for (int at = 0; at < prompt;) {
-        const int n = draw(1, prompt - at);
+    for (int at = 0, chunks = 0; at < prompt; chunks++) {
+        const int n = long_run && chunks == 3 ? prompt - at
+                      : long_run              ? draw_size(1, prompt - at)
+                                              : draw(1, prompt - at);
         what += fmt::format(" {}", n);
         at += n;
         oracle.expect_naive(all.first(at), cached->prefill(all.subspan(std::size_t(at - n), std::size_t(n))), what);
@@ -425,7 +445,8 @@ void chunked_prefill_property(const Devices& devices, Mutant mutant) {
 // then decodes. Every logit equals a cold prefill of B's prompt on a cache with no prefix cache,
 // and naive decode; the hit is as long as the shared full blocks allow.
 void prefix_extend_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config(2);
+    const Config c = draw_shape(devices, 2, true);
+    const bool long_run = devices.long_profile;  // then at most 3 decode steps
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     Oracle oracle(m, devices, mutant);
     const KVFormat format = draw_kv_format(devices);
@@ -434,12 +455,13 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
     const int bs = draw_value(block_size, c, {}), per_seq = (c.max_seq + bs - 1) / bs;
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
     pool->set_kv_format(format);
-    const std::vector<int> a = draw_tokens(c, draw(1, c.max_seq));
-    const int k = draw(0, int(a.size()));  // B's tokens shared with A
+    const std::vector<int> a = draw_tokens(c, long_run ? draw_size(1, c.max_seq) : draw(1, c.max_seq));
+    const int k = long_run ? draw_size(0, int(a.size())) : draw(0, int(a.size()));  // B's tokens shared with A
     std::vector<int> b(a.begin(), a.begin() + k);
     const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
     b.insert(b.end(), suffix.begin(), suffix.end());
-    const int prompt = draw(1, int(b.size()));
+    const int prompt = long_run ? std::max(1, int(b.size()) - draw(0, 3)) : draw(1, int(b.size()));
+    note_reached(devices, int(b.size()));
     const std::span<const int> bspan(b);
     const std::string what = fmt::format("block_size {} in {}, {}, A {} tokens, B shares {} of {} (prompt {}){}", bs,
                                          kv_format_name(format), c.describe(), a.size(), k, b.size(), prompt,
@@ -472,10 +494,12 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
 // each chosen token's log-probability (token_logprob of its logits); one prefill of the whole text
 // on a fresh cache of the same format (prefill_rows) must give every one back bit for bit.
 void rescoring_property(const Devices& devices, Mutant mutant) {
-    AnyExactVariant run(devices, mutant);
+    AnyExactVariant run(devices, mutant, 1, true);
     const Config& c = run.c;
-    std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const int P = int(tokens.size()), steps = draw(1, c.max_seq - P + 1);  // the last token is not fed
+    std::vector<int> tokens = draw_tokens(c, devices.long_profile ? draw_size(1, c.max_seq) : draw(1, c.max_seq));
+    const int P = int(tokens.size());
+    const int steps = draw(1, c.max_seq - P + 1);  // the last token is not fed
+    note_reached(devices, P + steps - 1);
     const std::size_t V = std::size_t(c.vocab_size);
     std::vector<float> logits = run.cached->prefill(tokens), decoded;  // decoded: [steps]
     for (int s = 0; s < steps; s++) {
@@ -981,10 +1005,50 @@ const std::vector<Check>& checks() {
     return all;
 }
 
+// The length "T = N" a counterexample names (the first), or 0.
+int counterexample_T(const std::string& text) {
+    const std::size_t at = text.find("T = ");
+    return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + 4);
+}
+
+// The long profile's record of a row: how many cases reached each threshold, and the progress line.
+struct Reach {
+    static constexpr int kMarks[] = {97, 257, 1025, 4097, 8192};
+    int counts[5] = {0, 0, 0, 0, 0};
+    int cases = 0;
+    // d, with each case's length counted (and shown on the progress line).
+    Devices watch(const Devices& d, const std::string& row, const VerifyOptions& o) {
+        Devices w = d;
+        if (!d.long_profile) return w;
+        w.reached = [this, row, &o](int T) {
+            cases++;
+            for (int i = 0; i < 5; i++) counts[i] += T >= kMarks[i];
+            if (o.progress) o.progress(fmt::format("{}: case {}, T = {}", row, cases, T));
+        };
+        return w;
+    }
+    std::string text() const {
+        if (cases == 0) return "";
+        return fmt::format(
+            "cases run (shrinking included) {}: T >= 97 in {}, >= 257 in {}, >= 1025 in {}, >= 4097 in "
+            "{}, = 8192 in {}",
+            cases, counts[0], counts[1], counts[2], counts[3], counts[4]);
+    }
+};
+
 VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
-    const PropertyOutcome r = check_property([&] { check.body(d, Mutant::none); }, o.cases, o.seed);
-    return {check.name,       check.kind, check.parameters, r.cases, r.passed ? "bitwise equal" : "FAILED", r.passed,
-            r.counterexample, ""};
+    Reach reach;
+    const Devices watched = reach.watch(d, check.name, o);
+    const PropertyOutcome r = check_property([&] { check.body(watched, Mutant::none); }, o.cases, o.seed);
+    return {check.name,
+            check.kind,
+            check.parameters,
+            r.cases,
+            r.passed ? "bitwise equal" : "FAILED",
+            r.passed,
+            r.counterexample,
+            reach.text(),
+            counterexample_T(r.counterexample)};
 }
 
 VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptions& o) {
@@ -993,15 +1057,21 @@ VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptio
     const auto it = std::find_if(all.begin(), all.end(), [&](const Check& c) { return c.name == target; });
     if (it == all.end() || it->kind != "exact")
         throw Error(fmt::format("verify: {}'s check '{}' is not an exact check", info.name, target));
-    const PropertyOutcome r = check_property([&] { it->body(d, info.mutant); }, o.cases, o.seed);
+    const std::string parameters = fmt::format("{} (check: {})", info.bug, target);
+    if (info.long_only && !d.long_profile)  // cases 0: not counted in the kill rate
+        return {std::string(info.name), "mutant", parameters, 0, "not run: --profile long catches it", true, "", ""};
+    Reach reach;
+    const Devices watched = reach.watch(d, std::string(info.name), o);
+    const PropertyOutcome r = check_property([&] { it->body(watched, info.mutant); }, o.cases, o.seed);
     return {std::string(info.name),
             "mutant",
-            fmt::format("{} (check: {})", info.bug, target),
+            parameters,
             r.cases,
             r.passed ? "NOT caught" : "caught",
             !r.passed,
             r.counterexample,
-            ""};
+            reach.text(),
+            counterexample_T(r.counterexample)};
 }
 
 // Exact while T is inside the variant's regime, and shown to differ beyond it.
@@ -1105,9 +1175,12 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
         throw Error(fmt::format("verify: unknown variant '{}' (one of: {})", which, list));
     }
     const std::vector<std::string> devices = parse_devices(o.device);
-    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt, std::nullopt};
+    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt, std::nullopt, false, nullptr};
     if (!o.kv_format.empty()) d.format = parse_kv_format(o.kv_format);
     if (!o.attention.empty()) d.attention = parse_attention(o.attention, o.tile);
+    if (o.profile != "fast" && o.profile != "long")
+        throw Error(fmt::format("verify: unknown profile '{}' (fast, long)", o.profile));
+    d.long_profile = o.profile == "long";
     if (!d.make) d.make = [](std::string_view device, const Model& m) { return make_backend(device, m); };
     if (const std::string why = d.tested == "gpu" ? gpu_unavailable() : ""; !why.empty()) throw Error(why);
     std::vector<VerifyRow> rows;

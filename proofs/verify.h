@@ -50,6 +50,11 @@ struct VerifyOptions {
     // row draws its tiles.
     std::string attention = "";
     int tile = 64;
+    // "fast" or "long": the long profile's scenarios reach contexts up to 8192 (Devices in
+    // verify.cpp), and planted bugs with long_only run only there.
+    std::string profile = "fast";
+    // Called with one line as each case of a long-profile scenario starts (the progress line).
+    std::function<void(std::string_view line)> progress = nullptr;
 };
 
 struct VerifyRow {
@@ -60,7 +65,8 @@ struct VerifyRow {
     std::string result;          // "bitwise equal", "bitwise equal while T <= sinks + window; differs beyond", ...
     bool ok = false;             // the result is the one the variant promises
     std::string counterexample;  // the shrunk failing case, in one line ("" when none)
-    std::string figures;         // measured figures (quantized error), "" when none
+    std::string figures;         // measured figures (quantized error; the long profile's sizes reached), "" when none
+    int counterexample_T = 0;    // the sequence length of the counterexample ("T = N" in it), 0 when none
 };
 
 // A name verify() accepts: a group ("all", "exact", "approximate", "mutants"), a registry variant

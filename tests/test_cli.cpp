@@ -493,7 +493,7 @@ TEST_CASE("kvlab verify: exact variants pass, the window differs past sinks + wi
     const Run r = run_kvlab("verify --cases 40 --seed 3");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
-    CHECK(r.out.find("mutants caught 22 of 22 (kill rate 100%)") != std::string::npos);
+    CHECK(r.out.find("mutants caught 23 of 23 (kill rate 100%)") != std::string::npos);
     CHECK(r.out.find("bitwise equal while T <= sinks + window; differs beyond") != std::string::npos);
     const Run j = run_kvlab("verify prefix-shared --cases 20 --json");
     REQUIRE(j.exit_code == 0);

@@ -32,14 +32,25 @@ void check_rows(std::string_view which, const VerifyOptions& o = kOptions) {
 void check_mutants(const VerifyOptions& o) {
     const std::vector<VerifyRow> rows = verify("mutants", o);
     REQUIRE(rows.size() == kMutants.size());
-    int caught = 0;
-    for (const VerifyRow& r : rows) {
+    int caught = 0, long_only = 0;
+    for (std::size_t i = 0; i < rows.size(); i++) {
+        const VerifyRow& r = rows[i];
         INFO(r.name << ": " << r.result << "; " << r.counterexample);
+        if (kMutants[i].long_only && o.profile == "fast") {  // its threshold is past the fast profile
+            CHECK(r.result == "not run: --profile long catches it");
+            CHECK(r.cases == 0);
+            long_only++;
+            continue;
+        }
         CHECK(r.result == "caught");
         CHECK(!r.counterexample.empty());
+        // The size-dependent bugs say how long their shrunk case is (--json: counterexample_T).
+        for (const char* sized : {"split-kv-from-length", "key-tile-from-rows", "extend-splits-prefix",
+                                  "chunk-boundary-rope", "split-from-batch"})
+            if (r.name == sized) CHECK(r.counterexample_T > 0);
         caught += r.ok;
     }
-    CHECK(caught == int(kMutants.size()));
+    CHECK(caught + long_only == int(kMutants.size()));
 }
 
 }  // namespace
@@ -176,7 +187,9 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"split-kv-from-length", "mutant"},
                                                                     {"key-tile-from-rows", "mutant"},
                                                                     {"extend-splits-prefix", "mutant"},
-                                                                    {"logprob-unfused", "mutant"}};
+                                                                    {"logprob-unfused", "mutant"},
+                                                                    {"norm-split-at-256", "mutant"},
+                                                                    {"split-from-batch", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
@@ -184,7 +197,10 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
         CHECK(rows[i].name == expected[i].first);
         CHECK(rows[i].kind == expected[i].second);
         CHECK(rows[i].ok);
-        if (rows[i].kind == "mutant") CHECK(rows[i].result == "caught");
+        if (rows[i].kind == "mutant")
+            CHECK(rows[i].result == (kMutants[i - (rows.size() - kMutants.size())].long_only
+                                         ? "not run: --profile long catches it"
+                                         : "caught"));
     }
 }
 
@@ -217,6 +233,34 @@ TEST_CASE("verify with two devices catches a kernel that differs on the second (
     // The same planted backend on one device is self-consistent: naive and cached share the kernel.
     o.device = "gpu-host";
     CHECK(verify("contiguous-head", o)[0].ok);
+}
+
+// The long profile: thin models with contexts up to 8192. A norm that switches its reduction at
+// 256 rows is caught there (with the size of its shrunk case), and only there.
+TEST_CASE("verify --profile long reaches the size thresholds and catches the 256-row norm switch", "[verify][long]") {
+    VerifyOptions o{20, 20261126};
+    o.profile = "long";
+    int lines = 0;
+    o.progress = [&](std::string_view line) { lines += line.find(", T = ") != std::string_view::npos; };
+    const std::vector<VerifyRow> caught = verify("norm-split-at-256", o);
+    REQUIRE(caught.size() == 1);
+    INFO(caught[0].counterexample);
+    CHECK(caught[0].result == "caught");
+    CHECK(caught[0].counterexample_T >= 256);
+    CHECK(lines > 0);
+    o.cases = 10;
+    const std::vector<VerifyRow> exact = verify("chunked-prefill", o);
+    REQUIRE(exact.size() == 1);
+    CHECK(exact[0].ok);
+    CHECK(exact[0].figures.find(">= 257 in") != std::string::npos);
+    CHECK(verify("norm-split-at-256", {20, 20261126})[0].cases == 0);  // the fast profile does not run it
+    CHECK_THROWS_WITH(verify("paged",
+                             [] {
+                                 VerifyOptions bad{1, 1};
+                                 bad.profile = "deep";
+                                 return bad;
+                             }()),
+                      "verify: unknown profile 'deep' (fast, long)");
 }
 
 TEST_CASE("verify refuses unknown names, zero cases and unknown devices", "[verify][errors]") {
