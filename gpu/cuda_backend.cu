@@ -97,6 +97,24 @@ __global__ void attention_kernel(float* att, const float* q, const RowKV* rows, 
     gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, dim, head_size, probe_row, probe, i, h, tile);
 }
 
+// Flash-decoding of a one-row step: thread (h, j) computes head h's partial of key tile j, then a
+// thread per head folds them (gpu/kernels.h).
+__global__ void attention_partial_kernel(float* partials, const float* q, const RowKV* rows, int l,
+                                         const std::int64_t* slots, int max_n, const int* kv_head, int dim, int n_heads,
+                                         int head_size, int tile) {
+    const std::int64_t id = thread_id(), n_tiles = tile_count(max_n, tile);
+    if (id >= n_heads * n_tiles) return;
+    gpu::attention_tile_partial(partials, q, rows, l, slots, max_n, kv_head, dim, head_size, tile, int(id / n_tiles),
+                                int(id % n_tiles));
+}
+
+__global__ void fold_partials_kernel(float* att, const float* partials, const RowKV* rows, int max_n, int n_heads,
+                                     int head_size, int tile) {
+    const std::int64_t id = thread_id();
+    if (id >= n_heads) return;
+    gpu::fold_tile_partials(att, partials, rows, max_n, head_size, tile, int(id));
+}
+
 // Element i of n in `format`: its quiet NaN (kv_store of a NaN, as the host fill writes).
 __global__ void fill_nan_kernel(void* x, std::int64_t n, int format) {
     const std::int64_t id = thread_id();
@@ -205,6 +223,7 @@ CudaBackend::CudaBackend(const Model& model, bool graphs) : config_(model.config
     rms_att_ = up(w.rms_att), rms_ffn_ = up(w.rms_ffn), rms_final_ = up(w.rms_final);
     rope_cos_ = up(model.rope.cos), rope_sin_ = up(model.rope.sin);  // [max_seq, head_size / 2]
     assert(rope_cos_.size() == std::int64_t(config_.max_seq) * (config_.head_size() / 2));
+    partials_ = Buffer<float>(m, std::int64_t(config_.n_heads) * config_.max_seq * (config_.head_size() + 2));
     memory_.synchronize();
 }
 
@@ -384,6 +403,16 @@ void CudaBackend::attention(Exec& ex, float* att, const float* q, const RowKV* r
     else
         count_attention(count);
     if (count_only_) return;
+    if (tile > 0 && n_rows == 1 && !(probe && probe_row == 0) && max_n <= c.max_seq) {
+        const std::int64_t items = std::int64_t(c.n_heads) * tile_count(max_n, tile);
+        attention_partial_kernel<<<blocks_for(items), kBlock, 0, memory_.stream()>>>(
+            partials_.data(), q, rows, l, slots, max_n, kv_head, c.dim, c.n_heads, c.head_size(), tile);
+        check_launch("attention_partial_kernel");
+        fold_partials_kernel<<<blocks_for(c.n_heads), kBlock, 0, memory_.stream()>>>(att, partials_.data(), rows, max_n,
+                                                                                     c.n_heads, c.head_size(), tile);
+        check_launch("fold_partials_kernel");
+        return;
+    }
     attention_kernel<<<blocks_for(std::int64_t(n_rows) * c.n_heads), kBlock, 0, memory_.stream()>>>(
         att, q, rows, n_rows, l, slots, max_n, kv_head, c.dim, c.n_heads, c.head_size(), probe_row, probe, tile);
     check_launch("attention_kernel");

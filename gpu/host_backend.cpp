@@ -152,6 +152,16 @@ void GpuHostBackend::attention(Exec& ex, float* att, const float* q, const RowKV
         ex.flops +=
             c.n_heads * (tile > 0 ? tiled_attention_flops(hs, rows[i].n, tile) : attention_row_flops(hs, rows[i].n));
     }
+    if (tile > 0 && n_rows == 1 && !(probe && probe_row == 0)) {  // flash-decoding, as the CUDA backend runs it
+        const int n_tiles = tile_count(max_n, tile);
+        partials_.resize(std::size_t(c.n_heads) * n_tiles * (hs + 2));  // [n_heads, n_tiles, head_size + 2]
+        assert(partials_.size() == std::size_t(c.n_heads) * n_tiles * (hs + 2));
+        for (int h = 0; h < c.n_heads; h++)
+            for (int j = 0; j < n_tiles; j++)
+                gpu::attention_tile_partial(partials_.data(), q, rows, l, slots, max_n, kv_head, c.dim, hs, tile, h, j);
+        for (int h = 0; h < c.n_heads; h++) gpu::fold_tile_partials(att, partials_.data(), rows, max_n, hs, tile, h);
+        return;
+    }
     for (int i = 0; i < n_rows; i++)
         for (int h = 0; h < c.n_heads; h++)
             gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, c.dim, hs, probe_row, probe, i, h, tile);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend.h"
 #include "model.h"
@@ -50,6 +51,7 @@ public:
 
 private:
     const Model& model_;
+    std::vector<float> partials_;  // [n_heads, tiles of max_n, head_size + 2] flash-decoding's tile partials
 };
 
 // The weights W[n_in, n_out] of product m at layer l (host pointers into model.w), and the rms

@@ -23,6 +23,8 @@
 //   tiled_head              tiled attention (core/tiled_attention.h) of one (row, head), for
 //                           both: a tile's scores in a local array, its weights, then each
 //                           o_j[d] summed in t order and folded into the output
+//   attention_tile_partial  flash-decoding of a one-row step: one (head, key tile)'s partial,
+//   fold_tile_partials      then each head's partials folded in tile order
 //
 // The rules they keep: one thread owns its outputs and computes each of them whole; every sum
 // runs in increasing index from +0.0f; no split sums, tree reductions or atomics; e^x is
@@ -209,6 +211,44 @@ KVLAB_HD void load_kv_element(const Row* rows, int l, float* k, float* v, int kv
     v[to] = kv_load(r.format, r.v_row(at), d, r.v_scale(l), r.group, head_size);
 }
 
+// What one (row i, head h) of cached attention at layer l reads: element d of position t's K and V
+// row, decoded from the storage's format (kv_load: exact; KIVI keys through kivi_key), a slot of
+// -1 reading NaN; and position t's score (q_i . k_t) / scale, recomputed whenever it is needed.
+template <class Row>
+struct CachedHead {
+    const Row& r;
+    const std::int64_t* s;  // [max_n] the row's slots
+    std::int64_t base;
+    const float* qi;
+    float scale, ks, vs;
+    int l, kvh, head_size;
+    KVLAB_HD CachedHead(const Row* rows, int l_, const std::int64_t* slots, int max_n, const int* kv_head,
+                        const float* q, int dim, int head_size_, int i, int h)
+        : r(rows[i]),
+          s(slots + std::int64_t(i) * max_n),
+          base(r.row(l_, kv_head[h], 0)),
+          qi(q + std::int64_t(i) * dim + h * head_size_),
+          scale(attention_scale(head_size_)),
+          ks(r.k_scale(l_)),
+          vs(r.v_scale(l_)),
+          l(l_),
+          kvh(kv_head[h]),
+          head_size(head_size_) {}
+    KVLAB_HD float key(int t, int d) const {
+        if (s[t] < 0) return nan_f32();
+        if (r.key_group) return r.kivi_key(l, kvh, int(s[t]), head_size, d);  // KIVI: slot = position
+        return kv_load(r.format, r.k_row(base + s[t]), d, ks, r.group, head_size);
+    }
+    KVLAB_HD float value(int t, int d) const {
+        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.v_row(base + s[t]), d, vs, r.group, head_size);
+    }
+    KVLAB_HD float score(int t) const {
+        float x = 0.0f;
+        for (int d = 0; d < head_size; d++) x = x + qi[d] * key(t, d);
+        return x / scale;
+    }
+};
+
 // Cached attention, query row i of head h at layer l, exactly kernels.h attention_row: over
 // t = 0..rows[i].n - 1 (read here, from the rows array: a captured graph replays with new
 // counts), slot slots[i * max_n + t] (-1 reads NaN) of KV head kv_head[h]. q, att: [rows, dim].
@@ -218,28 +258,10 @@ template <class Row>
 KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l, const std::int64_t* slots, int max_n,
                              const int* kv_head, int dim, int head_size, int probe_row, float* probe, int i, int h,
                              int tile = 0) {
-    const Row& r = rows[i];
-    const std::int64_t* s = slots + std::int64_t(i) * max_n;
-    const std::int64_t base = r.row(l, kv_head[h], 0);
-    const float scale = attention_scale(head_size);
-    const float* qi = q + std::int64_t(i) * dim + h * head_size;
-    // Element d of position t's K row, decoded from the storage's format (kv_load: exact); a slot
-    // of -1 holds nothing and reads NaN.
-    const float ks = r.k_scale(l), vs = r.v_scale(l);
-    auto key = [&](int t, int d) {
-        if (s[t] < 0) return nan_f32();
-        if (r.key_group) return r.kivi_key(l, kv_head[h], int(s[t]), head_size, d);  // KIVI: slot = position
-        return kv_load(r.format, r.k_row(base + s[t]), d, ks, r.group, head_size);
-    };
-    auto value = [&](int t, int d) {
-        return s[t] < 0 ? nan_f32() : kv_load(r.format, r.v_row(base + s[t]), d, vs, r.group, head_size);
-    };
-    auto score = [&](int t) {
-        float x = 0.0f;
-        for (int d = 0; d < head_size; d++) x = x + qi[d] * key(t, d);
-        return x / scale;
-    };
-    const int n = r.n;
+    const CachedHead<Row> head(rows, l, slots, max_n, kv_head, q, dim, head_size, i, h);
+    auto score = [&](int t) { return head.score(t); };
+    auto value = [&](int t, int d) { return head.value(t, d); };
+    const int n = rows[i].n;
     float* out = att + std::int64_t(i) * dim + h * head_size;
     const bool probed = probe != nullptr && i == probe_row;
     if (tile > 0) {
@@ -257,6 +279,47 @@ KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l,
         if (probed) probe[std::int64_t(h) * max_n + t] = p;
         for (int d = 0; d < head_size; d++) out[d] = out[d] + p * value(t, d);
     }
+}
+
+// Flash-decoding for a one-row step (row 0): each (head h, key tile j) is a thread of its own.
+// It writes tile j's partial (tiled_head's: the tile's weights, o_j[d] summed over the tile in t
+// order) to partial [head_size + 2]: o_j[0..head_size), then m_j, l_j. A tile past the row's
+// keys (a captured graph launches max_n's tiles) writes nothing: the fold stops before it.
+template <class Row>
+KVLAB_HD void attention_tile_partial(float* partials, const float* q, const Row* rows, int l, const std::int64_t* slots,
+                                     int max_n, const int* kv_head, int dim, int head_size, int tile, int h, int j) {
+    const CachedHead<Row> head(rows, l, slots, max_n, kv_head, q, dim, head_size, 0, h);
+    const int n = rows[0].n, t0 = j * tile;
+    if (t0 >= n) return;
+    const int m = n - t0 < tile ? n - t0 : tile;
+    float e[AttentionSpec::kMaxTile];  // the tile's scores, then its weights
+    for (int u = 0; u < m; u++) e[u] = head.score(t0 + u);
+    const TileStats st = tile_weights(e, m);
+    float* partial = partials + (std::int64_t(h) * tile_count(max_n, tile) + j) * (head_size + 2);
+    for (int d = 0; d < head_size; d++) {
+        float o = 0.0f;
+        for (int u = 0; u < m; u++) o = o + e[u] * head.value(t0 + u, d);
+        partial[d] = o;
+    }
+    partial[head_size] = st.m, partial[head_size + 1] = st.l;
+}
+
+// Then head h's output: its rows[0].n / tile partials folded in tile order, out = o / l.
+template <class Row>
+KVLAB_HD void fold_tile_partials(float* att, const float* partials, const Row* rows, int max_n, int head_size, int tile,
+                                 int h) {
+    const int n = rows[0].n, n_tiles = tile_count(n, tile);
+    float* out = att + h * head_size;
+    for (int d = 0; d < head_size; d++) out[d] = 0.0f;
+    if (n <= 0) return;
+    TileStats acc = tile_fold_start();
+    for (int j = 0; j < n_tiles; j++) {
+        const float* partial = partials + (std::int64_t(h) * tile_count(max_n, tile) + j) * (head_size + 2);
+        const TileFold f = tile_fold(acc, TileStats{partial[head_size], partial[head_size + 1]});
+        for (int d = 0; d < head_size; d++) out[d] = tile_fold_o(out[d], partial[d], f);
+        acc = f.next;
+    }
+    for (int d = 0; d < head_size; d++) out[d] = out[d] / acc.l;
 }
 
 }  // namespace kvlab::gpu
