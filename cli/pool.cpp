@@ -83,6 +83,7 @@ public:
           engine_(backend_, pool, lm.model.w.fingerprint()),
           naive_(lm.model) {
         naive_.kv_format = pool.kv_format();  // the naive check stores K and V as the pool does
+        naive_.exec.attention = engine_.decoder().exec.attention = attention_spec(o.attention);
     }
 
     // Runs command `index` (1-based); an Error names it and nothing after it runs.
@@ -516,6 +517,7 @@ void add_pool_options(CLI::App* cmd, PoolOptions& o) {
         ->required();
     cmd->add_flag("--events", o.events, "print every cache event of every command");
     cmd->add_flag("--json", o.json, "machine-readable output");
+    add_attention_options(cmd, o.attention);
 }
 
 }  // namespace kvlab::cli

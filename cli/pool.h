@@ -32,6 +32,7 @@ struct PoolOptions {
     std::string script;        // the commands above
     bool events = false;       // print every CacheEvent of every command
     bool json = false;
+    AttentionOptions attention;  // what the engine and the naive check both run
 };
 
 // Runs the script; 0 when every prefill equals naive decode bit for bit, 1 when one differs.
@@ -39,7 +40,7 @@ struct PoolOptions {
 int run_pool(const PoolOptions& o);
 
 // Adds --model, --tokenizer, --model-seed, --block-size, --blocks, --no-prefix-cache, --kv-format,
-// --script, --events, --json.
+// --script, --events, --json, --attention, --tile.
 void add_pool_options(CLI::App* cmd, PoolOptions& o);
 
 }  // namespace kvlab::cli

@@ -22,6 +22,7 @@ struct ViewCommand::Options {
     viz::ViewOptions view;
     std::string variant = "contiguous";
     std::string kv_format = "fp32";
+    AttentionOptions attention;
     std::string shape;  // random model's shape: "n_layers=2,n_heads=4,n_kv_heads=2" over stories260K's
     std::string size = "1600x1000";
     std::string step;  // a step number, or "end"
@@ -50,6 +51,7 @@ ViewCommand::ViewCommand(CLI::App& app)
     cmd->add_option(
         "--kv-format", o_->kv_format,
         "K and V stored in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4 (variants that take a format)");
+    add_attention_options(cmd, o_->attention);
     cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--window", s.window, "window: positions in the sliding window")->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--fork-at", s.fork_at, "prefix-shared: A forks into C after this decode step")
@@ -80,6 +82,7 @@ int ViewCommand::run() {
             fmt::format("unknown variant '{}' (variants: {})", one_line(o.variant), variant_names(viz::kVariants)));
     v.settings.variant = *variant;
     v.settings.kv_format = parse_kv_format(o.kv_format);
+    v.settings.attention = attention_spec(o.attention);
     if (!o.shape.empty()) {
         v.settings.shape = shape_from_string(o.shape);
         v.settings.random_model = true;

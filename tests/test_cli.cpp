@@ -213,10 +213,16 @@ TEST_CASE("kvlab demo, generate, speculate and verify with --attention tiled: bi
                              " --tokens 1,5 --steps 8 --reps 1 --draft self --attention tiled --tile 2 --json");
     INFO(sp.err);
     CHECK(sp.exit_code == 0);
+    const Run p = run_kvlab("pool --model " + model.string() +
+                            " --block-size 2 --attention tiled --tile 2 --script \"new a 1,2,3,4,5; new b 1,2,3,4,9; "
+                            "fork a c; append c 7; show\"");
+    INFO(p.out << p.err);
+    CHECK(p.exit_code == 0);
+    CHECK(p.out.find("3 of 3 prefills bitwise equal to naive decode") != std::string::npos);
     const Run v = run_kvlab("verify tiled-attention --cases 20 --attention tiled --tile 5 --json");
     CHECK(v.exit_code == 0);
     CHECK(nlohmann::json::parse(v.out)["attention"]["tile"] == 5);
-    for (const char* command : {"demo", "generate", "speculate", "verify"}) {
+    for (const char* command : {"demo", "generate", "speculate", "verify", "pool --script show"}) {
         check_refused(fmt::format("{} --attention flash", command), "unknown attention 'flash' (simple, tiled)");
         for (const char* tile : {"0", "300"})
             check_refused(fmt::format("{} --attention tiled --tile {}", command, tile),

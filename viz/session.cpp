@@ -161,6 +161,7 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
         m.engine.emplace(*m.backend, [c, spec, &memory](int) { return make_cache(c, spec, memory).cache; });
     }
     m.engine->decoder().observer = &m.probe;
+    m.engine->decoder().exec.attention = s.attention;
     info_.exact = is_exact(s.variant);
     info_.total_steps = 1 + (s.variant == Variant::prefix_shared ? 1 : 0) + s.steps;
     info_.kv_bytes_per_token = kv_bytes(c, 1, s.kv_format);
@@ -169,7 +170,7 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     m.naive.emplace(*m.backend);
     if (info_.device != "cpu") m.cpu_naive.emplace(m.lm().model);
     for (std::optional<NaiveDecoder>* n : {&m.naive, &m.cpu_naive})
-        if (*n) (*n)->kv_format = s.kv_format;  // the format-aware naive decode
+        if (*n) (*n)->kv_format = s.kv_format, (*n)->exec.attention = s.attention;  // the format-aware naive decode
     worker_ = std::thread([this] { run(); });
 }
 

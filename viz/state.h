@@ -43,6 +43,7 @@ struct Settings {
     int sinks = 2;         // window
     int window = 16;       // window
     KVFormat kv_format = KVFormat::fp32;  // what the caches store K and V in (variants that take one)
+    AttentionSpec attention;              // what the cached and naive decoders run (--attention)
     int fork_at = 8;       // prefix_shared: decode step after which A forks into C
     int free_fork_at = 0;  // prefix_shared: decode step after which C is freed (0 = never)
     // Builds the device's backend; empty: make_backend (gpu/device.h). Tests plant a wrong
