@@ -55,7 +55,11 @@ using kvlab::proofs::synthetic_row;
 struct Coverage {
     long cases = 0, prefix_hits = 0, other_model_requests = 0, copies_on_write = 0, evictions = 0;
     long rejected_appends = 0, rejected_requests = 0, no_reject_possible = 0;
+    // States in which three or more sequences map one partial block, holding different lengths of
+    // it (forks, then rollbacks and appends): where release and poisoning are easiest to get wrong.
+    long deep_shares = 0;
     Coverage& operator+=(const Coverage& o) {
+        deep_shares += o.deep_shares;
         cases += o.cases, prefix_hits += o.prefix_hits, other_model_requests += o.other_model_requests;
         copies_on_write += o.copies_on_write, evictions += o.evictions, rejected_appends += o.rejected_appends;
         rejected_requests += o.rejected_requests, no_reject_possible += o.no_reject_possible;
@@ -177,7 +181,7 @@ struct Sut {
     std::map<int, std::unique_ptr<PagedCache>> seqs;  // after the pool, so destroyed before it
     Mutant mutant;
     std::int64_t hit_positions = 0;  // what attach_prefix returned, summed
-    Coverage coverage;               // this case's tallies
+    mutable Coverage coverage;       // this case's tallies (check_invariants counts deep sharing)
 };
 
 
@@ -211,6 +215,7 @@ void check_invariants(const Model& m, const Sut& sut) {
         RC_FAIL(fmt::format("{} live sequences, the model has {}", sut.seqs.size(), m.seqs.size()));
 
     std::vector<int> holders(std::size_t(pool.n_blocks()), 0);
+    std::map<int, std::set<int>> rows_held;  // physical block -> the lengths its sequences hold of it
     std::map<int, int> physical;  // abstract block -> physical block
     for (const Seq& s : m.seqs) {
         const auto it = sut.seqs.find(s.id);
@@ -231,6 +236,7 @@ void check_invariants(const Model& m, const Sut& sut) {
             if (std::count(table.begin(), table.end(), b) > 1)
                 RC_FAIL(fmt::format("{}: block {} twice in [{}]", name, b, fmt::join(table, " ")));
             holders[std::size_t(b)]++;
+            rows_held[b].insert(std::clamp(int(s.tokens.size()) - int(i) * bs, 0, bs));
             const auto [p, fresh] = physical.emplace(s.blocks[i], b);
             if (!fresh && p->second != b)
                 RC_FAIL(
@@ -266,6 +272,11 @@ void check_invariants(const Model& m, const Sut& sut) {
             RC_FAIL(fmt::format("{}: reserved_bytes {} for {} blocks", name, mem.reserved_bytes, table.size()));
     }
 
+    for (const auto& [b, lengths] : rows_held)
+        if (holders[std::size_t(b)] >= 3 && lengths.size() >= 2 && *lengths.begin() < bs) {
+            sut.coverage.deep_shares++;
+            break;
+        }
     for (int b = 0; b < pool.n_blocks(); b++) {
         if (pool.refcount(b) != holders[std::size_t(b)])
             RC_FAIL(
@@ -692,9 +703,9 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     std::printf(
         "pool state: %ld passing runs (shrinking included); %ld prefix hits, %ld same-tokens-other-model "
         "requests, %ld copies on write, %ld evictions, %ld rejected appends, %ld rejected requests, %ld "
-        "rejections impossible\n",
+        "rejections impossible, %ld states with 3+ owners of a partial block at different lengths\n",
         c.cases, c.prefix_hits, c.other_model_requests, c.copies_on_write, c.evictions, c.rejected_appends,
-        c.rejected_requests, c.no_reject_possible);
+        c.rejected_requests, c.no_reject_possible, c.deep_shares);
     // The generator must reach every path it claims to test.
     CHECK(c.prefix_hits > 0);
     CHECK(c.other_model_requests > 0);
@@ -702,6 +713,7 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     CHECK(c.evictions > 0);
     CHECK(c.rejected_appends > 0);
     CHECK(c.rejected_requests > 0);
+    CHECK(c.deep_shares > 0);
 }
 
 // A bug the property above found (shrunk to these steps). truncate() poisons the rows past n
