@@ -225,6 +225,7 @@ int run_bench_device(const BenchOptions& o) {
 struct FormatRow {
     int T = 0;
     KVFormat format = KVFormat::fp32;
+    AttentionSpec attention;
     double decode_s = 0;
     std::int64_t bytes_per_token = 0, kv_bytes = 0;
 };
@@ -244,8 +245,24 @@ std::vector<KVFormat> bench_formats(const std::string& names) {
     return out;
 }
 
+// --attention simple,tiled: the attentions the format table compares (tiled with --tile).
+std::vector<AttentionSpec> bench_attentions(const BenchOptions& o) {
+    std::vector<AttentionSpec> out;
+    for (std::size_t at = 0; at <= o.attentions.size();) {
+        const std::size_t end = std::min(o.attentions.find(',', at), o.attentions.size());
+        const AttentionSpec a = parse_attention(std::string_view(o.attentions).substr(at, end - at), o.tile);
+        if (std::find(out.begin(), out.end(), a) != out.end())
+            throw Error(fmt::format("--attention: {} named twice", attention_name(a)));
+        out.push_back(a);
+        at = end + 1;
+    }
+    return out;
+}
+
+// The format table: decode tok/s at each length, for each KV format and each attention.
 int run_bench_formats(const BenchOptions& o) {
-    const std::vector<KVFormat> formats = bench_formats(o.kv_formats);
+    const std::vector<KVFormat> formats = bench_formats(o.kv_formats.empty() ? "fp32" : o.kv_formats);
+    const std::vector<AttentionSpec> attentions = bench_attentions(o);
     std::vector<int> lengths = parse_int_list("--lengths", o.lengths_given ? o.lengths : "1024,2048,4096,8192");
     std::sort(lengths.begin(), lengths.end(), std::greater<>());
     for (int T : lengths)
@@ -262,7 +279,10 @@ int run_bench_formats(const BenchOptions& o) {
     const int filled = lengths.front() - 1;
     std::vector<int> tokens(std::size_t(lengths.front()));
     for (int& t : tokens) t = int(rng.next() % std::uint64_t(c.vocab_size));
-    for (KVFormat f : formats) {
+    std::vector<std::pair<KVFormat, AttentionSpec>> configs;  // [formats x attentions]: a cache and decoder each
+    for (KVFormat f : formats)
+        for (const AttentionSpec& a : attentions) configs.push_back({f, a});
+    for (const auto& [f, a] : configs) {
         caches.push_back(std::make_unique<ContiguousCache>(c));
         caches.back()->set_kv_format(f);
         caches.back()->append(std::span(tokens).first(std::size_t(filled)));
@@ -273,23 +293,25 @@ int run_bench_formats(const BenchOptions& o) {
                 caches.back()->write(l, pos, k_row.data(), v_row.data());
             }
         decoders.push_back(std::make_unique<CachedDecoder>(model, *caches.back(), o.threads));
+        decoders.back()->exec.attention = a;
     }
     std::vector<FormatRow> rows;
     for (int T : lengths) {
-        // Interleaved round by round, each round starting at another format, as the variant table.
-        std::vector<std::vector<double>> samples(formats.size());
+        // Interleaved round by round, each round starting at another configuration, as the variant table.
+        std::vector<std::vector<double>> samples(configs.size());
         for (int r = 0; r < o.reps; r++)
-            for (std::size_t j = 0; j < formats.size(); j++) {
-                const std::size_t i = (j + std::size_t(r)) % formats.size();
+            for (std::size_t j = 0; j < configs.size(); j++) {
+                const std::size_t i = (j + std::size_t(r)) % configs.size();
                 caches[i]->truncate(T - 1);
                 const auto t0 = std::chrono::steady_clock::now();
                 decoders[i]->decode(tokens[std::size_t(T) - 1]);
                 samples[i].push_back(seconds_since(t0));
             }
-        for (std::size_t i = 0; i < formats.size(); i++) {
+        for (std::size_t i = 0; i < configs.size(); i++) {
+            const KVFormat f = configs[i].first;
             std::sort(samples[i].begin(), samples[i].end());
-            rows.push_back({T, formats[i], samples[i][samples[i].size() / 2], kv_bytes(c, 1, formats[i]),
-                            kv_bytes(c, T, formats[i])});
+            rows.push_back(
+                {T, f, configs[i].second, samples[i][samples[i].size() / 2], kv_bytes(c, 1, f), kv_bytes(c, T, f)});
         }
     }
     if (o.json) {
@@ -300,6 +322,8 @@ int run_bench_formats(const BenchOptions& o) {
         for (const FormatRow& r : rows)
             j["formats"].push_back({{"T", r.T},
                                     {"kv_format", kv_format_name(r.format)},
+                                    {"attention", r.attention.tiled() ? "tiled" : "simple"},
+                                    {"tile", r.attention.tile},
                                     {"bytes_per_token", r.bytes_per_token},
                                     {"kv_bytes", r.kv_bytes},
                                     {"decode_tokens_per_second", 1.0 / r.decode_s}});
@@ -307,17 +331,19 @@ int run_bench_formats(const BenchOptions& o) {
         return 0;
     }
     fmt::print(
-        "kvlab bench --kv-format: random model, {}\n{} thread(s), median of {} decode steps per figure "
-        "(formats interleaved); the cache holds T - 1 random rows, the step adds one\n\n",
+        "kvlab bench --kv-format / --attention: random model, {}\n{} thread(s), median of {} decode steps per figure "
+        "(configurations interleaved); the cache holds T - 1 random rows, the step adds one\n\n",
         c.describe(), o.threads, o.reps);
-    fmt::print("{:>6} {:<10} {:>15} {:>12} {:>14} {:>10}\n", "T", "format", "bytes/token", "KV MB", "decode tok/s",
-               "vs fp32");
+    const std::string vs = fmt::format("vs {}", configs.size() == formats.size() ? "fp32" : "fp32 simple");
+    fmt::print("{:>6} {:<10} {:<16} {:>15} {:>12} {:>14} {:>14}\n", "T", "format", "attention", "bytes/token", "KV MB",
+               "decode tok/s", vs);
     for (const FormatRow& r : rows) {
-        const auto fp32 = std::find_if(rows.begin(), rows.end(),
-                                       [&](const FormatRow& x) { return x.T == r.T && x.format == KVFormat::fp32; });
-        fmt::print("{:>6} {:<10} {:>15} {:>12.2f} {:>14.1f} {:>10}\n", r.T, kv_format_name(r.format), r.bytes_per_token,
-                   r.kv_bytes / 1e6, 1.0 / r.decode_s,
-                   fp32 == rows.end() ? "-" : fmt::format("{:.2f}x", fp32->decode_s / r.decode_s));
+        const auto base = std::find_if(rows.begin(), rows.end(), [&](const FormatRow& x) {
+            return x.T == r.T && x.format == KVFormat::fp32 && !x.attention.tiled();
+        });
+        fmt::print("{:>6} {:<10} {:<16} {:>15} {:>12.2f} {:>14.1f} {:>14}\n", r.T, kv_format_name(r.format),
+                   attention_name(r.attention), r.bytes_per_token, r.kv_bytes / 1e6, 1.0 / r.decode_s,
+                   base == rows.end() ? "-" : fmt::format("{:.2f}x", base->decode_s / r.decode_s));
     }
     return 0;
 }
@@ -453,8 +479,9 @@ void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult&
 }
 
 int run_bench(const BenchOptions& options) {
-    if (!options.kv_formats.empty()) {
-        if (options.device != "cpu") throw Error("bench: --kv-format runs on the cpu (its table has no --device)");
+    if (!options.kv_formats.empty() || options.attentions != "simple") {
+        if (options.device != "cpu")
+            throw Error("bench: --kv-format and --attention run on the cpu (their table has no --device)");
         return run_bench_formats(options);
     }
     if (options.device != "cpu") return run_bench_device(options);

@@ -80,6 +80,8 @@ struct BenchOptions {
                          // 0: the largest divisor of head_size up to 16
     std::string device = "cpu";  // cpu: the full table; gpu or gpu-host: the device table
     std::string kv_formats;      // the format table's formats ("all", or names); "": no format table
+    std::string attentions = "simple";  // the format table's attentions ("simple,tiled"); other than simple: the table
+    int tile = 64;                      // tiled attention's keys per tile
     bool lengths_given = false;  // --lengths was set (the device and format tables have their own defaults)
     bool json = false;
 };

@@ -160,6 +160,10 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
     bench_cmd->add_option("--kv-format", bench.kv_formats,
                           "KV formats to compare, e.g. fp32,fp8-e4m3, or all: bytes per token and decode tok/s per "
                           "format (default T = 1024,2048,4096,8192)");
+    bench_cmd->add_option("--attention", bench.attentions,
+                          "attentions to compare in the format table, e.g. simple,tiled (default T = "
+                          "1024,2048,4096,8192; formats: --kv-format, default fp32)");
+    bench_cmd->add_option("--tile", bench.tile, "tiled attention's keys per tile (1..256)");
     bench_cmd->add_flag("--json", bench.json, "machine-readable output");
     return bench_cmd;
 }

@@ -219,10 +219,19 @@ TEST_CASE("kvlab demo, generate, speculate and verify with --attention tiled: bi
     INFO(p.out << p.err);
     CHECK(p.exit_code == 0);
     CHECK(p.out.find("3 of 3 prefills bitwise equal to naive decode") != std::string::npos);
+    const Run b = run_kvlab(
+        "bench --shape stories260K --attention simple,tiled --tile 8 --kv-format fp32,int8 "
+        "--lengths 40,64 --reps 1 --json");
+    INFO(b.err);
+    REQUIRE(b.exit_code == 0);
+    const auto jb = nlohmann::json::parse(b.out);
+    CHECK(jb["formats"].size() == 8);  // 2 lengths x 2 formats x 2 attentions
+    CHECK(jb["formats"][1]["attention"] == "tiled");
+    CHECK(jb["formats"][1]["tile"] == 8);
     const Run v = run_kvlab("verify tiled-attention --cases 20 --attention tiled --tile 5 --json");
     CHECK(v.exit_code == 0);
     CHECK(nlohmann::json::parse(v.out)["attention"]["tile"] == 5);
-    for (const char* command : {"demo", "generate", "speculate", "verify", "pool --script show"}) {
+    for (const char* command : {"demo", "generate", "speculate", "verify", "pool --script show", "bench"}) {
         check_refused(fmt::format("{} --attention flash", command), "unknown attention 'flash' (simple, tiled)");
         for (const char* tile : {"0", "300"})
             check_refused(fmt::format("{} --attention tiled --tile {}", command, tile),
