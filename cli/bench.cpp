@@ -245,6 +245,42 @@ std::vector<KVFormat> bench_formats(const std::string& names) {
     return out;
 }
 
+// The format table, as text or JSON; with_attention: the rows compare attentions too.
+void print_format_table(const Config& c, const BenchOptions& o, const std::vector<FormatRow>& rows,
+                        bool with_attention) {
+    if (o.json) {
+        nlohmann::json j;
+        j["shape"] = c.describe();
+        j["threads"] = o.threads;
+        j["reps"] = o.reps;
+        for (const FormatRow& r : rows)
+            j["formats"].push_back({{"T", r.T},
+                                    {"kv_format", kv_format_name(r.format)},
+                                    {"attention", r.attention.tiled() ? "tiled" : "simple"},
+                                    {"tile", r.attention.tile},
+                                    {"bytes_per_token", r.bytes_per_token},
+                                    {"kv_bytes", r.kv_bytes},
+                                    {"decode_tokens_per_second", 1.0 / r.decode_s}});
+        fmt::print("{}\n", j.dump(2));
+        return;
+    }
+    fmt::print(
+        "kvlab bench --kv-format / --attention: random model, {}\n{} thread(s), median of {} decode steps per figure "
+        "(configurations interleaved); the cache holds T - 1 random rows, the step adds one\n\n",
+        c.describe(), o.threads, o.reps);
+    const std::string vs = fmt::format("vs {}", with_attention ? "fp32 simple" : "fp32");
+    fmt::print("{:>6} {:<10} {:<16} {:>15} {:>12} {:>14} {:>14}\n", "T", "format", "attention", "bytes/token", "KV MB",
+               "decode tok/s", vs);
+    for (const FormatRow& r : rows) {
+        const auto base = std::find_if(rows.begin(), rows.end(), [&](const FormatRow& x) {
+            return x.T == r.T && x.format == KVFormat::fp32 && !x.attention.tiled();
+        });
+        fmt::print("{:>6} {:<10} {:<16} {:>15} {:>12.2f} {:>14.1f} {:>14}\n", r.T, kv_format_name(r.format),
+                   attention_name(r.attention), r.bytes_per_token, r.kv_bytes / 1e6, 1.0 / r.decode_s,
+                   base == rows.end() ? "-" : fmt::format("{:.2f}x", base->decode_s / r.decode_s));
+    }
+}
+
 // --attention simple,tiled: the attentions the format table compares (tiled with --tile).
 std::vector<AttentionSpec> bench_attentions(const BenchOptions& o) {
     std::vector<AttentionSpec> out;
@@ -314,37 +350,7 @@ int run_bench_formats(const BenchOptions& o) {
                 {T, f, configs[i].second, samples[i][samples[i].size() / 2], kv_bytes(c, 1, f), kv_bytes(c, T, f)});
         }
     }
-    if (o.json) {
-        nlohmann::json j;
-        j["shape"] = c.describe();
-        j["threads"] = o.threads;
-        j["reps"] = o.reps;
-        for (const FormatRow& r : rows)
-            j["formats"].push_back({{"T", r.T},
-                                    {"kv_format", kv_format_name(r.format)},
-                                    {"attention", r.attention.tiled() ? "tiled" : "simple"},
-                                    {"tile", r.attention.tile},
-                                    {"bytes_per_token", r.bytes_per_token},
-                                    {"kv_bytes", r.kv_bytes},
-                                    {"decode_tokens_per_second", 1.0 / r.decode_s}});
-        fmt::print("{}\n", j.dump(2));
-        return 0;
-    }
-    fmt::print(
-        "kvlab bench --kv-format / --attention: random model, {}\n{} thread(s), median of {} decode steps per figure "
-        "(configurations interleaved); the cache holds T - 1 random rows, the step adds one\n\n",
-        c.describe(), o.threads, o.reps);
-    const std::string vs = fmt::format("vs {}", configs.size() == formats.size() ? "fp32" : "fp32 simple");
-    fmt::print("{:>6} {:<10} {:<16} {:>15} {:>12} {:>14} {:>14}\n", "T", "format", "attention", "bytes/token", "KV MB",
-               "decode tok/s", vs);
-    for (const FormatRow& r : rows) {
-        const auto base = std::find_if(rows.begin(), rows.end(), [&](const FormatRow& x) {
-            return x.T == r.T && x.format == KVFormat::fp32 && !x.attention.tiled();
-        });
-        fmt::print("{:>6} {:<10} {:<16} {:>15} {:>12.2f} {:>14.1f} {:>14}\n", r.T, kv_format_name(r.format),
-                   attention_name(r.attention), r.bytes_per_token, r.kv_bytes / 1e6, 1.0 / r.decode_s,
-                   base == rows.end() ? "-" : fmt::format("{:.2f}x", base->decode_s / r.decode_s));
-    }
+    print_format_table(c, o, rows, configs.size() != formats.size());
     return 0;
 }
 

@@ -698,7 +698,7 @@ TEST_CASE("kvlab bench --kv-format: bytes per token and decode speed per format,
     CHECK(text.out.find("1.00x") != std::string::npos);
     check_refused("bench --kv-format fp9", "unknown KV format 'fp9'");
     check_refused("bench --kv-format bf16,bf16", "bf16 named twice");
-    check_refused("bench --kv-format bf16 --device gpu-host", "--kv-format runs on the cpu");
+    check_refused("bench --kv-format bf16 --device gpu-host", "--kv-format and --attention run on the cpu");
     check_refused("bench --kv-format bf16 --lengths 1", "too short");
 }
 
