@@ -241,6 +241,40 @@ TEST_CASE("phases timeline: the marker sits on the prefill block at step 0 and t
     }
 }
 
+// Runs of the two key-tile colours along the middle row of the phases panel's tile strip: one per tile.
+int tile_runs(const Shot& s) {
+    const json& r = s.region("phases.tiles");
+    const int y = (int(r["y0"]) + int(r["y1"])) / 2;
+    const Rgb even = s.colour("tile_even"), odd = s.colour("tile_odd");
+    int runs = 0, last = -1;  // last: 0 even, 1 odd, -1 neither
+    for (int x = r["x0"]; x < int(r["x1"]); x++) {
+        const Rgb c = s.at(x, y);
+        const int k = c.r == even.r && c.g == even.g && c.b == even.b ? 0
+                      : c.r == odd.r && c.g == odd.g && c.b == odd.b  ? 1
+                                                                      : -1;
+        if (k >= 0 && k != last) runs++;
+        if (k >= 0) last = k;
+    }
+    return runs;
+}
+
+TEST_CASE("phases panel, tiled attention: the key tile strip shows ceil(T / tile) tiles at every step") {
+    SKIP_WITHOUT_DISPLAY();
+    for (const int step : {0, 4}) {
+        const Shot s = headless(kModel + " --attention tiled --tile 2 --step " + std::to_string(step),
+                                "tiles" + std::to_string(step));
+        const int T = s.layout["state"]["length"], tile = s.layout["state"]["attention_tile"];
+        INFO("step " << step << ", T = " << T);
+        CHECK(tile == 2);
+        CHECK(tile_runs(s) == (T + tile - 1) / tile);
+    }
+    SECTION("planted bug: a prefill drawn with tiles twice as wide is caught") {
+        const Shot s =
+            headless(kModel + " --attention tiled --tile 2 --step 0 --plant tiles-follow-rows", "tiles_planted");
+        CHECK(tile_runs(s) != (kP + 1) / 2);
+    }
+}
+
 std::vector<Rgb> owner_colours(const Shot& s) {
     std::vector<Rgb> out;
     for (const json& c : s.layout["palette"]["owners"]) out.push_back({c[0], c[1], c[2]});

@@ -73,6 +73,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
     p["newest"] = color(palette::newest), p["evicted"] = color(palette::evicted), p["read"] = color(palette::read);
     p["marker"] = color(palette::marker), p["block_free"] = color(palette::block_free);
     p["block_cached"] = color(palette::block_cached);
+    p["tile_even"] = color(palette::tile_even), p["tile_odd"] = color(palette::tile_odd);
     p["bit_sign_on"] = color(palette::bit_sign_on), p["bit_sign_off"] = color(palette::bit_sign_off);
     p["bit_exp_on"] = color(palette::bit_exp_on), p["bit_exp_off"] = color(palette::bit_exp_off);
     p["bit_man_on"] = color(palette::bit_man_on), p["bit_man_off"] = color(palette::bit_man_off);
@@ -85,6 +86,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
     st["variant"] = std::string(to_string(info.settings.variant));
     st["kv_format"] = kv_format_name(info.kv_format);
     st["device"] = info.device;
+    st["attention_tile"] = info.settings.attention.tiled() ? info.settings.attention.tile : 0;  // 0: simple
     st["n_layers"] = c.n_layers, st["n_heads"] = c.n_heads, st["n_kv_heads"] = c.n_kv_heads;
     st["max_seq"] = c.max_seq;
     st["prompt_len"] = int(info.prompt.size());

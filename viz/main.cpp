@@ -32,7 +32,7 @@ void glfw_error(int code, const char* text) { glfw_message = fmt::format("GLFW e
 
 void check_options(const ViewOptions& o) {
     if (!o.plant.empty() && o.plant != "growth-skips-newest" && o.plant != "marker-stuck" &&
-        o.plant != "pool-hides-shared" && o.plant != "bits-fp32-fields")
+        o.plant != "pool-hides-shared" && o.plant != "bits-fp32-fields" && o.plant != "tiles-follow-rows")
         throw Error(fmt::format("unknown planted bug '{}'", one_line(o.plant)));
     // Below 1280x800 the panels' grids no longer fit their windows (the viewer tests check it).
     if (o.width < 1280 || o.height < 800 || o.width > 8192 || o.height > 8192)

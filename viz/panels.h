@@ -52,6 +52,7 @@ struct Frame {
     //   marker-stuck         the timeline's marker stays on the first step
     //   pool-hides-shared    the paged panel draws shared blocks as free
     //   bits-fp32-fields     the bits panel draws a format's code with fp32's field widths
+    //   tiles-follow-rows    the key tiles of a prefill step are drawn twice as wide
     std::string plant;
 
     const Step& step() const { return *steps[cursor]; }
@@ -75,6 +76,8 @@ inline constexpr ImU32 formula = rgb(200, 200, 200);       // a formula's line
 inline constexpr ImU32 block_free = rgb(40, 44, 52);       // a pool block on the free list
 inline constexpr ImU32 block_cached = rgb(96, 96, 110);    // unreferenced, published, reclaimable
 inline constexpr ImU32 block_shared = rgb(255, 255, 255);  // outline of a block with refcount > 1
+// Tiled attention's key tiles (the phases panel), alternating so that each tile shows.
+inline constexpr ImU32 tile_even = rgb(150, 110, 230), tile_odd = rgb(230, 170, 90);
 // A block owned by sequence s (A, B, C, ...) is filled with owner(s).
 ImU32 owner(int seq);
 // The bits panel: a bit of a float's sign, exponent or mantissa, set (bright) or clear.

@@ -90,6 +90,36 @@ void legend_swatch(ImU32 colour, const char* text) {
     ImGui::TextUnformatted(text);
 }
 
+// Tiled attention: the keys 0..T-1 the shown step's last row reads, cell by cell in alternating
+// colours per key tile of B keys. The tiles are fixed in key-index space, so a decode step and a
+// prefill row see the same boundaries, cut at their own position.
+void key_tiles(const Frame& f, const Step& cur) {
+    const AttentionSpec& a = f.info->settings.attention;
+    const int T = std::max(1, cur.length);
+    const bool prefill = cur.phase == Step::Phase::prefill;
+    const int tile = f.plant == "tiles-follow-rows" && prefill ? 2 * a.tile : a.tile;
+    ImGui::Text("key tiles of %d: %d for T = %d", a.tile, tile_count(T, a.tile), T);
+    ImGui::SameLine();
+    help_marker(
+        "Tiled attention (--attention tiled): the step's last row reads keys 0..T-1 in tiles of a fixed "
+        "number of keys, drawn here in alternating colours. Each tile's softmax partial is computed alone "
+        "(a one-row decode step runs each tile as a split of its own, as flash-decoding does) and the "
+        "partials are folded in tile order. The tiles are fixed by the key index alone, so a row gets the "
+        "same tiles in a prefill, a chunk or a decode step: that is why the bits agree.");
+    ImGui::SameLine(0, 10);
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const ImVec2 origin = ImGui::GetCursorScreenPos();
+    const float left = std::floor(origin.x), top = std::floor(origin.y) + 2;
+    const float w = std::max(8.0f, std::floor(ImGui::GetContentRegionAvail().x) - 2 * kMarkerW);
+    for (int t0 = 0, j = 0; t0 < T; t0 += tile, j++) {
+        const float x0 = left + std::floor(float(t0) * w / float(T));
+        const float x1 = left + std::floor(float(std::min(t0 + tile, T)) * w / float(T));
+        fill(dl, x0, top, std::max(x1, x0 + 1), top + 12, j % 2 == 0 ? palette::tile_even : palette::tile_odd);
+    }
+    report(f, "phases.tiles", ImVec2(left, top), ImVec2(left + w, top + 12));
+    ImGui::Dummy(ImVec2(w, ImGui::GetTextLineHeight()));
+}
+
 }  // namespace
 
 void draw_phases(const Frame& f) {
@@ -230,6 +260,10 @@ void draw_phases(const Frame& f) {
     legend_swatch(palette::empty, "not yet run");
     ImGui::SameLine(0, 14);
     legend_swatch(palette::marker, "step shown");
+    if (info.settings.attention.tiled()) {
+        ImGui::SameLine(0, 30);
+        key_tiles(f, cur);
+    }
     ImGui::Separator();
 
     // The step shown, in words, before the bars: a short window still shows it.
