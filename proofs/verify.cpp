@@ -421,7 +421,7 @@ void chunked_prefill_property(const Devices& devices, Mutant mutant) {
     Oracle& oracle = run.oracle;
     CachedDecoder* cached = run.cached.get();
     const bool long_run = devices.long_profile;  // then at most 4 chunks and 3 decode steps
-    const int prompt = long_run ? draw_size(2, c.max_seq) : draw(2, c.max_seq);
+    const int prompt = long_run ? (draw(0, 3) == 3 ? c.max_seq : draw_size(2, c.max_seq)) : draw(2, c.max_seq);
     const std::vector<int> tokens =
         draw_tokens(c, long_run ? std::min(c.max_seq, prompt + draw(0, 3)) : draw(prompt, c.max_seq));
     note_reached(devices, int(tokens.size()));
@@ -455,7 +455,8 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
     const int bs = draw_value(block_size, c, {}), per_seq = (c.max_seq + bs - 1) / bs;
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
     pool->set_kv_format(format);
-    const std::vector<int> a = draw_tokens(c, long_run ? draw_size(1, c.max_seq) : draw(1, c.max_seq));
+    const std::vector<int> a =
+        draw_tokens(c, long_run ? (draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq)) : draw(1, c.max_seq));
     const int k = long_run ? draw_size(0, int(a.size())) : draw(0, int(a.size()));  // B's tokens shared with A
     std::vector<int> b(a.begin(), a.begin() + k);
     const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
@@ -496,7 +497,8 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
 void rescoring_property(const Devices& devices, Mutant mutant) {
     AnyExactVariant run(devices, mutant, 1, true);
     const Config& c = run.c;
-    std::vector<int> tokens = draw_tokens(c, devices.long_profile ? draw_size(1, c.max_seq) : draw(1, c.max_seq));
+    std::vector<int> tokens = draw_tokens(
+        c, devices.long_profile ? (draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq)) : draw(1, c.max_seq));
     const int P = int(tokens.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token is not fed
     note_reached(devices, P + steps - 1);
@@ -532,7 +534,9 @@ int draw_tile() { return *rc::gen::arbitrary<bool>() ? draw(1, 8) : draw(1, 24);
 // the cached decoder runs on 1 or 2 threads.
 void tiled_attention_property(const Devices& devices, Mutant mutant) {
     Devices d = devices;
-    if (!d.attention || !d.attention->tiled()) d.attention = AttentionSpec{AttentionSpec::Kind::tiled, draw_tile()};
+    if (!d.attention || !d.attention->tiled())  // the long profile: engines' tiles too (64, 128, 256)
+        d.attention = AttentionSpec{AttentionSpec::Kind::tiled,
+                                    devices.long_profile ? draw_size(1, AttentionSpec::kMaxTile) : draw_tile()};
     chunked_prefill_property(d, mutant);
 }
 
@@ -956,7 +960,8 @@ const std::vector<Check>& checks() {
                      "the log-probabilities greedy decode computed equal one prefill's of the whole text", std::nullopt,
                      rescoring_property});
         v.push_back({"tiled-attention", "exact",
-                     "any exact variant and KV format, key tile 1..24 (or --tile), chunked prefill, 1-2 threads",
+                     "any exact variant and KV format, key tile 1..24 (long profile: 1..256; or --tile), chunked "
+                     "prefill, 1-2 threads",
                      "naive, prefill, chunked prefill and split-KV decode all run tiled attention with one fixed "
                      "key tile: bitwise equal",
                      std::nullopt, tiled_attention_property});
