@@ -41,17 +41,19 @@ struct Devices {
     std::optional<AttentionSpec> attention;
     // --profile long: the scenarios that can (chunked-prefill, tiled-attention, prefix-hit-extend,
     // rescoring) draw thin models with contexts up to 8192 (draw_long_config), sizes biased to the
-    // thresholds (draw_size), and check naive decode at each chunk and a few decode steps.
+    // thresholds (draw_size), and check naive decode at each chunk and a few decode steps; batch
+    // draws up to 300 sequences, and prefix-hit-extend block sizes up to 512.
     bool long_profile = false;
-    std::function<void(int T)> reached;  // told each case's longest sequence (the progress line)
+    // Told each case's size (`what`: "T", its longest sequence, or "batch size") for the progress line.
+    std::function<void(int size, const char* what)> reached;
 };
 
 // A long-profile-aware property's shape and the length it reaches.
 Config draw_shape(const Devices& d, int min_seq, bool long_ok) {
     return d.long_profile && long_ok ? draw_long_config(min_seq) : draw_config(min_seq);
 }
-void note_reached(const Devices& d, int T) {
-    if (d.reached) d.reached(T);
+void note_reached(const Devices& d, int size, const char* what = "T") {
+    if (d.reached) d.reached(size, what);
 }
 
 // The oracle for one generated model on the devices of a run: naive decode on the reference
@@ -452,7 +454,9 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
     const KVFormat format = draw_kv_format(devices);
     oracle.set_kv_format(format, {});
     const VariantParam& block_size = *find_param(variant_info(Variant::prefix_shared), "block_size");
-    const int bs = draw_value(block_size, c, {}), per_seq = (c.max_seq + bs - 1) / bs;
+    // The long profile: block sizes biased to the thresholds too (16, 32, 256, ...).
+    const int bs = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw_value(block_size, c, {});
+    const int per_seq = (c.max_seq + bs - 1) / bs;
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
     pool->set_kv_format(format);
     const std::vector<int> a =
@@ -547,7 +551,9 @@ void batch_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
-    const int n_seqs = draw(2, 4);
+    // The long profile: batch sizes up to 300, biased to the thresholds (short sequences keep it fast).
+    const int n_seqs = devices.long_profile ? draw_size(2, 300) : draw(2, 4);
+    note_reached(devices, n_seqs, "batch size");
     const KVFormat format = draw_kv_format(devices);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
@@ -965,7 +971,7 @@ const std::vector<Check>& checks() {
                      "naive, prefill, chunked prefill and split-KV decode all run tiled attention with one fixed "
                      "key tile: bitwise equal",
                      std::nullopt, tiled_attention_property});
-        v.push_back({"batch", "exact", "2-4 sequences, mixed lengths, late joins; any KV format",
+        v.push_back({"batch", "exact", "2-4 sequences (long profile: 2-300), mixed lengths, late joins; any KV format",
                      "sequences of different lengths stepped together over one pool", std::nullopt, batch_property});
         v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
                      "a cache continued with an edited prompt refuses; rolled back, it continues exactly", std::nullopt,
@@ -1021,23 +1027,24 @@ struct Reach {
     static constexpr int kMarks[] = {97, 257, 1025, 4097, 8192};
     int counts[5] = {0, 0, 0, 0, 0};
     int cases = 0;
+    std::string what = "T";  // what the sizes are
     // d, with each case's length counted (and shown on the progress line).
     Devices watch(const Devices& d, const std::string& row, const VerifyOptions& o) {
         Devices w = d;
         if (!d.long_profile) return w;
-        w.reached = [this, row, &o](int T) {
-            cases++;
-            for (int i = 0; i < 5; i++) counts[i] += T >= kMarks[i];
-            if (o.progress) o.progress(fmt::format("{}: case {}, T = {}", row, cases, T));
+        w.reached = [this, row, &o](int size, const char* about) {
+            cases++, what = about;
+            for (int i = 0; i < 5; i++) counts[i] += size >= kMarks[i];
+            if (o.progress) o.progress(fmt::format("{}: case {}, {} = {}", row, cases, about, size));
         };
         return w;
     }
     std::string text() const {
         if (cases == 0) return "";
         return fmt::format(
-            "cases run (shrinking included) {}: T >= 97 in {}, >= 257 in {}, >= 1025 in {}, >= 4097 in "
+            "cases run (shrinking included) {}: {} >= 97 in {}, >= 257 in {}, >= 1025 in {}, >= 4097 in "
             "{}, = 8192 in {}",
-            cases, counts[0], counts[1], counts[2], counts[3], counts[4]);
+            cases, what, counts[0], counts[1], counts[2], counts[3], counts[4]);
     }
 };
 
