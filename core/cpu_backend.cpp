@@ -134,7 +134,7 @@ void tiled_causal_attention(Exec& ex, const Config& c, float* att, const float* 
             [&](int t) { return kh + std::int64_t(t) * kv_dim; }, [&](int t) { return vh + std::int64_t(t) * kv_dim; },
             scratch.scores.data() + std::size_t(omp_get_thread_num()) * per_thread);
     }
-    for (int i = 0; i < T; i++) ex.flops += std::uint64_t(c.n_heads) * tiled_attention_flops(hs, i + 1, tile);
+    ex.flops += causal_attention_flops(c.n_heads, hs, T, ex.attention);
 }
 
 void CpuBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,

@@ -200,5 +200,15 @@ void tiled_attention_row(float* out, const float* q, int head_size, int n, int t
 inline std::uint64_t attention_row_flops(int head_size, int n) {
     return std::uint64_t(n) * (2ull * head_size + 1) + softmax_flops(n) + 2ull * std::uint64_t(n) * head_size;
 }
+// Naive decode's attention over T rows, every head, as the CPU counts it: Q K^T, the divisions,
+// the softmax and P V of the masked T x T matrices (simple), or each row's tiles (tiled).
+inline std::uint64_t causal_attention_flops(int n_heads, int head_size, int T, const AttentionSpec& a) {
+    const std::uint64_t t = std::uint64_t(T), hs = std::uint64_t(head_size);
+    std::uint64_t per_head = 0;
+    if (!a.tiled())
+        return std::uint64_t(n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
+    for (int i = 0; i < T; i++) per_head += tiled_attention_flops(head_size, i + 1, a.tile);
+    return std::uint64_t(n_heads) * per_head;
+}
 
 }  // namespace kvlab

@@ -361,13 +361,8 @@ void CudaBackend::causal_attention(Exec& ex, float* att, const float* q, const f
                                    const int* kv_head) {
     const Config& c = config_;
     const int hs = c.head_size();
-    const std::uint64_t t = std::uint64_t(T);
     const int tile = ex.attention.tiled() ? ex.attention.tile : 0;
-    if (tile > 0)
-        for (int i = 0; i < T; i++) ex.flops += std::uint64_t(c.n_heads) * tiled_attention_flops(hs, i + 1, tile);
-    else
-        ex.flops +=
-            std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
+    ex.flops += causal_attention_flops(c.n_heads, hs, T, ex.attention);
     if (count_only_ || T == 0) return;
     causal_attention_kernel<<<blocks_for(std::int64_t(T) * c.n_heads), kBlock, 0, memory_.stream()>>>(
         att, q, k, v, T, c.dim, c.kv_dim(), c.n_heads, hs, kv_head, tile);

@@ -112,14 +112,8 @@ void GpuHostBackend::causal_attention(Exec& ex, float* att, const float* q, cons
                                       const int* kv_head) {
     const Config& c = config();
     const int hs = c.head_size();
-    const std::uint64_t t = std::uint64_t(T);
     const int tile = ex.attention.tiled() ? ex.attention.tile : 0;
-    // Per head as the CPU counts it: Q K^T, the divisions, the softmax, P V (or the tiles).
-    if (tile > 0)
-        for (int i = 0; i < T; i++) ex.flops += std::uint64_t(c.n_heads) * tiled_attention_flops(hs, i + 1, tile);
-    else
-        ex.flops +=
-            std::uint64_t(c.n_heads) * (2 * t * hs * t + t * (t + 1) / 2 + t * softmax_flops(T) + 2 * t * t * hs);
+    ex.flops += causal_attention_flops(c.n_heads, hs, T, ex.attention);  // as the CPU counts them
     for (int i = 0; i < T; i++)
         for (int h = 0; h < c.n_heads; h++)
             gpu::causal_attention_head(att, q, k, v, T, c.dim, c.kv_dim(), hs, kv_head[h], i, h, tile);

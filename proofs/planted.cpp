@@ -69,62 +69,50 @@ public:
     }
 };
 
+// The attention bugs that choose another kernel by the step's shape: attention runs with the
+// AttentionSpec `rule` gives for this step (its spec so far, the row count, and row 0's RowKV,
+// downloaded: rows may live on a device).
+class AttentionRule final : public ForwardingBackend {
+public:
+    using Rule = void (*)(AttentionSpec& a, int n_rows, const RowKV& first);
+    AttentionRule(Backend& inner, Rule rule) : ForwardingBackend(inner), rule_(rule) {}
+    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
+                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
+        Exec e = ex;
+        RowKV first;
+        if (n_rows > 0) memory().download(&first, rows, std::int64_t(sizeof(RowKV)));
+        rule_(e.attention, n_rows, first);
+        inner().attention(e, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
+        ex.flops = e.flops;
+    }
+
+private:
+    Rule rule_;
+};
+
 // split-kv-from-length: flash-decoding whose split count is fixed, so that the splits' size (and
 // the tile boundaries) follow the KV length: a one-row step's tile becomes ceil(n / 4). Modelled
 // on split-KV decode kernels that choose the number of splits from the sequence length and the
 // device (FlashAttention's num_splits heuristic): each choice gives other bits.
-class SplitFromLength final : public ForwardingBackend {
-public:
-    using ForwardingBackend::ForwardingBackend;
-    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
-                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
-        Exec e = ex;
-        if (ex.attention.tiled() && n_rows == 1) {
-            RowKV r;
-            memory().download(&r, rows, std::int64_t(sizeof(RowKV)));  // rows may live on a device
-            e.attention.tile = std::clamp((r.n + 3) / 4, 1, AttentionSpec::kMaxTile);
-        }
-        inner().attention(e, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
-        ex.flops = e.flops;
-    }
-};
+void split_from_length(AttentionSpec& a, int n_rows, const RowKV& first) {
+    if (a.tiled() && n_rows == 1) a.tile = std::clamp((first.n + 3) / 4, 1, AttentionSpec::kMaxTile);
+}
 
 // key-tile-from-rows: the key tile follows the number of query rows: a step of several rows
 // (prefill) runs twice the key tile of a one-row step (decode). Modelled on engines that run one
 // attention kernel for prefill and another, with other tile sizes, for decode.
-class TileFromRows final : public ForwardingBackend {
-public:
-    using ForwardingBackend::ForwardingBackend;
-    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
-                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
-        Exec e = ex;
-        if (ex.attention.tiled() && n_rows > 1)
-            e.attention.tile = std::min(2 * ex.attention.tile, AttentionSpec::kMaxTile);
-        inner().attention(e, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
-        ex.flops = e.flops;
-    }
-};
+void tile_from_rows(AttentionSpec& a, int n_rows, const RowKV&) {
+    if (a.tiled() && n_rows > 1) a.tile = std::min(2 * a.tile, AttentionSpec::kMaxTile);
+}
 
 // extend-splits-prefix: a step of several rows that follows cached rows (an extend after a prefix
 // hit, or a later chunk) attends the cached prefix and its own rows in separate parts merged by
 // their softmax statistics: tiles of the prefix's length. Modelled on engines' "extend" attention
 // kernels, which treat a cached prefix and the new tokens as two inputs, unlike cold prefill.
-class ExtendSplitsPrefix final : public ForwardingBackend {
-public:
-    using ForwardingBackend::ForwardingBackend;
-    void attention(Exec& ex, float* att, const float* q, const RowKV* rows, int n_rows, int l,
-                   const std::int64_t* slots, int max_n, const int* kv_head, int probe_row, float* probe) override {
-        Exec e = ex;
-        if (n_rows > 1) {
-            RowKV r;
-            memory().download(&r, rows, std::int64_t(sizeof(RowKV)));
-            const int prefix = r.n - 1;  // positions before the step's first row
-            if (prefix > 0) e.attention = {AttentionSpec::Kind::tiled, std::min(prefix, AttentionSpec::kMaxTile)};
-        }
-        inner().attention(e, att, q, rows, n_rows, l, slots, max_n, kv_head, probe_row, probe);
-        ex.flops = e.flops;
-    }
-};
+void extend_splits_prefix(AttentionSpec& a, int n_rows, const RowKV& first) {
+    const int prefix = first.n - 1;  // positions before the step's first row
+    if (n_rows > 1 && prefix > 0) a = {AttentionSpec::Kind::tiled, std::min(prefix, AttentionSpec::kMaxTile)};
+}
 
 // norm-split-at-256: rmsnorm of a step of 256 rows or more sums each row's squares in two halves
 // (j < dim / 2, then the rest), as a norm kernel that switches its block shape at 256 tokens does:
@@ -386,9 +374,9 @@ std::unique_ptr<Backend> planted_cached_backend(Mutant m, Backend& inner, const 
     switch (m) {
         case Mutant::read_before_write: return std::make_unique<ReadsBeforeWrite>(inner);
         case Mutant::kv_wrong_layer: return std::make_unique<WritesNextLayer>(inner);
-        case Mutant::split_kv_from_length: return std::make_unique<SplitFromLength>(inner);
-        case Mutant::key_tile_from_rows: return std::make_unique<TileFromRows>(inner);
-        case Mutant::extend_splits_prefix: return std::make_unique<ExtendSplitsPrefix>(inner);
+        case Mutant::split_kv_from_length: return std::make_unique<AttentionRule>(inner, split_from_length);
+        case Mutant::key_tile_from_rows: return std::make_unique<AttentionRule>(inner, tile_from_rows);
+        case Mutant::extend_splits_prefix: return std::make_unique<AttentionRule>(inner, extend_splits_prefix);
         case Mutant::norm_split_at_256: return std::make_unique<NormSplitsAt256>(inner, model);
         case Mutant::split_from_batch: return std::make_unique<SplitFromBatch>(inner, model);
         case Mutant::fp8_scale_twice: return std::make_unique<ScaleTwice>(inner);

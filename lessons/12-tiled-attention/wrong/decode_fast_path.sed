@@ -1,0 +1,6 @@
+# expect: differ
+# A decode fast path: a one-row step skips the tiles and runs one plain softmax over all its keys
+# (correct attention, and a tempting shortcut), while prefill steps run the tiles. The same row
+# then gets other bits decoded than prefilled.
+s|^void tiled_attention(|// The mistake: a one-row step's "faster" path, one softmax over every key.\nvoid one_softmax(float* out, const float* q, const float* k, const float* v, int n, int head_size) {\n    std::vector<float> p(static_cast<std::size_t>(n));  // [n]\n    float m = -std::numeric_limits<float>::infinity(), sum = 0.0f;\n    for (int t = 0; t < n; t++) {\n        float s = 0.0f;\n        for (int d = 0; d < head_size; d++) s = s + q[d] * k[t * head_size + d];\n        p[std::size_t(t)] = s / std::sqrt(float(head_size));\n        if (p[std::size_t(t)] > m) m = p[std::size_t(t)];\n    }\n    for (float\& x : p) sum = sum + (x = exp_f32(x - m));\n    for (int d = 0; d < head_size; d++) {\n        float x = 0.0f;\n        for (int t = 0; t < n; t++) x = x + p[std::size_t(t)] / sum * v[t * head_size + d];\n        out[d] = x;\n    }\n}\n\nvoid tiled_attention(|
+s|    (void)rows;  // the tiles are fixed in key-index space|    if (rows == 1) return one_softmax(out, q, k, v, n, head_size);|
