@@ -18,6 +18,7 @@ struct ModelOptions {
     std::string model;       // llama2.c checkpoint; default: the shared stories260K, else random
     std::string tokenizer;   // llama2.c tokenizer.bin
     std::uint64_t seed = 7;  // for the random model
+    std::string panel_cache = "auto";  // auto, on, off or a folder (core/panel_cache.h)
 };
 
 struct DemoOptions {
@@ -75,6 +76,7 @@ struct BenchOptions {
     int reps = 5;
     int threads = 1;
     std::string lengths = "64,128,256";
+    int naive_max = 1024;  // naive decode is timed only up to this T (its step is O(T^2))
     int block_size = 0;  // the paged variant's; 0: 16, or max_seq if smaller
     int group = 0;       // the quantized variants' (channels per value scale, positions per key scale);
                          // 0: the largest divisor of head_size up to 16

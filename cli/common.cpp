@@ -10,12 +10,17 @@
 
 namespace kvlab::cli {
 
-void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer, std::uint64_t& seed) {
+void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer, std::uint64_t& seed,
+                       std::string& panel_cache) {
     cmd->add_option("--model", model,
                     "llama2.c checkpoint (default: ../shared/models/stories260K.bin if present, "
                     "else a random model of its shape)");
     cmd->add_option("--tokenizer", tokenizer, "llama2.c tokenizer.bin (default: tok512.bin beside the shared model)");
     cmd->add_option("--model-seed", seed, "seed of the random model (used when there is no checkpoint)");
+    cmd->add_option("--panel-cache", panel_cache,
+                    "the CPU's packed weights kept between runs: auto (beside a checkpoint of 8 MB or more, when "
+                    "the folder is writable), on (an error when it cannot be written), off, or a folder to keep "
+                    "them in");
 }
 
 void add_attention_options(CLI::App* cmd, AttentionOptions& a) {

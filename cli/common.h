@@ -18,8 +18,9 @@ class App;
 
 namespace kvlab::cli {
 
-// --model, --tokenizer and --model-seed, with one help text for every command that takes them.
-void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer, std::uint64_t& seed);
+// --model, --tokenizer, --model-seed and --panel-cache, with one help text for every command that takes them.
+void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer, std::uint64_t& seed,
+                       std::string& panel_cache);
 
 // --attention and --tile, with one help text for every command that takes them.
 void add_attention_options(CLI::App* cmd, AttentionOptions& a);

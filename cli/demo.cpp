@@ -343,7 +343,7 @@ void print_summary(const SideBySide& run, const Summary& s) {
 }  // namespace
 
 int run_demo(const DemoOptions& o) {
-    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
     // Every decoded token is fed back: the run needs P + steps positions.
     std::vector<int> tokens = checked_prompt(lm, o.prompt, o.tokens, "Once upon a time", o.steps, 0);
     const int P = int(tokens.size());

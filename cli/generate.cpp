@@ -36,7 +36,7 @@ void print_logprobs(const LoadedModel& lm, const std::vector<int>& tokens, int P
 }  // namespace
 
 int run_generate(const GenerateOptions& o) {
-    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
     const Config& c = lm.model.config();
     // The last sampled token is printed but never fed back, so it needs no position.
     std::vector<int> tokens = checked_prompt(lm, o.prompt, o.tokens, "", o.steps, -1);

@@ -478,7 +478,7 @@ int Session::finish(int n_commands) {
 int run_pool(const PoolOptions& o) {
     const std::vector<std::string> commands = split_script(o.script);
     if (commands.empty()) throw Error("--script has no commands (e.g. \"new a 1,2,3; fork a b; show\")");
-    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
     const Config& c = lm.model.config();
     // Checks --block-size against max_seq, and --blocks x --block-size against kvlab's size limit.
     BlockPool pool(c, o.block_size, o.blocks, o.prefix_cache);
@@ -502,7 +502,7 @@ int run_pool(const PoolOptions& o) {
 }
 
 void add_pool_options(CLI::App* cmd, PoolOptions& o) {
-    add_model_options(cmd, o.m.model, o.m.tokenizer, o.m.seed);
+    add_model_options(cmd, o.m.model, o.m.tokenizer, o.m.seed, o.m.panel_cache);
     // No range here: the pool checks the block size against the model's max_seq, which CLI11 cannot know.
     cmd->add_option("--block-size", o.block_size, "positions per block (default 4; at most max_seq)");
     cmd->add_option("--blocks", o.blocks, "blocks in the pool (default 32)")->check(CLI::Range(1, 1 << 16));

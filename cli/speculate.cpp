@@ -163,7 +163,7 @@ void print_report(const SpeculateOptions& o, const LoadedModel& lm, const Draft&
 }  // namespace
 
 int run_speculate(const SpeculateOptions& o) {
-    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed);
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
     // The last emitted token is never run, so it needs no position (as in generate).
     const std::vector<int> prompt = checked_prompt(lm, o.prompt, o.tokens, "", o.steps, -1);
     if (o.k < 1) throw Error(fmt::format("--k must be at least 1, not {}", o.k));

@@ -35,7 +35,7 @@ ViewCommand::ViewCommand(CLI::App& app)
     CLI::App* cmd = cmd_;
     viz::ViewOptions& v = o_->view;
     viz::Settings& s = v.settings;
-    add_model_options(cmd, s.model_path, s.tokenizer_path, s.seed);
+    add_model_options(cmd, s.model_path, s.tokenizer_path, s.seed, s.panel_cache);
     cmd->add_option("--shape", o_->shape,
                     "run a random model of this shape instead, e.g. n_layers=2,n_heads=4,n_kv_heads=2");
     cmd->add_option("--variant", o_->variant, variant_names(viz::kVariants) + " (contiguous: contiguous-head)");

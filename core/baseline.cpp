@@ -20,30 +20,15 @@ void sequential_matvec(Exec& ex, float* out, const float* x, const float* w, int
     }
 }
 
-// [layers][in][out] -> [layers][out][in]
-std::vector<float> transpose_layers(const std::vector<float>& w, int layers, int n_in, int n_out) {
-    assert(w.size() == std::size_t(layers) * n_in * n_out);
-    std::vector<float> t(w.size());
-    for (int l = 0; l < layers; l++)
-        for (int i = 0; i < n_in; i++)
-            for (int o = 0; o < n_out; o++)
-                t[(std::size_t(l) * n_out + o) * n_in + i] = w[(std::size_t(l) * n_in + i) * n_out + o];
-    return t;
-}
-
 }  // namespace
 
 SequentialDotDecoder::SequentialDotDecoder(const Model& model) : model_(model) {
     const Config& c = model.config();
     const int L = c.n_layers, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
-    wq_ = transpose_layers(model.w.wq, L, dim, dim);
-    wk_ = transpose_layers(model.w.wk, L, dim, kv_dim);
-    wv_ = transpose_layers(model.w.wv, L, dim, kv_dim);
-    wo_ = transpose_layers(model.w.wo, L, dim, dim);
-    w1_ = transpose_layers(model.w.w1, L, dim, hidden);
-    w2_ = transpose_layers(model.w.w2, L, hidden, dim);
-    w3_ = transpose_layers(model.w.w3, L, dim, hidden);
-    wcls_ = transpose_layers(model.w.wcls, 1, dim, c.vocab_size);
+    // The weights are read where they are: llama2.c's [out][in] layout is Weights' own.
+    wq_ = model.w.wq, wk_ = model.w.wk, wv_ = model.w.wv, wo_ = model.w.wo;
+    w1_ = model.w.w1, w2_ = model.w.w2, w3_ = model.w.w3, wcls_ = model.w.wcls;
+    assert(wk_.size() == std::size_t(L) * kv_dim * dim && w2_.size() == std::size_t(L) * dim * hidden);
     key_cache_.assign(std::size_t(L) * c.max_seq * kv_dim, 0.0f);
     value_cache_.assign(std::size_t(L) * c.max_seq * kv_dim, 0.0f);
     for (auto* t : {&x_, &xb_, &q_, &att_, &out_}) t->resize(dim);

@@ -6,6 +6,7 @@
 // bit for bit; only the speed differs (kvlab bench shows both).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "kernels.h"
@@ -26,8 +27,8 @@ public:
 private:
     const Model& model_;
     int pos_ = 0;
-    // [out][in] copies of the model's [in][out] matrices.
-    std::vector<float> wq_, wk_, wv_, wo_, w1_, w2_, w3_, wcls_;
+    // The model's own matrices, [out][in] as llama2.c keeps them.
+    std::span<const float> wq_, wk_, wv_, wo_, w1_, w2_, w3_, wcls_;  // model.w's, [n_layers, out, in]
     std::vector<float> key_cache_, value_cache_;  // [n_layers, max_seq, kv_dim]
     std::vector<float> x_, xb_, q_, att_, out_, h1_, h3_, scores_, logits_;
 };

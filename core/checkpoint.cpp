@@ -1,4 +1,4 @@
-// Byte layouts (all little-endian; every matrix PyTorch-style [out][in], i.e. transposed from ours):
+// Byte layouts (all little-endian; every matrix PyTorch-style [out][in], as Weights keeps them):
 //
 // legacy (llama2.c run.c / export.py legacy_export):
 //   int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len   (28 bytes)
@@ -17,6 +17,7 @@
 #include "checkpoint.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -29,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "mapped_file.h"
+
 namespace kvlab {
 
 namespace {
@@ -40,13 +43,11 @@ constexpr std::uint32_t kMagic = 0x616b3432;  // "ak42"
 constexpr std::int64_t kLegacyHeaderBytes = 7 * 4;
 constexpr std::int64_t kV1HeaderBytes = 256;
 
-// One tensor as the file holds it: [layers][rows][cols]. When `transposed`, ours is
-// [layers][cols][rows] (the file's [out][in] matrices become our [in][out]).
+// One tensor as the file holds it: [layers][rows][cols], exactly Weights' layout.
 struct Tensor {
     const char* name;
-    std::vector<float> Weights::*member;
+    std::span<float> Weights::*member;
     std::int64_t layers, rows, cols;
-    bool transposed;
     std::int64_t count() const { return layers * rows * cols; }
 };
 
@@ -58,26 +59,19 @@ struct Layout {
 Layout layout(const Config& c) {
     const std::int64_t L = c.n_layers, dim = c.dim, kv = c.kv_dim(), hid = c.hidden_dim, voc = c.vocab_size;
     return Layout{
-        .emb = {"token_embedding", &Weights::token_embedding, 1, voc, dim, false},
-        .rms_att = {"rms_att", &Weights::rms_att, 1, L, dim, false},
-        .wq = {"wq", &Weights::wq, L, dim, dim, true},
-        .wk = {"wk", &Weights::wk, L, kv, dim, true},
-        .wv = {"wv", &Weights::wv, L, kv, dim, true},
-        .wo = {"wo", &Weights::wo, L, dim, dim, true},
-        .rms_ffn = {"rms_ffn", &Weights::rms_ffn, 1, L, dim, false},
-        .w1 = {"w1", &Weights::w1, L, hid, dim, true},
-        .w2 = {"w2", &Weights::w2, L, dim, hid, true},
-        .w3 = {"w3", &Weights::w3, L, hid, dim, true},
-        .rms_final = {"rms_final", &Weights::rms_final, 1, 1, dim, false},
-        .cls = {"classifier", &Weights::wcls, 1, voc, dim, true},
+        .emb = {"token_embedding", &Weights::token_embedding, 1, voc, dim},
+        .rms_att = {"rms_att", &Weights::rms_att, 1, L, dim},
+        .wq = {"wq", &Weights::wq, L, dim, dim},
+        .wk = {"wk", &Weights::wk, L, kv, dim},
+        .wv = {"wv", &Weights::wv, L, kv, dim},
+        .wo = {"wo", &Weights::wo, L, dim, dim},
+        .rms_ffn = {"rms_ffn", &Weights::rms_ffn, 1, L, dim},
+        .w1 = {"w1", &Weights::w1, L, hid, dim},
+        .w2 = {"w2", &Weights::w2, L, dim, hid},
+        .w3 = {"w3", &Weights::w3, L, hid, dim},
+        .rms_final = {"rms_final", &Weights::rms_final, 1, 1, dim},
+        .cls = {"classifier", &Weights::wcls, 1, voc, dim},
     };
-}
-
-// src [layers][rows][cols] -> dst [layers][cols][rows]
-void transpose(const float* src, float* dst, std::int64_t layers, std::int64_t rows, std::int64_t cols) {
-    for (std::int64_t l = 0; l < layers; l++, src += rows * cols, dst += rows * cols)
-        for (std::int64_t r = 0; r < rows; r++)
-            for (std::int64_t k = 0; k < cols; k++) dst[k * rows + r] = src[r * cols + k];
 }
 
 // Builds the one-line errors for one file.
@@ -96,86 +90,49 @@ std::string header_problem(const Error& e) {
 
 std::string plural_bytes(std::int64_t n) { return fmt::format("{} byte{}", n, n == 1 ? "" : "s"); }
 
-class Reader {
-public:
-    Reader(const std::string& path, const Where& where) : where_(where) {
-        in_.open(path, std::ios::binary);
-        if (!in_) throw where_(fmt::format("cannot open: {}", std::strerror(errno)));
-    }
-    void bytes(void* dst, std::int64_t n) {
-        in_.read(static_cast<char*>(dst), n);
-        if (in_.gcount() != n)
-            throw where_(
-                fmt::format("read failed at byte {} (did the file change while being read?)", offset_ + in_.gcount()));
-        offset_ += n;
-    }
-    void skip(std::int64_t n) { seek(offset_ + n); }
-    void seek(std::int64_t offset) {
-        in_.seekg(offset);
-        if (!in_) throw where_(fmt::format("cannot seek to byte {}", offset));
-        offset_ = offset;
-    }
-    bool at_end() { return in_.peek() == std::ifstream::traits_type::eof(); }
-    void read_tensor(Weights& w, const Tensor& t) {
-        std::vector<float>& ours = w.*t.member;
-        if (!t.transposed) {
-            bytes(ours.data(), t.count() * 4);
-            return;
-        }
-        std::vector<float> tmp(static_cast<std::size_t>(t.count()));  // file layout [layers][rows][cols]
-        bytes(tmp.data(), t.count() * 4);
-        transpose(tmp.data(), ours.data(), t.layers, t.rows, t.cols);
-    }
-
-private:
-    std::ifstream in_;
-    const Where& where_;
-    std::int64_t offset_ = 0;
-};
-
+// Writes the bytes to a temporary file beside `path` and renames it into place, so a reader (or a
+// model mapped from the old file) never sees a half-written checkpoint. A symbolic link, or a path
+// that exists and is not a regular file (/dev/null, /dev/stdout), is written directly.
 class Writer {
 public:
-    Writer(const std::string& path, const Where& where) : where_(where) {
-        out_.open(path, std::ios::binary | std::ios::trunc);
+    Writer(const std::string& path, const Where& where) : path_(path), where_(where) {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        const fs::file_status st = fs::status(path, ec), link = fs::symlink_status(path, ec);
+        if (fs::is_directory(st)) throw where_("cannot open for writing: is a directory");
+        // A link is written through (a rename would replace the link itself), as is a special file.
+        direct_ = fs::is_symlink(link) || (fs::exists(st) && !fs::is_regular_file(st));
+        target_ = direct_ ? path : fmt::format("{}.tmp-{}", path, ::getpid());
+        out_.open(target_, std::ios::binary | std::ios::trunc);
         if (!out_) throw where_(fmt::format("cannot open for writing: {}", std::strerror(errno)));
+    }
+    ~Writer() {
+        if (!direct_ && !done_) {
+            std::error_code ec;
+            std::filesystem::remove(target_, ec);
+        }
     }
     void bytes(const void* src, std::int64_t n) {
         out_.write(static_cast<const char*>(src), n);
         if (!out_) throw where_(fmt::format("write failed: {}", std::strerror(errno)));
     }
-    void write_tensor(const Weights& w, const Tensor& t) {
-        const std::vector<float>& ours = w.*t.member;
-        if (!t.transposed) {
-            bytes(ours.data(), t.count() * 4);
-            return;
-        }
-        std::vector<float> tmp(static_cast<std::size_t>(t.count()));  // file layout [layers][rows][cols]
-        transpose(ours.data(), tmp.data(), t.layers, t.cols, t.rows);
-        bytes(tmp.data(), t.count() * 4);
-    }
     void close() {
         out_.close();
         if (!out_) throw where_(fmt::format("write failed on close: {}", std::strerror(errno)));
+        if (!direct_) {
+            std::error_code ec;
+            std::filesystem::rename(target_, path_, ec);
+            if (ec) throw where_(fmt::format("cannot rename the finished file into place: {}", ec.message()));
+        }
+        done_ = true;
     }
 
 private:
-    std::ofstream out_;
+    std::string path_, target_;
     const Where& where_;
+    std::ofstream out_;
+    bool direct_ = false, done_ = false;
 };
-
-// The file's size. Looks before opening: opening a FIFO would block, a directory would "open" and
-// then fail oddly.
-std::int64_t regular_file_size(const std::string& path, const Where& where) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::file_status st = fs::status(path, ec);
-    if (st.type() == fs::file_type::not_found) throw where("file not found");
-    if (ec) throw where(fmt::format("cannot read: {}", ec.message()));
-    if (!fs::is_regular_file(st)) throw where("not a regular file");
-    const std::uintmax_t usize = fs::file_size(path, ec);
-    if (ec) throw where(fmt::format("cannot read: {}", ec.message()));
-    return static_cast<std::int64_t>(usize);
-}
 
 // The file's first bytes, zero beyond its end: room for either header.
 using HeadBytes = std::array<unsigned char, kV1HeaderBytes>;
@@ -269,26 +226,30 @@ void check_file_size(const Header& h, std::int64_t size, const Where& where) {
                                 size - expected == 1 ? "" : "s", expected, size, what));
 }
 
-// Every tensor, in the file's order for its format.
-Weights read_weights(Reader& in, const Header& h) {
-    Weights w(h.config, h.shared);
+// Every tensor, in the file's order for its format, as a view of the mapped file.
+Weights place_weights(const std::shared_ptr<const MappedFile>& file, const Header& h) {
+    Weights w(h.config, h.shared, file);
     const Layout t = layout(h.config);
-    in.seek(h.bytes);
+    float* at = reinterpret_cast<float*>(file->data() + h.bytes);  // 4-byte aligned: the header is 28 or 256 bytes
+    auto place = [&w, &at](const Tensor& x) {
+        w.*x.member = std::span<float>(at, std::size_t(x.count()));
+        at += x.count();
+    };
     if (h.v1) {
         for (const Tensor* x :
              {&t.rms_att, &t.rms_ffn, &t.rms_final, &t.emb, &t.wq, &t.wk, &t.wv, &t.wo, &t.w1, &t.w2, &t.w3})
-            in.read_tensor(w, *x);
+            place(*x);
     } else {
         for (const Tensor* x :
              {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
-            in.read_tensor(w, *x);
+            place(*x);
         // The RoPE tables are ours to compute (RopeTable), not to trust from the file.
-        in.skip(2 * rope_floats(h.config) * 4);
+        at += 2 * rope_floats(h.config);
     }
     if (h.shared)
-        w.tie_classifier();
+        w.wcls = w.token_embedding;
     else
-        in.read_tensor(w, t.cls);
+        place(t.cls);
     return w;
 }
 
@@ -296,16 +257,14 @@ Weights read_weights(Reader& in, const Header& h) {
 
 Model load_checkpoint(const std::string& path) {
     const Where where(path);
-    const std::int64_t size = regular_file_size(path, where);
-    Reader in(path, where);
+    const std::shared_ptr<const MappedFile> file = std::make_shared<MappedFile>(path, "checkpoint");
+    const std::int64_t size = file->size();
     HeadBytes head{};
-    in.bytes(head.data(), std::min(size, kV1HeaderBytes));
+    if (size > 0) std::memcpy(head.data(), file->data(), std::size_t(std::min(size, kV1HeaderBytes)));
     Header h = header_format(head, size, where);
     header_config(head, h, where);
     check_file_size(h, size, where);
-    Weights w = read_weights(in, h);
-    if (!in.at_end()) throw where("grew while being read");
-    return Model(std::move(w));
+    return Model(place_weights(file, h));
 }
 
 void save_checkpoint(const std::string& path, const Model& model) {
@@ -318,7 +277,7 @@ void save_checkpoint(const std::string& path, const Model& model) {
         throw where(fmt::format("cannot save: {}", e.what()));
     }
 
-    // Sizes are checked here, not by assert: a mis-sized public vector would otherwise be over-read.
+    // Sizes are checked here, not by assert: a mis-sized public span would otherwise be over-read.
     const Layout t = layout(c);
     for (const Tensor* x :
          {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final, &t.cls}) {
@@ -333,16 +292,9 @@ void save_checkpoint(const std::string& path, const Model& model) {
         static_cast<std::int64_t>(rope.sin.size()) != rope_floats)
         throw where(fmt::format("cannot save: RoPE table is [{}, {}], the config needs [{}, {}]", rope.max_seq,
                                 rope.n_pairs, c.max_seq, c.head_size() / 2));
-    // A shared model stores only the embedding; a classifier that drifted from it would be lost.
-    if (w.shared_classifier) {
-        for (std::int64_t v = 0; v < c.vocab_size; v++)
-            for (std::int64_t i = 0; i < c.dim; i++)
-                if (std::memcmp(&w.wcls[i * c.vocab_size + v], &w.token_embedding[v * c.dim + i], 4) != 0)
-                    throw where(
-                        fmt::format("cannot save: shared classifier differs from the token embedding at token {}, "
-                                    "component {} (call tie_classifier() or mark it unshared)",
-                                    v, i));
-    }
+    // A shared model stores only the embedding; a classifier elsewhere would be lost.
+    if (w.shared_classifier && w.wcls.data() != w.token_embedding.data())
+        throw where("cannot save: the classifier of a shared model is not its token embedding");
 
     Writer out(path, where);
     const std::int32_t header[7] = {c.dim,     c.hidden_dim, c.n_layers,
@@ -351,10 +303,10 @@ void save_checkpoint(const std::string& path, const Model& model) {
     out.bytes(header, sizeof header);
     for (const Tensor* x :
          {&t.emb, &t.rms_att, &t.wq, &t.wk, &t.wv, &t.wo, &t.rms_ffn, &t.w1, &t.w2, &t.w3, &t.rms_final})
-        out.write_tensor(w, *x);
+        out.bytes((w.*x->member).data(), x->count() * 4);
     out.bytes(rope.cos.data(), rope_floats * 4);  // freq_cis_real [max_seq, head_size/2]
     out.bytes(rope.sin.data(), rope_floats * 4);  // freq_cis_imag [max_seq, head_size/2]
-    if (!w.shared_classifier) out.write_tensor(w, t.cls);
+    if (!w.shared_classifier) out.bytes(w.wcls.data(), t.cls.count() * 4);
     out.close();
 }
 

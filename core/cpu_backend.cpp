@@ -6,30 +6,28 @@
 #include <cassert>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 namespace kvlab {
 
+namespace {
+std::mutex panels_mutex;  // guards Model::cpu_panels: backends of one model may start on several threads
+}  // namespace
+
 CpuBackend::CpuBackend(const Model& model) : model_(model), nan_row_(std::size_t(model.config().head_size()), kNaN) {
-    const Weights& w = model.w;
-    const Config& c = w.config;
-    const std::size_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
-    for (std::size_t l = 0; l < std::size_t(c.n_layers); l++)
-        layers_.push_back(PackedLayer{
-            PackedMatrix(w.wq.data() + l * dim * dim, c.dim, c.dim),
-            PackedMatrix(w.wk.data() + l * dim * kv_dim, c.dim, c.kv_dim()),
-            PackedMatrix(w.wv.data() + l * dim * kv_dim, c.dim, c.kv_dim()),
-            PackedMatrix(w.wo.data() + l * dim * dim, c.dim, c.dim),
-            PackedMatrix(w.w1.data() + l * dim * hidden, c.dim, c.hidden_dim),
-            PackedMatrix(w.w2.data() + l * hidden * dim, c.hidden_dim, c.dim),
-            PackedMatrix(w.w3.data() + l * dim * hidden, c.dim, c.hidden_dim),
-        });
-    wcls_ = PackedMatrix(w.wcls.data(), c.dim, c.vocab_size);
-    assert(layers_.size() == std::size_t(c.n_layers) && nan_row_.size() == std::size_t(c.head_size()));
+    {
+        const std::lock_guard<std::mutex> lock(panels_mutex);
+        if (!model.cpu_panels || model.cpu_panels->built_from != model.w.wq.data())
+            model.cpu_panels = packed_weights(model);
+        packed_ = model.cpu_panels;
+    }
+    assert(packed_->layers.size() == std::size_t(model.config().n_layers));
+    assert(nan_row_.size() == std::size_t(model.config().head_size()));
 }
 
 const PackedMatrix& CpuBackend::packed(Matrix m, int l) const {
-    if (m == Matrix::wcls) return wcls_;
-    const PackedLayer& p = layers_[std::size_t(l)];
+    if (m == Matrix::wcls) return packed_->wcls;
+    const PackedWeights::Layer& p = packed_->layers[std::size_t(l)];
     switch (m) {
         case Matrix::wq: return p.wq;
         case Matrix::wk: return p.wk;
@@ -40,13 +38,24 @@ const PackedMatrix& CpuBackend::packed(Matrix m, int l) const {
         case Matrix::w3: return p.w3;
         case Matrix::wcls: break;
     }
-    return wcls_;
+    return packed_->wcls;
 }
 
+// A shared classifier's panels hold the whole embedding (column t of panel t / kPanel is row t), so
+// the rows are gathered from there: the pages a decode step reads anyway, not a second copy.
 void CpuBackend::embed(Exec&, float* x, const int* tokens, int rows) {
-    const int dim = config().dim;
-    for (int i = 0; i < rows; i++)
-        std::copy_n(model_.w.token_embedding.data() + std::int64_t(tokens[i]) * dim, dim, x + std::int64_t(i) * dim);
+    const int dim = config().dim, panel = PackedMatrix::kPanel;
+    const PackedMatrix& cls = packed_->wcls;
+    for (int i = 0; i < rows; i++) {
+        float* xi = x + std::int64_t(i) * dim;  // [dim]
+        if (!model_.w.shared_classifier) {
+            std::copy_n(model_.w.token_embedding.data() + std::int64_t(tokens[i]) * dim, dim, xi);
+            continue;
+        }
+        assert(cls.n_in == dim && tokens[i] >= 0 && tokens[i] < cls.n_out);
+        const float* column = cls.panels + std::int64_t(tokens[i] / panel) * dim * panel + tokens[i] % panel;
+        for (int k = 0; k < dim; k++) xi[k] = column[std::int64_t(k) * panel];
+    }
 }
 
 void CpuBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {

@@ -1,12 +1,13 @@
 // kvlab core: the CPU backend. The kernels of kernels.h on host memory, with the weights
-// repacked in register-width panels (PackedMatrix) for the products, vectors across output
-// elements (xsimd) and threads across rows and heads (OpenMP).
+// repacked in register-width panels (PackedMatrix, panel_cache.h) for the products, vectors
+// across output elements (xsimd) and threads across rows and heads (OpenMP).
 #pragma once
 
 #include <vector>
 
 #include "backend.h"
 #include "model.h"
+#include "panel_cache.h"
 
 namespace kvlab {
 
@@ -27,7 +28,8 @@ void tiled_causal_attention(Exec& ex, const Config& c, float* att, const float* 
 
 class CpuBackend final : public Backend {
 public:
-    // The model must outlive the backend (the packed panels point into its weights).
+    // The model must outlive the backend (it reads the embedding and norms in place). The first
+    // backend of a model packs its panels or maps them from the panel cache; later ones share them.
     explicit CpuBackend(const Model& model);
 
     std::string_view name() const override { return "cpu"; }
@@ -53,13 +55,9 @@ private:
                          const int* kv_head, bool parallel);
     // v sized to [n_threads, per_thread] and 16 floats more; its first 64-byte-aligned float.
     static float* thread_scratch(std::vector<float>& v, std::size_t per_thread, int n_threads);
-    struct PackedLayer {
-        PackedMatrix wq, wk, wv, wo, w1, w2, w3;
-    };
     const PackedMatrix& packed(Matrix m, int l) const;
     const Model& model_;
-    std::vector<PackedLayer> layers_;  // [n_layers]
-    PackedMatrix wcls_;
+    std::shared_ptr<const PackedWeights> packed_;  // the model's panels (panel_cache.h), shared by its backends
     NaiveAttentionScratch naive_;  // naive attention's K^T and score tiles
     std::vector<float> scores_;    // [n_threads, max_n + tile + head_size] cached attention's scores, tiles
     std::vector<float> partials_;  // [n_heads, n_tiles, head_size + 2] split_attention's tile partials

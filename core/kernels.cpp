@@ -111,21 +111,30 @@ void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w
 
 const int PackedMatrix::kPanel = kNR;
 
-PackedMatrix::PackedMatrix(const float* w_, int n_in_, int n_out_) : n_in(n_in_), n_out(n_out_), w(w_) {
+std::int64_t PackedMatrix::floats(int n_in, int n_out) { return std::int64_t((n_out + kNR - 1) / kNR) * n_in * kNR; }
+
+void PackedMatrix::pack(const float* w, int n_in, int n_out, float* dst) {
     const int n_panels = (n_out + kNR - 1) / kNR;
-    panels.assign(std::size_t(n_panels) * n_in * kNR, 0.0f);
-    for (int p = 0; p < n_panels; p++)
-        for (int k = 0; k < n_in; k++)
-            for (int c = 0; c < kNR && p * kNR + c < n_out; c++)
-                panels[(std::size_t(p) * n_in + k) * kNR + c] = w[std::int64_t(k) * n_out + p * kNR + c];
+    for (int p = 0; p < n_panels; p++) {
+        float* panel = dst + std::int64_t(p) * n_in * kNR;  // [n_in, kNR]
+        for (int c = 0; c < kNR; c++) {
+            const int o = p * kNR + c;
+            if (o >= n_out) {  // the last panel's padding
+                for (int k = 0; k < n_in; k++) panel[std::int64_t(k) * kNR + c] = 0.0f;
+                continue;
+            }
+            const float* row = w + std::int64_t(o) * n_in;  // W[o][0 .. n_in - 1]
+            for (int k = 0; k < n_in; k++) panel[std::int64_t(k) * kNR + c] = row[k];
+        }
+    }
 }
 
 void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows) {
     const int n_in = w.n_in, n_out = w.n_out;
     assert(rows >= 0 && ldy >= n_out && ldx >= n_in);
-    assert(w.panels.size() == std::size_t((n_out + kNR - 1) / kNR) * n_in * kNR);
+    assert(w.panels != nullptr || n_out == 0 || n_in == 0);
     for_each_tile(ex, rows, n_in, n_out, [&](int r0, int mr, int c0, int nc) {
-        const float* panel = w.panels.data() + std::size_t(c0 / kNR) * n_in * kNR;
+        const float* panel = w.panels + std::size_t(c0 / kNR) * n_in * kNR;
         const float* xt = x + std::int64_t(r0) * ldx;
         if (nc == kNR) {
             tile_rows<kNB>(mr, y + std::int64_t(r0) * ldy + c0, ldy, xt, ldx, panel, kNR, n_in);

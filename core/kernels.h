@@ -38,18 +38,20 @@ using MatmulFn = void (*)(Exec& ex, float* y, int ldy, const float* x, int ldx, 
                           int n_in, int n_out);
 void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,
             int n_out);
-// A weight matrix W[n_in, n_out] (in, out) repacked in panels of kPanel columns, so that a
-// product streams it front to back: panel p holds W[k][p*kPanel .. p*kPanel+kPanel-1] for
-// every k, contiguously, the last panel padded with zeros. Only the memory order changes; each
-// output element is summed exactly as matmul sums it. A CPU kernel detail: the CPU backend
-// owns its packed copies (cpu_backend.h).
+// A weight matrix repacked in panels of kPanel columns of W[n_in, n_out], so that a product
+// streams it front to back: panel p holds W[k][p*kPanel .. p*kPanel+kPanel-1] for every k,
+// contiguously, the last panel padded with zeros. Only the memory order changes; each output
+// element is summed exactly as matmul sums it. A CPU kernel detail: the panels live in the CPU
+// backend's PackedWeights (cpu_backend.h), in memory or mapped from the panel cache.
 struct PackedMatrix {
     static const int kPanel;  // columns per panel (two vector registers)
     int n_in = 0, n_out = 0;
-    const float* w = nullptr;   // [n_in, n_out] the unpacked original (owned by Weights)
-    std::vector<float> panels;  // [ceil(n_out / kPanel), n_in, kPanel]
-    PackedMatrix() = default;
-    PackedMatrix(const float* w, int n_in, int n_out);
+    const float* panels = nullptr;  // [ceil(n_out / kPanel), n_in, kPanel]
+    // Floats in the panels of an n_in x n_out matrix.
+    static std::int64_t floats(int n_in, int n_out);
+    // dst[ceil(n_out / kPanel), n_in, kPanel] = the panels of the matrix held [n_out][n_in] (out, in)
+    // in w: the layout of a checkpoint's matrices (Weights).
+    static void pack(const float* w, int n_in, int n_out, float* dst);
 };
 
 // Y[rows, n_out] = X[rows, n_in] · W, reading W from its panels; bitwise equal to matmul.

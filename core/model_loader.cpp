@@ -10,9 +10,19 @@
 
 namespace kvlab {
 
+PanelCacheOption parse_panel_cache(const std::string& text) {
+    using Mode = PanelCacheOption::Mode;
+    if (text == "auto") return {Mode::automatic, ""};
+    if (text == "on") return {Mode::on, ""};
+    if (text == "off") return {Mode::off, ""};
+    if (text.empty()) throw Error("--panel-cache: expected auto, on, off or a folder, got an empty value");
+    return {Mode::on, text};
+}
+
 LoadedModel load_model(const std::string& model_path, const std::string& tokenizer_path, const Config& fallback,
-                       std::uint64_t seed) {
+                       std::uint64_t seed, const std::string& panel_cache) {
     namespace fs = std::filesystem;
+    const PanelCacheOption cache = parse_panel_cache(panel_cache);
     std::string path = model_path, tok = tokenizer_path;
     if (path.empty()) {
         if (const std::string dir = models_dir(); !dir.empty()) {
@@ -22,10 +32,12 @@ LoadedModel load_model(const std::string& model_path, const std::string& tokeniz
     }
     if (path.empty()) {
         LoadedModel m{random_model(fallback, seed), std::nullopt, fmt::format("random (seed {})", seed)};
+        m.model.panel_cache = cache;  // "on" is refused when a backend asks: there is no file to cache beside
         if (!tok.empty()) m.tokenizer = Tokenizer::load(tok, fallback.vocab_size);
         return m;
     }
     LoadedModel m{load_checkpoint(path), std::nullopt, path};
+    m.model.panel_cache = cache;
     if (!tok.empty()) m.tokenizer = Tokenizer::load(tok, m.model.config().vocab_size);
     return m;
 }

@@ -21,8 +21,12 @@ struct LoadedModel {
 // model_path (a llama2.c checkpoint), else stories260K from the shared models folder when
 // present, else a random model of `fallback` shape. tokenizer_path, else tok512.bin when the
 // model is the shared stories260K.
+// panel_cache is --panel-cache: auto, on, off or a folder (parse_panel_cache).
 LoadedModel load_model(const std::string& model_path, const std::string& tokenizer_path, const Config& fallback,
-                       std::uint64_t seed);
+                       std::uint64_t seed, const std::string& panel_cache = "auto");
+
+// "auto", "on", "off", or a folder (on, with the cache files there); "" is an Error.
+PanelCacheOption parse_panel_cache(const std::string& text);
 
 // The prompt as token ids: `tokens` ("1,2,3", --tokens) wins, else `prompt` text through the
 // tokenizer (with BOS, as llama2.c does), else `default_text` (BOS alone when empty, as in

@@ -103,17 +103,37 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
     return t;
 }
 
+std::uint64_t Tokenizer::piece_hash(std::string_view piece) {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (const char ch : piece) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    return h;
+}
+
 void Tokenizer::build_index() {
-    index_.clear();
-    index_.reserve(pieces_.size());
-    // emplace keeps the first (lowest) id of a duplicated piece: deterministic, unlike run.c's
-    // qsort + bsearch, which may return either.
-    for (int id = 0; id < vocab_size(); id++) index_.emplace(pieces_[static_cast<std::size_t>(id)], id);
+    std::size_t n = 2;
+    while (n < 2 * pieces_.size()) n *= 2;
+    index_.assign(n, -1);
+    // Ids go in in increasing order and a piece already present is skipped, so a duplicated piece
+    // finds its lowest id: deterministic, unlike run.c's qsort + bsearch, which may return either.
+    for (int id = 0; id < vocab_size(); id++) {
+        const std::string& piece = pieces_[static_cast<std::size_t>(id)];
+        for (std::size_t s = piece_hash(piece) & (n - 1);; s = (s + 1) & (n - 1)) {
+            if (index_[s] < 0) {
+                index_[s] = id;
+                break;
+            }
+            if (pieces_[static_cast<std::size_t>(index_[s])] == piece) break;
+        }
+    }
 }
 
 int Tokenizer::lookup(const std::string& text) const {
-    const auto it = index_.find(text);
-    return it == index_.end() ? -1 : it->second;
+    const std::size_t n = index_.size();
+    if (n == 0) return -1;  // no vocabulary
+    for (std::size_t s = piece_hash(text) & (n - 1);; s = (s + 1) & (n - 1)) {
+        const int id = index_[s];
+        if (id < 0 || pieces_[static_cast<std::size_t>(id)] == text) return id;
+    }
 }
 
 void Tokenizer::check_id(int id) const {

@@ -8,8 +8,9 @@
 // tokens "<0x00>".."<0xFF>" (byte fallback: byte b is token b + 3), then the merged pieces.
 #pragma once
 
+#include <cstdint>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 namespace kvlab {
@@ -62,7 +63,10 @@ private:
 
     std::vector<std::string> pieces_;             // [vocab_size]
     std::vector<float> scores_;                   // [vocab_size]; merge priority, higher first
-    std::unordered_map<std::string, int> index_;  // piece -> lowest id with that piece
+    // piece -> lowest id with that piece: open addressing over ids (-1: empty), a power of two at
+    // least twice the vocabulary; 4 bytes a slot where a node-based map takes tens per piece.
+    std::vector<int> index_;
+    static std::uint64_t piece_hash(std::string_view piece);
     int max_token_length_ = 0;
 };
 

@@ -211,15 +211,17 @@ Buffer<T> device_copy(Memory& memory, std::span<const T> host) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(const Model& model, bool graphs) : config_(model.config()), graphs_(graphs) {
+CudaBackend::CudaBackend(const Model& model, bool graphs)
+    : config_(model.config()), shared_classifier_(model.w.shared_classifier), graphs_(graphs) {
     const Weights& w = model.w;
     w.check_shapes();
     Memory& m = memory_;
-    auto up = [&m](const std::vector<float>& v) { return device_copy(m, std::span<const float>(v)); };
+    auto up = [&m](std::span<const float> v) { return device_copy(m, v); };
     emb_ = up(w.token_embedding);  // [vocab_size, dim]
-    wq_ = up(w.wq), wk_ = up(w.wk), wv_ = up(w.wv), wo_ = up(w.wo);  // [n_layers, in, out]
+    wq_ = up(w.wq), wk_ = up(w.wk), wv_ = up(w.wv), wo_ = up(w.wo);  // [n_layers, out, in]
     w1_ = up(w.w1), w2_ = up(w.w2), w3_ = up(w.w3);
-    wcls_ = up(w.wcls);  // [dim, vocab_size]
+    // [vocab_size, dim]; a shared classifier is the embedding's copy, not a second one
+    wcls_ = w.shared_classifier ? Buffer<float>() : up(w.wcls);
     rms_att_ = up(w.rms_att), rms_ffn_ = up(w.rms_ffn), rms_final_ = up(w.rms_final);
     rope_cos_ = up(model.rope.cos), rope_sin_ = up(model.rope.sin);  // [max_seq, head_size / 2]
     assert(rope_cos_.size() == std::int64_t(config_.max_seq) * (config_.head_size() / 2));
@@ -237,16 +239,16 @@ const float* CudaBackend::weights(Matrix m, int l, int& n_in, int& n_out) const 
     const std::int64_t L = l, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
     switch (m) {
         case Matrix::wq: n_in = c.dim, n_out = c.dim; return wq_.data() + L * dim * dim;
-        case Matrix::wk: n_in = c.dim, n_out = c.kv_dim(); return wk_.data() + L * dim * kv_dim;
-        case Matrix::wv: n_in = c.dim, n_out = c.kv_dim(); return wv_.data() + L * dim * kv_dim;
+        case Matrix::wk: n_in = c.dim, n_out = c.kv_dim(); return wk_.data() + L * kv_dim * dim;
+        case Matrix::wv: n_in = c.dim, n_out = c.kv_dim(); return wv_.data() + L * kv_dim * dim;
         case Matrix::wo: n_in = c.dim, n_out = c.dim; return wo_.data() + L * dim * dim;
-        case Matrix::w1: n_in = c.dim, n_out = c.hidden_dim; return w1_.data() + L * dim * hidden;
-        case Matrix::w2: n_in = c.hidden_dim, n_out = c.dim; return w2_.data() + L * hidden * dim;
-        case Matrix::w3: n_in = c.dim, n_out = c.hidden_dim; return w3_.data() + L * dim * hidden;
+        case Matrix::w1: n_in = c.dim, n_out = c.hidden_dim; return w1_.data() + L * hidden * dim;
+        case Matrix::w2: n_in = c.hidden_dim, n_out = c.dim; return w2_.data() + L * dim * hidden;
+        case Matrix::w3: n_in = c.dim, n_out = c.hidden_dim; return w3_.data() + L * hidden * dim;
         case Matrix::wcls: break;
     }
     n_in = c.dim, n_out = c.vocab_size;
-    return wcls_.data();
+    return shared_classifier_ ? emb_.data() : wcls_.data();
 }
 
 void CudaBackend::run(const StepSignature& signature, const std::function<void()>& body) {
@@ -317,7 +319,7 @@ void CudaBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, M
     const float* w = weights(m, l, n_in, n_out);
     ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(n_out);
     if (count_only_ || rows == 0 || n_out == 0) return;
-    matmul_kernel<<<blocks_for(std::int64_t(rows) * n_out), kBlock, 0, memory_.stream()>>>(y, ldy, x, ldx, w, n_out,
+    matmul_kernel<<<blocks_for(std::int64_t(rows) * n_out), kBlock, 0, memory_.stream()>>>(y, ldy, x, ldx, w, n_in,
                                                                                            rows, n_in, n_out);
     check_launch("matmul_kernel");
 }

@@ -102,6 +102,7 @@ private:
     void count_attention(const PendingCount& p);
 
     Config config_;
+    bool shared_classifier_;  // the classifier is emb_ (wcls_ stays empty)
     bool graphs_;
     CudaMemory memory_;
     // Device copies: [n_layers, in, out] per matrix kind (as Weights), norms, the RoPE table.

@@ -11,12 +11,12 @@ MatrixRef matrix_of(const Weights& w, Matrix m, int l) {
     const std::int64_t L = l, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
     switch (m) {
         case Matrix::wq: return {w.wq.data() + L * dim * dim, c.dim, c.dim};
-        case Matrix::wk: return {w.wk.data() + L * dim * kv_dim, c.dim, c.kv_dim()};
-        case Matrix::wv: return {w.wv.data() + L * dim * kv_dim, c.dim, c.kv_dim()};
+        case Matrix::wk: return {w.wk.data() + L * kv_dim * dim, c.dim, c.kv_dim()};
+        case Matrix::wv: return {w.wv.data() + L * kv_dim * dim, c.dim, c.kv_dim()};
         case Matrix::wo: return {w.wo.data() + L * dim * dim, c.dim, c.dim};
-        case Matrix::w1: return {w.w1.data() + L * dim * hidden, c.dim, c.hidden_dim};
-        case Matrix::w2: return {w.w2.data() + L * hidden * dim, c.hidden_dim, c.dim};
-        case Matrix::w3: return {w.w3.data() + L * dim * hidden, c.dim, c.hidden_dim};
+        case Matrix::w1: return {w.w1.data() + L * hidden * dim, c.dim, c.hidden_dim};
+        case Matrix::w2: return {w.w2.data() + L * dim * hidden, c.hidden_dim, c.dim};
+        case Matrix::w3: return {w.w3.data() + L * hidden * dim, c.dim, c.hidden_dim};
         case Matrix::wcls: break;
     }
     return {w.wcls.data(), c.dim, c.vocab_size};
@@ -32,7 +32,7 @@ const float* norm_of(const Weights& w, Norm n, int l) {
 namespace gpu::host {
 
 void matmul(float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in, int n_out) {
-    assert(rows >= 0 && n_in >= 0 && n_out >= 0 && ldy >= n_out && ldx >= n_in && ldw >= n_out);
+    assert(rows >= 0 && n_in >= 0 && n_out >= 0 && ldy >= n_out && ldx >= n_in && ldw >= n_in);
     for (int r = 0; r < rows; r++)
         for (int o = 0; o < n_out; o++) y[std::int64_t(r) * ldy + o] = gpu::matmul_element(x, ldx, w, ldw, n_in, r, o);
 }
@@ -83,7 +83,7 @@ void GpuHostBackend::embed(Exec&, float* x, const int* tokens, int rows) {
 void GpuHostBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {
     const MatrixRef w = matrix_of(model_.w, m, l);
     ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(w.n_in) * std::uint64_t(w.n_out);
-    gpu::host::matmul(y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
+    gpu::host::matmul(y, ldy, x, ldx, w.w, w.n_in, rows, w.n_in, w.n_out);
 }
 
 void GpuHostBackend::rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) {

@@ -15,7 +15,7 @@ namespace kvlab {
 // The launches on raw host pointers, shaped as the CPU kernels of core/kernels.h (so tests can
 // run each against its CPU counterpart).
 namespace gpu::host {
-// Y[rows, n_out] (row stride ldy) = X[rows, n_in] (ldx) · W[n_in, n_out] (ldw): a thread per Y[r][o].
+// Y[rows, n_out] (row stride ldy) = X[rows, n_in] (ldx) · W^T, W[n_out, n_in] (ldw): a thread per Y[r][o].
 void matmul(float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in, int n_out);
 // out[rows, dim] = rmsnorm(x[rows, dim]) with weights w[dim]: a thread per out[r][j].
 void rmsnorm(float* out, const float* x, const float* w, int rows, int dim);
@@ -54,10 +54,10 @@ private:
     std::vector<float> partials_;  // [n_heads, tiles of max_n, head_size + 2] flash-decoding's tile partials
 };
 
-// The weights W[n_in, n_out] of product m at layer l (host pointers into model.w), and the rms
-// weights [dim] of norm n at layer l: shared by the host launcher and the CUDA upload.
+// The weights W[n_out, n_in] (out, in) of product m at layer l (host pointers into model.w), and
+// the rms weights [dim] of norm n at layer l: shared by the host launcher and the CUDA upload.
 struct MatrixRef {
-    const float* w;
+    const float* w;  // [n_out, n_in]
     int n_in, n_out;
 };
 MatrixRef matrix_of(const Weights& w, Matrix m, int l);

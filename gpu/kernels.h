@@ -4,7 +4,7 @@
 // kernel's order of operations (core/kernels.h, NUMERICS.md), so the three agree bit for bit.
 //
 //   embed_element           one float of x[rows, dim]: a copy
-//   matmul_element          one Y[r][o]: ((0 + x[r][0] w[0][o]) + x[r][1] w[1][o]) + ..., k ascending
+//   matmul_element          one Y[r][o]: ((0 + x[r][0] w[o][0]) + x[r][1] w[o][1]) + ..., k ascending
 //   rmsnorm_element         one out[r][j]: w[j] * (s * x[r][j]), s = 1 / sqrt(sum_j x^2 / dim + 1e-5),
 //                           the sum over j ascending (each thread of a row recomputes the same s)
 //   rope_pair               one (2j, 2j+1) pair: (v0 c - v1 s, v0 s + v1 c), tabled c and s
@@ -58,11 +58,14 @@ KVLAB_HD inline void embed_element(float* x, const float* emb, const int* tokens
     x[std::int64_t(r) * dim + j] = emb[std::int64_t(tokens[r]) * dim + j];
 }
 
-// Y[r][o] of Y[rows, n_out] = X[rows, n_in] · W[n_in, n_out]; row strides ldx, ldw.
+// Y[r][o] of Y[rows, n_out] = X[rows, n_in] · W^T with W[n_out, n_in] (out, in: a checkpoint's
+// layout, so the weights are used as loaded); row strides ldx, ldw. Each thread reads its own
+// row of W front to back.
 KVLAB_HD inline float matmul_element(const float* x, int ldx, const float* w, int ldw, int n_in, int r, int o) {
     const float* xr = x + std::int64_t(r) * ldx;
+    const float* wo = w + std::int64_t(o) * ldw;
     float s = 0.0f;
-    for (int k = 0; k < n_in; k++) s = s + xr[k] * w[std::int64_t(k) * ldw + o];
+    for (int k = 0; k < n_in; k++) s = s + xr[k] * wo[k];
     return s;
 }
 

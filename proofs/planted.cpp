@@ -164,10 +164,9 @@ public:
         for (int r = 0; r < rows; r++)
             for (int o = 0; o < w.n_out; o++) {
                 float a = 0.0f, b = 0.0f;
-                for (int k = 0; k < w.n_in / 2; k++)
-                    a = a + xs[std::size_t(r) * ldx + k] * w.w[std::int64_t(k) * w.n_out + o];
-                for (int k = w.n_in / 2; k < w.n_in; k++)
-                    b = b + xs[std::size_t(r) * ldx + k] * w.w[std::int64_t(k) * w.n_out + o];
+                const float* wo = w.w + std::int64_t(o) * w.n_in;  // W[o][0 .. n_in - 1]
+                for (int k = 0; k < w.n_in / 2; k++) a = a + xs[std::size_t(r) * ldx + k] * wo[k];
+                for (int k = w.n_in / 2; k < w.n_in; k++) b = b + xs[std::size_t(r) * ldx + k] * wo[k];
                 ys[std::size_t(r) * ldy + o] = a + b;
             }
         memory().upload(y, ys.data(), std::int64_t(sizeof(float)) * rows * ldy);
@@ -457,7 +456,9 @@ ProductBackend::ProductBackend(std::unique_ptr<Backend> inner, const Model& mode
 
 void ProductBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {
     const MatrixRef w = matrix_of(model_.w, m, l);
-    mm_(ex, y, ldy, x, ldx, w.w, w.n_out, rows, w.n_in, w.n_out);
+    // mm_ multiplies by W[n_in, n_out]; the model keeps W[n_out, n_in]. A planted bug may be slow.
+    const std::vector<float> in_out = in_out_copy({w.w, std::size_t(w.n_in) * w.n_out}, 1, w.n_out, w.n_in);
+    mm_(ex, y, ldy, x, ldx, in_out.data(), w.n_out, rows, w.n_in, w.n_out);
 }
 
 void ProductBackend::causal_attention(Exec& ex, float* att, const float* q, const float* k, const float* v, int T,

@@ -134,7 +134,7 @@ LogprobFn planted_logprob(Mutant m);
 std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int block_size, int n_blocks,
                                         bool prefix_caching = false, Memory& memory = host_memory());
 
-// Products on `mm` instead of the backend's kernels: the weights' (on the model's own [in][out]
+// Products on `mm` instead of the backend's kernels: the weights' (on [in][out] copies of the model's
 // arrays), and with Products::all both of naive attention's too (cpu_backend.h: causal_attention;
 // the inner backend's attention otherwise). Counter-tests plant an order-changing product this
 // way; a lab grader runs a student's product. Host memory only. Owns `inner` when given it as a

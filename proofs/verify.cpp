@@ -800,7 +800,7 @@ Model format_model(const Config& c) {
     const int e = *rc::gen::element(0, 0, 0, 4, 8, 12, 16);
     Weights w = random_model(c, *rc::gen::arbitrary<std::uint64_t>()).w;
     const float f = std::ldexp(1.0f, e);
-    for (std::vector<float>* t : {&w.wk, &w.wv})
+    for (std::span<float>* t : {&w.wk, &w.wv})
         for (float& x : *t) x = x * f;
     return Model(std::move(w));
 }

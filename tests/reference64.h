@@ -12,6 +12,7 @@
 #include <span>
 #include <stdexcept>
 #include <vector>
+#include <xtensor/xmanipulation.hpp>
 #include <xtensor/xmath.hpp>
 #include <xtensor/xtensor.hpp>
 #include <xtensor/xview.hpp>
@@ -26,14 +27,20 @@ using Ten3 = xt::xtensor<double, 3>;
 
 // A float32 tensor, widened exactly to double, at an explicit row-major shape.
 template <std::size_t N>
-xt::xtensor<double, N> widen(const std::vector<float>& v, const std::array<std::size_t, N>& shape) {
+xt::xtensor<double, N> widen(std::span<const float> v, const std::array<std::size_t, N>& shape) {
     xt::xtensor<double, N> t(shape);
     if (t.size() != v.size()) throw std::logic_error("reference64: tensor size does not match its shape");
     for (std::size_t i = 0; i < v.size(); i++) t.data()[i] = double(v[i]);
     return t;
 }
 
-// y[out] = sum_i x[i] W[i, out]   (W is stored [in, out], as in core/model.h)
+// Matrices [L][out][in] (core/model.h keeps a checkpoint's layout) widened as [L][in][out].
+inline Ten3 widen_in_out(std::span<const float> v, std::size_t L, std::size_t n_out, std::size_t n_in) {
+    const Ten3 t = widen<3>(v, {L, n_out, n_in});
+    return xt::transpose(t, {0, 2, 1});
+}
+
+// y[out] = sum_i x[i] W[i, out]   (W held [in, out] here)
 inline Vec matvec(const Vec& x, const Mat& W) { return xt::sum(xt::view(x, xt::all(), xt::newaxis()) * W, {0}); }
 
 // x * w / sqrt(mean(x^2) + 1e-5)
@@ -124,7 +131,7 @@ struct Reference64 {
     Config c;
     Mat token_embedding;  // [vocab, dim]
     Mat rms_att;          // [L, dim]
-    Ten3 wq;              // [L, dim, dim]         (in, out)
+    Ten3 wq;              // [L, dim, dim]         (in, out): widened from the model's (out, in)
     Ten3 wk;              // [L, dim, kv_dim]      (in, out)
     Ten3 wv;              // [L, dim, kv_dim]      (in, out)
     Ten3 wo;              // [L, dim, dim]         (in, out)
@@ -135,20 +142,21 @@ struct Reference64 {
     Vec rms_final;        // [dim]
     Mat wcls;             // [dim, vocab]          (in, out)
 
+    // The model's [out][in] matrices are widened as [in][out], the textbook x W.
     explicit Reference64(const Weights& w) : c(w.config) {
         const std::size_t L = c.n_layers, dim = c.dim, kv = c.kv_dim(), hid = c.hidden_dim, vocab = c.vocab_size;
         token_embedding = widen<2>(w.token_embedding, {vocab, dim});
         rms_att = widen<2>(w.rms_att, {L, dim});
-        wq = widen<3>(w.wq, {L, dim, dim});
-        wk = widen<3>(w.wk, {L, dim, kv});
-        wv = widen<3>(w.wv, {L, dim, kv});
-        wo = widen<3>(w.wo, {L, dim, dim});
+        wq = widen_in_out(w.wq, L, dim, dim);
+        wk = widen_in_out(w.wk, L, kv, dim);
+        wv = widen_in_out(w.wv, L, kv, dim);
+        wo = widen_in_out(w.wo, L, dim, dim);
         rms_ffn = widen<2>(w.rms_ffn, {L, dim});
-        w1 = widen<3>(w.w1, {L, dim, hid});
-        w2 = widen<3>(w.w2, {L, hid, dim});
-        w3 = widen<3>(w.w3, {L, dim, hid});
+        w1 = widen_in_out(w.w1, L, hid, dim);
+        w2 = widen_in_out(w.w2, L, dim, hid);
+        w3 = widen_in_out(w.w3, L, hid, dim);
         rms_final = widen<1>(w.rms_final, {dim});
-        wcls = widen<2>(w.wcls, {dim, vocab});
+        wcls = xt::view(widen_in_out(w.wcls, 1, vocab, dim), 0, xt::all(), xt::all());
     }
 
     // Logits [vocab] of the last of tokens. query_pos_shift rotates every query as if it sat

@@ -465,8 +465,10 @@ void run_embed(const Case& k, const Backends& backends) {
     const Config c = config_of(k);
     const int rows = k.get("rows");
     Values val(k);
-    const Model m =
-        case_model(c, [&](Weights& w) { w.token_embedding = val.floats(w.token_embedding.size(), -149, 127); });
+    const Model m = case_model(c, [&](Weights& w) {
+        const std::vector<float> v = val.floats(std::int64_t(w.token_embedding.size()), -149, 127);
+        std::copy(v.begin(), v.end(), w.token_embedding.begin());
+    });
     std::vector<int> tokens(static_cast<std::size_t>(rows));  // [rows]
     for (int& t : tokens) t = val.uniform(0, c.vocab_size - 1);
     assert(tokens.size() == std::size_t(rows) && m.w.token_embedding.size() == std::size_t(c.vocab_size) * c.dim);
@@ -498,10 +500,11 @@ void run_matmul(const Case& k, const Backends& backends) {
     const Model m = case_model(c, [&](Weights& w) {
         const MatrixRef ref = matrix_of(w, mat, l);
         // The weights are this lambda's to fill: matrix_of only hands out const pointers.
-        const std::vector<float> v = val.floats(std::int64_t(ref.n_in) * ref.n_out, -149, 55);  // [n_in, n_out]
+        const std::vector<float> v = val.floats(std::int64_t(ref.n_in) * ref.n_out, -149, 55);  // [n_out, n_in]
         std::copy(v.begin(), v.end(), const_cast<float*>(ref.w));
     });
     const MatrixRef w = matrix_of(m.w, mat, l);
+    const std::vector<float> w_in_out = in_out_copy({w.w, std::size_t(w.n_in) * w.n_out}, 1, w.n_out, w.n_in);
     const int ldx = w.n_in + k.get("ldx_pad"), ldy = w.n_out + k.get("ldy_pad");
     // x[rows, ldx]: the gap past n_in holds NaN, which a kernel that read it would spread.
     std::vector<float> x = val.floats(std::int64_t(rows) * ldx, -149, 55);
@@ -517,7 +520,8 @@ void run_matmul(const Case& k, const Backends& backends) {
         },
         [&](const Outputs& o) {
             if (val.finite())
-                check_matmul(x.data(), ldx, w.w, w.n_out, output(o, "y").data(), ldy, rows, w.n_in, w.n_out);
+                check_matmul(x.data(), ldx, w_in_out.data(), w.n_out, output(o, "y").data(), ldy, rows, w.n_in,
+                             w.n_out);
         });
 }
 
@@ -1332,7 +1336,8 @@ public:
     void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
         if (kernel_ != "matmul") return inner().matmul(ex, y, ldy, x, ldx, m, l, rows);
         const MatrixRef w = matrix_of(model_.w, m, l);
-        matmul_reference(ex, y, ldy, x, ldx, w.w, w.n_out, rows, std::max(w.n_in - 1, 0), w.n_out);
+        const std::vector<float> t = in_out_copy({w.w, std::size_t(w.n_in) * w.n_out}, 1, w.n_out, w.n_in);
+        matmul_reference(ex, y, ldy, x, ldx, t.data(), w.n_out, rows, std::max(w.n_in - 1, 0), w.n_out);
     }
     // rmsnorm with epsilon 1e-6 (visible only on rows of tiny values)
     void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override {

@@ -87,7 +87,7 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
         shape.validate();
         m.lm_.emplace(LoadedModel{random_model(shape, s.seed), std::nullopt, fmt::format("random (seed {})", s.seed)});
     } else {
-        m.lm_.emplace(load_model(s.model_path, s.tokenizer_path, shape, s.seed));
+        m.lm_.emplace(load_model(s.model_path, s.tokenizer_path, shape, s.seed, s.panel_cache));
     }
     const Config& c = m.lm().model.config();
     info_.config = c;
@@ -232,7 +232,9 @@ void Session::run() {
         std::vector<float> xb(static_cast<std::size_t>(dim)), k(static_cast<std::size_t>(kv_dim));  // [dim], [kv_dim]
         assert(x.size() == std::size_t(dim));
         rmsnorm(ex, xb.data(), x.data(), w.rms_att.data(), 1, dim);
-        matmul(ex, k.data(), kv_dim, xb.data(), dim, w.wk.data(), kv_dim, 1, dim, kv_dim);
+        // matmul multiplies by W[in, out]; layer 0's wk is kept [kv_dim, dim] (out, in).
+        const std::vector<float> wk0 = in_out_copy(w.wk.first(std::size_t(kv_dim) * dim), 1, kv_dim, dim);
+        matmul(ex, k.data(), kv_dim, xb.data(), dim, wk0.data(), kv_dim, 1, dim, kv_dim);
         const int positions[] = {pos};
         rope(ex, k.data(), 1, c.n_kv_heads, hs, positions, model.rope);
         const int f = int(a.kv_format());

@@ -32,6 +32,7 @@ struct Settings {
     std::string device = "cpu";  // where the decoders run: cpu, gpu or gpu-host (gpu/device.h)
     std::string model_path;      // llama2.c checkpoint; "" = the shared stories260K if present
     std::string tokenizer_path;  // "" = tok512.bin beside the shared model
+    std::string panel_cache = "auto";  // auto, on, off or a folder (core/panel_cache.h)
     bool random_model = false;   // a random model of `shape` even when a checkpoint exists
     Config shape;                // the random model's shape (n_layers, n_heads, n_kv_heads editable)
     std::uint64_t seed = 7;      // the random model's weights
