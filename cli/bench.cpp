@@ -2,6 +2,7 @@
 // sequential-dot decoder, all on one random model, in one run, with their logits compared.
 // Figures are medians of --reps runs; compare them as ratios within a run (the machine is shared).
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -144,8 +145,27 @@ PrefixRow bench_prefix(const Model& model, std::span<const int> a, int suffix, i
 
 struct Row {
     int T;
-    double prefill_s, cached_s, seqdot_s, naive_s;
+    double prefill_s, cached_s, seqdot_s, naive_s;  // naive_s: 0 when T > --naive-max (not timed)
     bool cached_eq_naive, seqdot_eq_naive;
+};
+
+// One line on stderr per stage of a long run, rewritten in place on a terminal.
+class Progress {
+public:
+    Progress() : terminal_(::isatty(2) != 0) {}
+    void operator()(const std::string& line) const {
+        if (terminal_)
+            fmt::print(stderr, "\r\x1b[K{}", line);
+        else
+            fmt::print(stderr, "{}\n", line);
+        std::fflush(stderr);
+    }
+    ~Progress() {
+        if (terminal_) fmt::print(stderr, "\r\x1b[K");
+    }
+
+private:
+    bool terminal_;
 };
 
 }  // namespace
@@ -360,7 +380,8 @@ std::vector<int> bench_lengths(const Config& c, const BenchOptions& o) {
     std::sort(lengths.begin(), lengths.end());
     for (int T : lengths)
         if (T < 1 || T > c.max_seq)
-            throw Error(fmt::format("--lengths: T = {} is outside [1, max_seq = {}]", T, c.max_seq));
+            throw Error(fmt::format("--lengths: T = {} is outside [1, max_seq = {}] (a longer context: --shape {}", T,
+                                    c.max_seq, "stories15M,max_seq=8192)"));
     return lengths;
 }
 
@@ -373,9 +394,12 @@ std::vector<Row> bench_lengths_rows(const Model& model, std::span<const int> tok
     SequentialDotDecoder seqdot(model);  // one thread, as llama2.c's run.c
     std::vector<Row> rows;
     std::vector<float> lc, ls, ln;
+    const Progress progress;
     for (int T : lengths) {
         const std::span<const int> prefix = tokens.first(std::size_t(T));
         Row r{T, 0, 0, 0, 0, false, false};
+        const std::string at = fmt::format("bench: T = {} ({} of {})", T, rows.size() + 1, lengths.size());
+        progress(at + ": prefill");
         r.prefill_s = median_seconds(o.reps, [&] {
             cached.reset();
             cached.prefill(prefix);
@@ -383,6 +407,7 @@ std::vector<Row> bench_lengths_rows(const Model& model, std::span<const int> tok
         // One decode step at context length T: the cache holds T - 1 positions, the step adds one.
         cached.reset();
         if (T > 1) cached.prefill(prefix.first(T - 1));
+        progress(at + ": cached and llama2.c-style decode steps");
         r.cached_s = median_seconds(o.reps, [&] {
             cached.cache().truncate(T - 1);
             lc = cached.decode(tokens[T - 1]);
@@ -392,7 +417,13 @@ std::vector<Row> bench_lengths_rows(const Model& model, std::span<const int> tok
             seqdot.truncate(T - 1);
             ls = seqdot.decode(tokens[T - 1]);
         });
-        r.naive_s = median_seconds(o.reps, [&] { ln = naive.forward(prefix); });
+        // Past --naive-max one untimed naive step still checks the bits: it costs one prefill of T.
+        progress(at +
+                 (T <= o.naive_max ? ": naive decode (timed)" : ": naive decode (one untimed step, for the bits)"));
+        if (T <= o.naive_max)
+            r.naive_s = median_seconds(o.reps, [&] { ln = naive.forward(prefix); });
+        else
+            ln = naive.forward(prefix);
         r.cached_eq_naive = bitwise_equal(lc, ln);
         r.seqdot_eq_naive = bitwise_equal(ls, ln);
         rows.push_back(r);
@@ -419,16 +450,18 @@ void print_bench_json(const Config& c, const BenchOptions& o, const BenchResult&
     j["shape"] = c.describe();
     j["threads"] = o.threads;
     j["reps"] = o.reps;
+    j["naive_max"] = o.naive_max;
     for (const auto& r : b.rows)
-        j["rows"].push_back({{"T", r.T},
-                             {"prefill_tokens_per_second", r.T / r.prefill_s},
-                             {"cached_decode_tokens_per_second", 1.0 / r.cached_s},
-                             {"seqdot_decode_tokens_per_second", 1.0 / r.seqdot_s},
-                             {"naive_decode_tokens_per_second", 1.0 / r.naive_s},
-                             {"cached_vs_seqdot", r.seqdot_s / r.cached_s},
-                             {"cached_vs_naive", r.naive_s / r.cached_s},
-                             {"cached_bitwise_equal_naive", r.cached_eq_naive},
-                             {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive}});
+        j["rows"].push_back(
+            {{"T", r.T},
+             {"prefill_tokens_per_second", r.T / r.prefill_s},
+             {"cached_decode_tokens_per_second", 1.0 / r.cached_s},
+             {"seqdot_decode_tokens_per_second", 1.0 / r.seqdot_s},
+             {"naive_decode_tokens_per_second", r.naive_s > 0 ? nlohmann::json(1.0 / r.naive_s) : nullptr},
+             {"cached_vs_seqdot", r.seqdot_s / r.cached_s},
+             {"cached_vs_naive", r.naive_s > 0 ? nlohmann::json(r.naive_s / r.cached_s) : nullptr},
+             {"cached_bitwise_equal_naive", r.cached_eq_naive},
+             {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive}});
     for (const auto& v : b.variants)
         j["variants"].push_back({{"variant", v.name},
                                  {"cache", v.cache},
@@ -458,13 +491,17 @@ void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult&
     fmt::print("{:>5} {:>14} {:>14} {:>14} {:>10} {:>14} {:>10}  {}\n", "T", "prefill tok/s", "cached tok/s",
                "seqdot tok/s", "vs seqdot", "naive tok/s", "vs naive", "logits at T");
     for (const auto& r : b.rows)
-        fmt::print("{:>5} {:>14.1f} {:>14.1f} {:>14.1f} {:>9.1f}x {:>14.2f} {:>9.1f}x  {}\n", r.T, r.T / r.prefill_s,
-                   1.0 / r.cached_s, 1.0 / r.seqdot_s, r.seqdot_s / r.cached_s, 1.0 / r.naive_s, r.naive_s / r.cached_s,
+        fmt::print("{:>5} {:>14.1f} {:>14.1f} {:>14.1f} {:>9.1f}x {:>14} {:>10}  {}\n", r.T, r.T / r.prefill_s,
+                   1.0 / r.cached_s, 1.0 / r.seqdot_s, r.seqdot_s / r.cached_s,
+                   r.naive_s > 0 ? fmt::format("{:.2f}", 1.0 / r.naive_s) : "not timed",
+                   r.naive_s > 0 ? fmt::format("{:.1f}x", r.naive_s / r.cached_s) : "-",
                    r.cached_eq_naive && r.seqdot_eq_naive ? "cached = seqdot = naive, bitwise" : "DIFFER");
     fmt::print(
         "\ncached tok/s: one decode step at context length T (T-1 positions cached).\n"
         "seqdot: llama2.c-style decode (weights [out][in], one sequential dot per output).\n"
-        "naive tok/s: one full forward over T tokens, what naive decode pays per token.\n");
+        "naive tok/s: one full forward over T tokens, what naive decode pays per token; timed up to --naive-max {}\n"
+        "(above it, one untimed naive step checks the bits).\n",
+        o.naive_max);
     fmt::print("\ncache variants, one decode step at T = {} (interleaved, median of {} x 8 steps):\n", b.T_var, o.reps);
     fmt::print("{:<20} {:>12} {:>14} {:>12} {:>12}  {:<34}  {}\n", "variant", "decode tok/s", "vs contiguous",
                "reserved", "used", "logits vs contiguous", "cache");
@@ -493,9 +530,9 @@ int run_bench(const BenchOptions& options) {
     if (options.device != "cpu") return run_bench_device(options);
     const Config c = shape_from_string(options.shape);
     BenchOptions o = options;
+    const std::vector<int> lengths = bench_lengths(c, o);
     if (o.block_size == 0) o.block_size = std::min(16, c.max_seq);
     if (o.group == 0) o.group = default_quant_group(c);
-    const std::vector<int> lengths = bench_lengths(c, o);
     // Bad variant parameters are refused before anything runs (the constructors say why).
     for (const auto& [setting, spec] : bench_specs(c, o)) (void)make_cache(c, spec);
     const Model model = random_model(c, o.seed);
@@ -505,7 +542,11 @@ int run_bench(const BenchOptions& options) {
 
     BenchResult b;
     b.rows = bench_lengths_rows(model, tokens, lengths, o);
-    b.T_var = lengths.back();
+    // The variants and the prefix cache run at the longest length up to --naive-max: each of them
+    // prefills its own cache, and past that the table would cost minutes.
+    b.T_var = lengths.front();
+    for (int T : lengths)
+        if (T <= o.naive_max) b.T_var = T;
     const std::span<const int> longest = std::span<const int>(tokens).first(std::size_t(b.T_var));
     b.variants = bench_variants(model, longest, o);
     b.suffix = std::min(32, std::max(1, b.T_var / 4));

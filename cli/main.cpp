@@ -18,8 +18,17 @@
 namespace kvlab::cli {
 
 Config shape_from_string(const std::string& spec) {
-    if (spec == "stories260K") return stories260k_shape();
-    if (spec == "stories15M") return stories15m_shape();
+    // A named shape, alone or followed by fields that change it: "stories15M,max_seq=8192".
+    for (const auto& [name, shape] :
+         {std::pair{"stories260K", stories260k_shape()}, {"stories15M", stories15m_shape()}}) {
+        const std::string n = name;
+        if (spec == n) return shape;
+        if (spec.starts_with(n + ",")) {
+            Config c = Config::parse(spec.substr(n.size() + 1), shape);
+            c.validate();
+            return c;
+        }
+    }
     Config c = Config::parse(spec, stories260k_shape());
     c.validate();
     return c;
@@ -55,7 +64,7 @@ constexpr const char* kKvCalibrateHelp =
 
 CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
     auto* demo_cmd = app.add_subcommand("demo", "decode naive and cached side by side, checking bitwise equality");
-    add_model_options(demo_cmd, demo.m.model, demo.m.tokenizer, demo.m.seed);
+    add_model_options(demo_cmd, demo.m.model, demo.m.tokenizer, demo.m.seed, demo.m.panel_cache);
     demo_cmd->add_option("--prompt", demo.prompt, "prompt text (needs a tokenizer)");
     demo_cmd->add_option("--tokens", demo.tokens, "prompt as token ids, e.g. 1,403,407");
     demo_cmd->add_option("--steps", demo.steps, "tokens to decode after the prompt")->check(CLI::Range(1, 1 << 20));
@@ -82,7 +91,7 @@ CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
 
 CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
     auto* gen_cmd = app.add_subcommand("generate", "generate text with the cached decoder (greedy by default)");
-    add_model_options(gen_cmd, gen.m.model, gen.m.tokenizer, gen.m.seed);
+    add_model_options(gen_cmd, gen.m.model, gen.m.tokenizer, gen.m.seed, gen.m.panel_cache);
     gen_cmd->add_option("--prompt", gen.prompt, "prompt text (needs a tokenizer)");
     gen_cmd->add_option("--tokens", gen.tokens, "prompt as token ids, e.g. 1,403,407");
     gen_cmd
@@ -114,7 +123,7 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
 CLI::App* add_speculate(CLI::App& app, SpeculateOptions& spec) {
     auto* spec_cmd = app.add_subcommand(
         "speculate", "greedy speculative decoding against plain greedy decode: acceptance, speedup, bitwise equality");
-    add_model_options(spec_cmd, spec.m.model, spec.m.tokenizer, spec.m.seed);
+    add_model_options(spec_cmd, spec.m.model, spec.m.tokenizer, spec.m.seed, spec.m.panel_cache);
     spec_cmd->add_option("--draft", spec.draft,
                          "the draft model: a llama2.c checkpoint of the target's vocab_size, self (the target "
                          "itself: every draft accepted), or random (default: a random model of the target's shape "
@@ -138,12 +147,20 @@ CLI::App* add_speculate(CLI::App& app, SpeculateOptions& spec) {
 
 CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
     auto* bench_cmd = app.add_subcommand("bench", "benchmark cached, naive and llama2.c-style decode");
-    bench_cmd->add_option("--shape", bench.shape, "stories15M (default), stories260K, or dim=..,n_layers=..,...");
+    bench_cmd->add_option(
+        "--shape", bench.shape,
+        "stories15M (default), stories260K, either with changes (stories15M,max_seq=8192), or dim=..,n_layers=..,...");
     bench_cmd->add_option("--model-seed", bench.seed, "seed of the random model");
     bench_cmd->add_option("--reps", bench.reps, "repetitions per figure (the median is reported)")
         ->check(CLI::Range(1, 1000));
     bench_cmd->add_option("--threads", bench.threads, "threads for the kernels")->check(CLI::Range(1, 256));
-    bench_cmd->add_option("--lengths", bench.lengths, "context lengths T to measure, e.g. 64,128,256");
+    bench_cmd->add_option("--lengths", bench.lengths,
+                          "context lengths T to measure, e.g. 64,128,256, each up to the shape's max_seq");
+    bench_cmd
+        ->add_option("--naive-max", bench.naive_max,
+                     "time naive decode only up to this T (one naive step costs a prefill of T); above it one "
+                     "untimed run still checks the bits")
+        ->check(CLI::Range(1, 1 << 20));
     bench_cmd->add_option("--device", bench.device,
                           "cpu (default), or gpu / gpu-host: per-step microseconds of cached decode with and without "
                           "graph replay, naive decode, prefill, and bytes read per step (default T = 64,256,1024)");
@@ -170,7 +187,9 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
 
 CLI::App* add_export(CLI::App& app, ExportOptions& exp) {
     auto* export_cmd = app.add_subcommand("export", "write a random model as a llama2.c checkpoint");
-    export_cmd->add_option("--shape", exp.shape, "stories260K (default), stories15M, or dim=..,n_layers=..,...");
+    export_cmd->add_option(
+        "--shape", exp.shape,
+        "stories260K (default), stories15M, either with changes (stories15M,max_seq=8192), or dim=..,n_layers=..,...");
     export_cmd->add_option("--seed", exp.seed, "seed of the random model");
     export_cmd->add_flag("--unshared", exp.unshared, "write a separate classifier (negative vocab_size in the header)");
     export_cmd->add_option("out", exp.out, "output file")->required();

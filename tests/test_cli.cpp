@@ -388,6 +388,36 @@ TEST_CASE("kvlab bench on a tiny shape: all decoders bitwise equal", "[cli][benc
     CHECK(j["prefix_cache"]["positions_not_recomputed"] == 16);
 }
 
+TEST_CASE("kvlab bench --naive-max: naive decode timed only up to it and the bits still checked above it",
+          "[cli][bench]") {
+    const Run r = run_kvlab("bench --shape " + std::string(kTiny) + " --lengths 4,9,32 --naive-max 9 --reps 1 --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["naive_max"] == 9);
+    REQUIRE(j["rows"].size() == 3);
+    for (const auto& row : j["rows"]) {
+        const bool timed = row["T"].get<int>() <= 9;
+        CHECK(row["naive_decode_tokens_per_second"].is_null() == !timed);
+        CHECK(row["cached_bitwise_equal_naive"] == true);  // one untimed naive step above --naive-max
+    }
+    CHECK(j["variants"][0]["T"] == 9);  // the variants run at the longest length up to --naive-max
+    // One progress line per stage on stderr (not a terminal here: a line each), naming the untimed step.
+    CHECK_THAT(r.err, Catch::Contains("bench: T = 32 (3 of 3): naive decode (one untimed step, for the bits)"));
+    const Run text = run_kvlab("bench --shape " + std::string(kTiny) + " --lengths 4,32 --naive-max 4 --reps 1");
+    REQUIRE(text.exit_code == 0);
+    CHECK_THAT(text.out, Catch::Contains("not timed") && Catch::Contains("timed up to --naive-max 4"));
+}
+
+TEST_CASE("a named shape takes changes and a length past max_seq is refused with the way out", "[cli][bench]") {
+    const Run r = run_kvlab("bench --shape stories260K,max_seq=24,n_layers=1 --lengths 24 --reps 1 --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(nlohmann::json::parse(r.out)["shape"].get<std::string>(),
+               Catch::Contains("dim=64") && Catch::Contains("n_layers=1") && Catch::Contains("max_seq=24"));
+    check_refused("bench --shape stories260K,max_seq=24 --lengths 25", "--shape stories15M,max_seq=8192");
+}
+
 TEST_CASE("kvlab generate: sampling is reproducible from --seed", "[cli][generate]") {
     const fs::path model = exported_model("gen.bin", kTiny);
     const std::string args = "generate --model " + model.string() + " --tokens 1 --steps 20 --temperature 1 --json";
