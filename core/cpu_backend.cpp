@@ -242,8 +242,10 @@ private:
 class HeadRows {
 public:
     // decoded: [10, row_floats] this thread's scratch (8 rows, then KiviKeys' scales and minimums)
+    // prefetch: ask for the rows kPrefetch positions ahead as each row is read (a decode step
+    // reads every key once, from memory; a prefill's rows share theirs, which stay in cache).
     HeadRows(const RowKV& r, int l, int kvh, const std::int64_t* slots, int head_size, std::size_t row_floats,
-             float* decoded, const float* nan_row)
+             float* decoded, const float* nan_row, bool prefetch)
         : r_(r),
           slots_(slots),
           base_(r.row(l, kvh, 0)),
@@ -253,7 +255,8 @@ public:
           nan_row_(nan_row),
           ks_(r.k_scale(l)),
           vs_(r.v_scale(l)),
-          kivi_(r, l, kvh, head_size, decoded + 8 * row_floats, decoded + 9 * row_floats) {}
+          kivi_(r, l, kvh, head_size, decoded + 8 * row_floats, decoded + 9 * row_floats),
+          prefetch_n_(prefetch ? r.n : 0) {}
     const float* key(int t) {
         if (slots_[t] < 0) return nan_row_;
         if (r_.key_group) return kivi_.row(int(slots_[t]), scratch(t));
@@ -265,6 +268,11 @@ private:
     float* scratch(int t) { return decoded_ + std::size_t(t % 8) * row_floats_; }
     const float* row(void* storage, float scale, int t) {
         const void* at = static_cast<const char*>(storage) + (base_ + slots_[t]) * r_.row_bytes;
+        // Where the row is does not change what is computed: prefetching only starts the loads early.
+        if (t + kPrefetch < prefetch_n_ && slots_[t + kPrefetch] >= 0) {
+            const char* ahead = static_cast<const char*>(storage) + (base_ + slots_[t + kPrefetch]) * r_.row_bytes;
+            for (std::int64_t b = 0; b < r_.row_bytes; b += 64) __builtin_prefetch(ahead + b);
+        }
         if (r_.format == int(KVFormat::fp32)) return static_cast<const float*>(at);
         decode_kv_row(r_.format, at, hs_, scale, scratch(t), r_.group);
         return scratch(t);
@@ -278,9 +286,15 @@ private:
     const float* nan_row_;
     float ks_, vs_;
     KiviKeys kivi_;
+    int prefetch_n_;  // rows below it are prefetched ahead (0: none)
+    static constexpr int kPrefetch = 64;
 };
 
 }  // namespace
+
+// A step of at most this many rows is taken to read each key once (decode steps of a few
+// sequences); a longer one is a prefill, whose rows read the same keys again from cache.
+constexpr int kStreamingRows = 8;
 
 float* CpuBackend::thread_scratch(std::vector<float>& v, std::size_t per_thread, int n_threads) {
     v.resize(std::size_t(n_threads) * per_thread + 16);  // [n_threads, per_thread], 64-byte aligned below
@@ -319,7 +333,7 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         const RowKV& r = rows[i];
         const int thread = omp_get_thread_num();
         HeadRows kv(r, l, kv_head[h], slots + std::int64_t(i) * max_n, hs, row_floats,
-                    decoded_base + std::size_t(thread) * 10 * row_floats, nan_row_.data());
+                    decoded_base + std::size_t(thread) * 10 * row_floats, nan_row_.data(), n_rows <= kStreamingRows);
         auto key = [&](int t) { return kv.key(t); };
         auto value = [&](int t) { return kv.value(t); };
         float* scores = scores_base + std::size_t(thread) * per_thread;
@@ -356,7 +370,7 @@ void CpuBackend::split_attention(Exec& ex, float* att, const float* q, const Row
     for (std::int64_t item = 0; item < n_items; item++) {
         const int h = int(item / n_tiles), j = int(item % n_tiles), thread = omp_get_thread_num();
         HeadRows kv(r, l, kv_head[h], slots, hs, row_floats, decoded_base + std::size_t(thread) * 10 * row_floats,
-                    nan_row_.data());
+                    nan_row_.data(), true);
         float* partial = partials_.data() + std::size_t(item) * stride;
         const TileStats st = attention_tile(
             partial, e_base + std::size_t(thread) * per_thread, q + h * hs, hs, j * tile, std::min((j + 1) * tile, r.n),
