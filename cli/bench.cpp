@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "approx_metrics.h"
@@ -13,8 +14,10 @@
 #include "commands.h"
 #include "common.h"
 #include "compare.h"
+#include "cost_model.h"
 #include "decode.h"
 #include "device.h"
+#include "plot.h"
 
 namespace kvlab::cli {
 
@@ -147,6 +150,8 @@ struct Row {
     int T;
     double prefill_s, cached_s, seqdot_s, naive_s;  // naive_s: 0 when T > --naive-max (not timed)
     bool cached_eq_naive, seqdot_eq_naive;
+    StepCost cached_cost, naive_cost;        // the cost model's count of one step at T
+    double cached_pred = 0, naive_pred = 0;  // and its time for them, from the probe's rates
 };
 
 // One line on stderr per stage of a long run, rewritten in place on a terminal.
@@ -388,16 +393,19 @@ std::vector<int> bench_lengths(const Config& c, const BenchOptions& o) {
 // Per context length T: prefill of T tokens, one decode step at T (cached, llama2.c-style and
 // naive), and whether their logits agree bit for bit.
 std::vector<Row> bench_lengths_rows(const Model& model, std::span<const int> tokens, std::span<const int> lengths,
-                                    const BenchOptions& o) {
+                                    const BenchOptions& o, const MachineRates& rates, const Progress& progress) {
     CachedDecoder cached(model, o.threads);
     NaiveDecoder naive(model, o.threads);
     SequentialDotDecoder seqdot(model);  // one thread, as llama2.c's run.c
     std::vector<Row> rows;
     std::vector<float> lc, ls, ln;
-    const Progress progress;
     for (int T : lengths) {
         const std::span<const int> prefix = tokens.first(std::size_t(T));
-        Row r{T, 0, 0, 0, 0, false, false};
+        Row r{T, 0, 0, 0, 0, false, false, {}, {}, 0, 0};
+        r.cached_cost = cached_step_cost(model.config(), T, 4 * std::int64_t(model.config().head_size()), {});
+        r.naive_cost = naive_step_cost(model.config(), T, {});
+        r.cached_pred = predicted_seconds(r.cached_cost, rates);
+        r.naive_pred = predicted_seconds(r.naive_cost, rates);
         const std::string at = fmt::format("bench: T = {} ({} of {})", T, rows.size() + 1, lengths.size());
         progress(at + ": prefill");
         r.prefill_s = median_seconds(o.reps, [&] {
@@ -433,6 +441,7 @@ std::vector<Row> bench_lengths_rows(const Model& model, std::span<const int> tok
 
 // Everything one bench run measured.
 struct BenchResult {
+    MachineRates rates;  // the probe's
     std::vector<Row> rows;
     std::vector<VariantRow> variants;  // at T_var, the longest length
     PrefixRow prefix;
@@ -445,12 +454,59 @@ struct BenchResult {
     }
 };
 
+// One step's counts, the cost model's time and the measured one (0: not timed, null in the JSON).
+nlohmann::json cost_json(const StepCost& s, double predicted, double measured) {
+    return {{"flops", s.flops()},
+            {"weight_bytes", s.weight_bytes},
+            {"kv_read_bytes", s.kv_read_bytes},
+            {"kv_write_bytes", s.kv_write_bytes},
+            {"predicted_seconds", predicted},
+            {"measured_seconds", measured > 0 ? nlohmann::json(measured) : nullptr},
+            {"predicted_over_measured", measured > 0 ? nlohmann::json(predicted / measured) : nullptr}};
+}
+
+void print_cost_text(const Config& c, const BenchResult& b) {
+    const MachineRates& m = b.rates;
+    fmt::print(
+        "\ncost model: a {:.2f} s probe on {} thread(s) measured weights streaming at {:.1f} GB/s, products at {:.1f} "
+        "GFLOP/s,\nK and V streaming at {:.1f} GB/s, naive attention at {:.1f} GFLOP/s, the small kernels at {:.2f} "
+        "GFLOP/s. A step's predicted\ntime is, for the products and for attention, the longer of bytes / bandwidth "
+        "and FLOPs / rate, plus the small kernels.\n",
+        m.seconds, m.n_threads, m.stream_bytes_per_s / 1e9, m.product_flops_per_s / 1e9, m.kv_bytes_per_s / 1e9,
+        m.attention_flops_per_s / 1e9, m.other_flops_per_s / 1e9);
+    fmt::print("{:>5} {:>12} {:>10} {:>10} {:>12} {:>12} {:>9}   {:>11} {:>12} {:>12} {:>9}\n", "T", "cached MFLOP",
+               "weights MB", "KV read MB", "predicted us", "measured us", "pred/meas", "naive GFLOP", "predicted ms",
+               "measured ms", "pred/meas");
+    for (const auto& r : b.rows)
+        fmt::print(
+            "{:>5} {:>12.2f} {:>10.2f} {:>10.2f} {:>12.1f} {:>12.1f} {:>9.2f}   {:>11.3f} {:>12.3f} {:>12} {:>9}\n",
+            r.T, r.cached_cost.flops() / 1e6, r.cached_cost.weight_bytes / 1e6, r.cached_cost.kv_read_bytes / 1e6,
+            r.cached_pred * 1e6, r.cached_s * 1e6, r.cached_pred / r.cached_s, r.naive_cost.flops() / 1e9,
+            r.naive_pred * 1e3, r.naive_s > 0 ? fmt::format("{:.3f}", r.naive_s * 1e3) : "not timed",
+            r.naive_s > 0 ? fmt::format("{:.2f}", r.naive_pred / r.naive_s) : "-");
+    const std::int64_t row_bytes = 4 * std::int64_t(c.head_size());
+    const int cross = kv_passes_weights_T(c, row_bytes);
+    fmt::print(
+        "K and V read per cached step pass the weights' bytes at T = {} ({:.1f} MB of panels; {:.1f} KB of K "
+        "and V per position)\n",
+        cross, panel_bytes(c) / 1e6, 2.0 * c.n_layers * c.n_kv_heads * double(row_bytes) / 1e3);
+}
+
 void print_bench_json(const Config& c, const BenchOptions& o, const BenchResult& b) {
     nlohmann::json j;
     j["shape"] = c.describe();
     j["threads"] = o.threads;
     j["reps"] = o.reps;
     j["naive_max"] = o.naive_max;
+    const MachineRates& m = b.rates;
+    j["machine"] = {{"threads", m.n_threads},
+                    {"probe_seconds", m.seconds},
+                    {"weights_stream_bytes_per_second", m.stream_bytes_per_s},
+                    {"product_flops_per_second", m.product_flops_per_s},
+                    {"kv_stream_bytes_per_second", m.kv_bytes_per_s},
+                    {"naive_attention_flops_per_second", m.attention_flops_per_s},
+                    {"small_kernel_flops_per_second", m.other_flops_per_s}};
+    j["kv_passes_weights_T"] = kv_passes_weights_T(c, 4 * std::int64_t(c.head_size()));
     for (const auto& r : b.rows)
         j["rows"].push_back(
             {{"T", r.T},
@@ -461,7 +517,10 @@ void print_bench_json(const Config& c, const BenchOptions& o, const BenchResult&
              {"cached_vs_seqdot", r.seqdot_s / r.cached_s},
              {"cached_vs_naive", r.naive_s > 0 ? nlohmann::json(r.naive_s / r.cached_s) : nullptr},
              {"cached_bitwise_equal_naive", r.cached_eq_naive},
-             {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive}});
+             {"seqdot_bitwise_equal_naive", r.seqdot_eq_naive},
+             {"cost",
+              {{"cached", cost_json(r.cached_cost, r.cached_pred, r.cached_s)},
+               {"naive", cost_json(r.naive_cost, r.naive_pred, r.naive_s)}}}});
     for (const auto& v : b.variants)
         j["variants"].push_back({{"variant", v.name},
                                  {"cache", v.cache},
@@ -502,6 +561,7 @@ void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult&
         "naive tok/s: one full forward over T tokens, what naive decode pays per token; timed up to --naive-max {}\n"
         "(above it, one untimed naive step checks the bits).\n",
         o.naive_max);
+    print_cost_text(c, b);
     fmt::print("\ncache variants, one decode step at T = {} (interleaved, median of {} x 8 steps):\n", b.T_var, o.reps);
     fmt::print("{:<20} {:>12} {:>14} {:>12} {:>12}  {:<34}  {}\n", "variant", "decode tok/s", "vs contiguous",
                "reserved", "used", "logits vs contiguous", "cache");
@@ -521,13 +581,60 @@ void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult&
         100.0 * (1.0 - p.with_s / p.without_s), p.equal ? "bitwise equal" : "DIFFER");
 }
 
+// --plot: decode speed against T (measured, and the cost model's), and what a cached step reads.
+void write_bench_plot(const Config& c, const BenchOptions& o, const BenchResult& b) {
+    PlotSeries cached{"cached decode, measured", {214, 96, 24}, {}},
+        cached_p{"cached, cost model", {214, 96, 24}, {}, true};
+    PlotSeries naive{"naive decode, measured", {40, 96, 180}, {}},
+        naive_p{"naive, cost model", {40, 96, 180}, {}, true};
+    PlotSeries weights{"weights (panels)", {90, 90, 90}, {}}, kv{"K and V", {214, 96, 24}, {}},
+        total{"total", {40, 150, 80}, {}, true};
+    for (const Row& r : b.rows) {
+        const double T = r.T;
+        cached.points.push_back({T, 1.0 / r.cached_s}), cached_p.points.push_back({T, 1.0 / r.cached_pred});
+        if (r.naive_s > 0) naive.points.push_back({T, 1.0 / r.naive_s});
+        naive_p.points.push_back({T, 1.0 / r.naive_pred});
+        weights.points.push_back({T, r.cached_cost.weight_bytes + r.cached_cost.classifier_bytes});
+        kv.points.push_back({T, r.cached_cost.kv_read_bytes});
+        total.points.push_back({T, r.cached_cost.bytes()});
+    }
+    const int cross = kv_passes_weights_T(c, 4 * std::int64_t(c.head_size()));
+    write_charts_png(o.plot, {Chart{fmt::format("decode tok/s against T, {} thread(s)", o.threads),
+                                    "context length T",
+                                    "tokens per second",
+                                    {cached, cached_p, naive, naive_p},
+                                    0,
+                                    ""},
+                              Chart{"bytes a cached decode step reads",
+                                    "context length T",
+                                    "bytes",
+                                    {weights, kv, total},
+                                    double(cross),
+                                    fmt::format("K and V pass the weights at T = {}", cross)}});
+    fmt::print("\nwrote {}\n", o.plot);
+}
+
 int run_bench(const BenchOptions& options) {
+    if (!options.plot.empty() &&
+        (!options.kv_formats.empty() || options.attentions != "simple" || options.device != "cpu"))
+        throw Error("bench: --plot draws the main table (the cpu, simple attention, no --kv-format)");
     if (!options.kv_formats.empty() || options.attentions != "simple") {
         if (options.device != "cpu")
             throw Error("bench: --kv-format and --attention run on the cpu (their table has no --device)");
         return run_bench_formats(options);
     }
     if (options.device != "cpu") return run_bench_device(options);
+    if (!options.plot.empty() && !can_plot())
+        throw Error("bench: --plot needs a kvlab built with stb (libstb-dev), which writes PNG");
+    if (!options.plot.empty()) {  // refused before the run, not after it
+        namespace fs = std::filesystem;
+        const fs::path folder = fs::path(options.plot).parent_path();
+        if (fs::is_directory(options.plot))
+            throw Error(fmt::format("--plot '{}': is a folder, not a file name", one_line(options.plot)));
+        if (!folder.empty() && !fs::is_directory(folder))
+            throw Error(fmt::format("--plot '{}': the folder '{}' does not exist", one_line(options.plot),
+                                    one_line(folder.string())));
+    }
     const Config c = shape_from_string(options.shape);
     BenchOptions o = options;
     const std::vector<int> lengths = bench_lengths(c, o);
@@ -541,7 +648,12 @@ int run_bench(const BenchOptions& options) {
     for (int& t : tokens) t = int(rng.next() % std::uint64_t(c.vocab_size));
 
     BenchResult b;
-    b.rows = bench_lengths_rows(model, tokens, lengths, o);
+    {
+        const Progress progress;
+        progress("bench: probing the machine's rates for the cost model");
+        b.rates = probe_machine(model, o.threads, {});
+        b.rows = bench_lengths_rows(model, tokens, lengths, o, b.rates, progress);
+    }
     // The variants and the prefix cache run at the longest length up to --naive-max: each of them
     // prefills its own cache, and past that the table would cost minutes.
     b.T_var = lengths.front();
@@ -555,6 +667,7 @@ int run_bench(const BenchOptions& options) {
         print_bench_json(c, o, b);
     else
         print_bench_text(c, o, b);
+    if (!o.plot.empty()) write_bench_plot(c, o, b);
     if (!b.all_equal()) {
         fmt::print(stderr, "kvlab: error: the decoders' logits are not bitwise equal\n");
         return 1;

@@ -77,6 +77,7 @@ struct BenchOptions {
     int threads = 1;
     std::string lengths = "64,128,256";
     int naive_max = 1024;  // naive decode is timed only up to this T (its step is O(T^2))
+    std::string plot;      // a PNG of tok/s and bytes per step against T ("": none)
     int block_size = 0;  // the paged variant's; 0: 16, or max_seq if smaller
     int group = 0;       // the quantized variants' (channels per value scale, positions per key scale);
                          // 0: the largest divisor of head_size up to 16

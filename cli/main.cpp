@@ -161,6 +161,9 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
                      "time naive decode only up to this T (one naive step costs a prefill of T); above it one "
                      "untimed run still checks the bits")
         ->check(CLI::Range(1, 1 << 20));
+    bench_cmd->add_option(
+        "--plot", bench.plot,
+        "write a PNG: decode tok/s (measured and the cost model's) and bytes read per step, against T");
     bench_cmd->add_option("--device", bench.device,
                           "cpu (default), or gpu / gpu-host: per-step microseconds of cached decode with and without "
                           "graph replay, naive decode, prefill, and bytes read per step (default T = 64,256,1024)");

@@ -409,6 +409,40 @@ TEST_CASE("kvlab bench --naive-max: naive decode timed only up to it and the bit
     CHECK_THAT(text.out, Catch::Contains("not timed") && Catch::Contains("timed up to --naive-max 4"));
 }
 
+TEST_CASE("kvlab bench: the cost model's counts and times per row and a PNG of them", "[cli][bench]") {
+    const fs::path png = scratch() / "bench-plot.png";
+    fs::remove(png);
+    const Run r =
+        run_kvlab("bench --shape " + std::string(kTiny) + " --lengths 4,16 --reps 1 --json --plot " + png.string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const std::string out = r.out.substr(0, r.out.rfind("wrote"));  // the JSON, then the plot's line
+    const auto j = nlohmann::json::parse(out);
+    CHECK(j["machine"]["weights_stream_bytes_per_second"].get<double>() > 0);
+    CHECK(j["kv_passes_weights_T"].get<int>() >= 1);
+    for (const auto& row : j["rows"])
+        for (const char* kind : {"cached", "naive"}) {
+            const auto& cost = row["cost"][kind];
+            CHECK(cost["flops"].get<double>() > 0);
+            CHECK(cost["predicted_seconds"].get<double>() > 0);
+            CHECK(cost["predicted_over_measured"].get<double>() > 0);
+        }
+    // A PNG: its signature, then the IHDR chunk's width and height (big-endian).
+    const std::string bytes = slurp(png);
+    REQUIRE(bytes.size() > 24);
+    CHECK(bytes.substr(1, 3) == "PNG");
+    auto be32 = [&](std::size_t at) {
+        return (unsigned(std::uint8_t(bytes[at])) << 24) | (unsigned(std::uint8_t(bytes[at + 1])) << 16) |
+               (unsigned(std::uint8_t(bytes[at + 2])) << 8) | unsigned(std::uint8_t(bytes[at + 3]));
+    };
+    CHECK(be32(16) == 1800);  // two charts side by side
+    CHECK(be32(20) == 460);
+    check_refused("bench --shape " + std::string(kTiny) + " --lengths 4 --reps 1 --plot " +
+                      (scratch() / "no-such-folder" / "p.png").string(),
+                  "--plot");
+    check_refused("bench --kv-format fp32 --plot " + png.string(), "--plot draws the main table");
+}
+
 TEST_CASE("a named shape takes changes and a length past max_seq is refused with the way out", "[cli][bench]") {
     const Run r = run_kvlab("bench --shape stories260K,max_seq=24,n_layers=1 --lengths 24 --reps 1 --json");
     INFO(r.err);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cost_model.h"
 #include "draw.h"
 #include "panels.h"
 
@@ -18,6 +19,7 @@ namespace {
 // Series colours for bytes; naive and cached use the palette's.
 constexpr ImU32 kReserved = palette::rgb(240, 190, 60);
 constexpr ImU32 kUsed = palette::rgb(120, 220, 160);
+constexpr ImU32 kWeights = palette::rgb(170, 140, 230);
 constexpr ImU32 kAxis = IM_COL32(150, 150, 160, 255);
 constexpr ImU32 kGrid = IM_COL32(255, 255, 255, 22);
 constexpr ImU32 kLabel = IM_COL32(190, 190, 200, 255);
@@ -210,11 +212,21 @@ void draw_cost(const Frame& f) {
                    {},
                    true};
     formula.points = {ImVec2(0, 0), ImVec2(float(x_max), float(double(info.kv_bytes_per_token) * x_max))};
+    // What a cached step reads besides K and V: every weight once (the CPU's panels). K and V pass it
+    // at T = cross (core/cost_model.h); past it a decode step is bound by the cache, not the model.
+    const std::int64_t row_bytes =
+        info.config.n_heads > 0 ? kv_row_bytes(int(info.kv_format), info.config.head_size()) : std::int64_t(0);
+    const double weight_bytes = info.config.n_heads > 0 ? panel_bytes(info.config) : 0.0;
+    const int cross = info.config.n_heads > 0 ? kv_passes_weights_T(info.config, row_bytes) : 0;
+    Series weights{"weights a step reads",
+                   kWeights,
+                   {ImVec2(0, float(weight_bytes)), ImVec2(float(x_max), float(weight_bytes))},
+                   true};
     const char* flops_unit = rescale({&flops_naive, &flops_cached},
                                      {{"FLOP", 1}, {"kFLOP", 1e3}, {"MFLOP", 1e6}, {"GFLOP", 1e9}, {"TFLOP", 1e12}});
     const char* time_unit = rescale({&time_naive, &time_cached}, {{"us", 1e-6}, {"ms", 1e-3}, {"s", 1}});
     const char* bytes_unit =
-        rescale({&reserved, &used, &formula}, {{"B", 1}, {"KiB", 1024}, {"MiB", 1 << 20}, {"GiB", 1 << 30}});
+        rescale({&reserved, &used, &formula, &weights}, {{"B", 1}, {"KiB", 1024}, {"MiB", 1 << 20}, {"GiB", 1 << 30}});
 
     // Totals so far.
     ImGui::Text("after step %d (T = %d):", f.cursor, cur.length);
@@ -234,6 +246,15 @@ void draw_cost(const Frame& f) {
         info.config.n_heads > 0 ? kv_row_bytes(int(info.kv_format), info.config.head_size()) : std::int64_t(0),
         info.config.n_heads > 0 ? info.config.head_size() : 0, kv_format_name(info.kv_format), cur.length,
         bytes(double(info.kv_bytes_per_token) * cur.length).c_str());
+    if (cross > 0) {
+        const std::string past = cross > info.config.max_seq ? ", past max_seq" : "";
+        ImGui::TextDisabled(
+            "a cached step reads the weights (%s of panels) and T x %s of K and V: K and V pass the "
+            "weights at T = %d%s",
+            bytes(weight_bytes).c_str(),
+            bytes(2.0 * info.config.n_layers * info.config.n_kv_heads * double(row_bytes)).c_str(), cross,
+            past.c_str());
+    }
     ImGui::PopTextWrapPos();
 
     // Why the reservation has the shape it has, per variant.
@@ -282,7 +303,7 @@ void draw_cost(const Frame& f) {
         if (cols > 1) ImGui::SameLine();
         line_plot("cumulative time", "T", time_unit, {time_naive, time_cached}, x_max, ImVec2(plot_w, plot_h));
         if (cols == 3) ImGui::SameLine();
-        line_plot("KV cache bytes", "T", bytes_unit, {reserved, used, formula}, x_max,
+        line_plot("KV cache bytes", "T", bytes_unit, {reserved, used, formula, weights}, x_max,
                   ImVec2(cols == 3 ? plot_w : avail.x, plot_h));
     } else if (ImGui::BeginTabBar("cost_plots")) {
         const float plot_h = std::clamp(avail.y - why_h - ImGui::GetFrameHeightWithSpacing() - 4, 120.0f, 320.0f);
@@ -296,7 +317,7 @@ void draw_cost(const Frame& f) {
             ImGui::EndTabItem();
         }
         if (ImGui::BeginTabItem("KV bytes")) {
-            line_plot("KV cache bytes", "T", bytes_unit, {reserved, used, formula}, x_max, size);
+            line_plot("KV cache bytes", "T", bytes_unit, {reserved, used, formula, weights}, x_max, size);
             ImGui::EndTabItem();
         }
         ImGui::EndTabBar();
