@@ -615,6 +615,14 @@ void write_bench_plot(const Config& c, const BenchOptions& o, const BenchResult&
 }
 
 int run_bench(const BenchOptions& options) {
+    if (!options.startup.empty()) {
+        if (!options.plot.empty() || !options.kv_formats.empty() || options.attentions != "simple" ||
+            options.device != "cpu")
+            throw Error(
+                "bench --startup measures one checkpoint on the cpu: no --plot, --kv-format, --attention or "
+                "--device");
+        return run_bench_startup(options);
+    }
     if (!options.plot.empty() &&
         (!options.kv_formats.empty() || options.attentions != "simple" || options.device != "cpu"))
         throw Error("bench: --plot draws the main table (the cpu, simple attention, no --kv-format)");

@@ -78,6 +78,8 @@ struct BenchOptions {
     std::string lengths = "64,128,256";
     int naive_max = 1024;  // naive decode is timed only up to this T (its step is O(T^2))
     std::string plot;      // a PNG of tok/s and bytes per step against T ("": none)
+    std::string startup;   // a checkpoint: time to its first logits and resident memory instead of the table
+    std::string panel_cache = "auto";  // --startup's --panel-cache
     int block_size = 0;  // the paged variant's; 0: 16, or max_seq if smaller
     int group = 0;       // the quantized variants' (channels per value scale, positions per key scale);
                          // 0: the largest divisor of head_size up to 16
@@ -89,6 +91,8 @@ struct BenchOptions {
     bool json = false;
 };
 int run_bench(const BenchOptions& o);
+int run_bench_startup(const BenchOptions& o);
+int run_bench_startup(const BenchOptions& o);
 
 struct ExportOptions {
     std::string shape = "stories260K";

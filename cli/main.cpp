@@ -161,6 +161,10 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
                      "time naive decode only up to this T (one naive step costs a prefill of T); above it one "
                      "untimed run still checks the bits")
         ->check(CLI::Range(1, 1 << 20));
+    bench_cmd->add_option("--startup", bench.startup,
+                          "a checkpoint: time from loading it to its first logits, and the resident memory of 255 "
+                          "decode steps against the weights and KV cache (instead of the tables)");
+    bench_cmd->add_option("--panel-cache", bench.panel_cache, "with --startup: auto, on, off or a folder");
     bench_cmd->add_option(
         "--plot", bench.plot,
         "write a PNG: decode tok/s (measured and the cost model's) and bytes read per step, against T");

@@ -443,6 +443,28 @@ TEST_CASE("kvlab bench: the cost model's counts and times per row and a PNG of t
     check_refused("bench --kv-format fp32 --plot " + png.string(), "--plot draws the main table");
 }
 
+TEST_CASE("kvlab bench --startup: time to the first logits and resident memory against weights and KV",
+          "[cli][bench]") {
+    const fs::path model = exported_model("startup.bin", kTiny);
+    fs::remove(model.string() + ".kvlab-panels");
+    const Run first = run_kvlab("bench --startup " + model.string() + " --panel-cache on --json");
+    INFO(first.err);
+    REQUIRE(first.exit_code == 0);
+    const auto j = nlohmann::json::parse(first.out);
+    CHECK_THAT(j["panels"].get<std::string>(), Catch::StartsWith("packed, and cached in"));
+    CHECK(j["startup_seconds"].get<double>() > 0);
+    CHECK(j["decode_steps"] == 31);  // to max_seq
+    CHECK(j["weights_bytes"].get<double>() == double(fs::file_size(model)));
+    CHECK(j["kv_reserved_bytes"].get<double>() > 0);
+    CHECK(j["peak_resident_bytes"].get<double>() >= j["program_resident_bytes"].get<double>());
+    const Run second = run_kvlab("bench --startup " + model.string() + " --panel-cache on");
+    REQUIRE(second.exit_code == 0);
+    CHECK_THAT(second.out, Catch::Contains("panels mapped from") && Catch::Contains("start-up, load to first logits"));
+    fs::remove(model.string() + ".kvlab-panels");
+    check_refused("bench --startup " + model.string() + " --plot x.png", "bench --startup measures one checkpoint");
+    check_refused("bench --startup " + (scratch() / "missing.bin").string(), "file not found");
+}
+
 TEST_CASE("a named shape takes changes and a length past max_seq is refused with the way out", "[cli][bench]") {
     const Run r = run_kvlab("bench --shape stories260K,max_seq=24,n_layers=1 --lengths 24 --reps 1 --json");
     INFO(r.err);
