@@ -235,13 +235,18 @@ private:
     int group_ = -1;  // the group whose channel scales ch_scale_ and ch_min_ hold
 };
 
+// A thread's HeadRows scratch, in rows of row_floats: 8 decoded rows, KiviKeys' two, and two
+// blocks of 8 rows of head_size.
+constexpr std::size_t kScratchRows = 8 + 2 + 2 * 8;
+
 // Position t's K and V rows of one (row, KV head) of a cached step, as floats: fp32 read in
 // place, a narrower format decoded (decode_kv_row: kv_load's values, exact) into one of 8
 // scratch rows by t % 8, so the eight rows attention reads together are all held; KIVI keys
 // through KiviKeys; a slot of -1 reads NaN.
 class HeadRows {
 public:
-    // decoded: [10, row_floats] this thread's scratch (8 rows, then KiviKeys' scales and minimums)
+    // decoded: [kScratchRows, row_floats] this thread's scratch: 8 rows, KiviKeys' scales and
+    // minimums, then two blocks of 8 rows of head_size (blocks decoded at once)
     // prefetch: ask for the rows kPrefetch positions ahead as each row is read (a decode step
     // reads every key once, from memory; a prefill's rows share theirs, which stay in cache).
     HeadRows(const RowKV& r, int l, int kvh, const std::int64_t* slots, int head_size, std::size_t row_floats,
@@ -256,7 +261,12 @@ public:
           ks_(r.k_scale(l)),
           vs_(r.v_scale(l)),
           kivi_(r, l, kvh, head_size, decoded + 8 * row_floats, decoded + 9 * row_floats),
-          prefetch_n_(prefetch ? r.n : 0) {}
+          prefetch_n_(prefetch ? r.n : 0),
+          n_(r.n),
+          blocks_(decoded + 10 * row_floats),
+          // A float format's rows are its elements alone, so 8 adjacent rows decode as one run.
+          block_decode_(r.format != int(KVFormat::fp32) && !kv_format_int(r.format) && r.key_group == 0 &&
+                        r.row_bytes == std::int64_t(head_size) * kv_format_bytes(r.format)) {}
     const float* key(int t) {
         if (slots_[t] < 0) return nan_row_;
         if (r_.key_group) return kivi_.row(int(slots_[t]), scratch(t));
@@ -274,8 +284,28 @@ private:
             for (std::int64_t b = 0; b < r_.row_bytes; b += 64) __builtin_prefetch(ahead + b);
         }
         if (r_.format == int(KVFormat::fp32)) return static_cast<const float*>(at);
+        if (block_decode_) {
+            // Rows t0 .. t0 + 7 (t0 = t rounded down to 8) in one call, when their slots are adjacent:
+            // the call's fixed cost is paid once for eight rows. Two blocks alternate by t0 / 8, so a
+            // row stays put while the next seven are read (they are in its block or the next).
+            const int t0 = t - t % 8;
+            float* block = blocks_ + std::size_t(t0 / 8 % 2) * 8 * std::size_t(hs_);
+            if (block_storage_[t0 / 8 % 2] == storage && block_t0_[t0 / 8 % 2] == t0)
+                return block + std::size_t(t - t0) * hs_;
+            if (t0 + 8 <= n_ && adjacent(t0)) {
+                decode_kv_row(r_.format, static_cast<const char*>(storage) + (base_ + slots_[t0]) * r_.row_bytes,
+                              8 * hs_, scale, block, r_.group);
+                block_storage_[t0 / 8 % 2] = storage, block_t0_[t0 / 8 % 2] = t0;
+                return block + std::size_t(t - t0) * hs_;
+            }
+        }
         decode_kv_row(r_.format, at, hs_, scale, scratch(t), r_.group);
         return scratch(t);
+    }
+    bool adjacent(int t0) const {
+        for (int j = 1; j < 8; j++)
+            if (slots_[t0 + j] != slots_[t0] + j) return false;
+        return slots_[t0] >= 0;
     }
     const RowKV& r_;
     const std::int64_t* slots_;
@@ -288,6 +318,11 @@ private:
     KiviKeys kivi_;
     int prefetch_n_;  // rows below it are prefetched ahead (0: none)
     static constexpr int kPrefetch = 64;
+    int n_;
+    float* blocks_;  // [2, 8, head_size]
+    bool block_decode_;
+    const void* block_storage_[2] = {nullptr, nullptr};  // which of K and V each block holds
+    int block_t0_[2] = {-1, -1};                         // and from which position
 };
 
 }  // namespace
@@ -324,7 +359,7 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
     // [n_threads, per_thread]: a row's scores, then (tiled) a tile's weights and o_j
     const std::size_t per_thread = padded(std::size_t(std::max(1, max_n))) + padded(std::size_t(a.tile + hs));
     float* const scores_base = thread_scratch(scores_, per_thread, ex.n_threads);
-    float* const decoded_base = thread_scratch(decoded_, 10 * row_floats, ex.n_threads);  // HeadRows' scratch
+    float* const decoded_base = thread_scratch(decoded_, kScratchRows * row_floats, ex.n_threads);  // HeadRows' scratch
     const std::int64_t n_items = std::int64_t(n_rows) * n_heads;
     // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
 #pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel && n_items > 1)
@@ -333,7 +368,8 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         const RowKV& r = rows[i];
         const int thread = omp_get_thread_num();
         HeadRows kv(r, l, kv_head[h], slots + std::int64_t(i) * max_n, hs, row_floats,
-                    decoded_base + std::size_t(thread) * 10 * row_floats, nan_row_.data(), n_rows <= kStreamingRows);
+                    decoded_base + std::size_t(thread) * kScratchRows * row_floats, nan_row_.data(),
+                    n_rows <= kStreamingRows);
         auto key = [&](int t) { return kv.key(t); };
         auto value = [&](int t) { return kv.value(t); };
         float* scores = scores_base + std::size_t(thread) * per_thread;
@@ -364,13 +400,13 @@ void CpuBackend::split_attention(Exec& ex, float* att, const float* q, const Row
     auto padded = [](std::size_t n) { return (n + 15) / 16 * 16; };
     const std::size_t row_floats = padded(std::size_t(hs)), per_thread = padded(std::size_t(tile));
     float* const e_base = thread_scratch(scores_, per_thread, ex.n_threads);  // [n_threads, tile]
-    float* const decoded_base = thread_scratch(decoded_, 10 * row_floats, ex.n_threads);
+    float* const decoded_base = thread_scratch(decoded_, kScratchRows * row_floats, ex.n_threads);
     const std::int64_t n_items = std::int64_t(n_heads) * n_tiles;
 #pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel && n_items > 1)
     for (std::int64_t item = 0; item < n_items; item++) {
         const int h = int(item / n_tiles), j = int(item % n_tiles), thread = omp_get_thread_num();
-        HeadRows kv(r, l, kv_head[h], slots, hs, row_floats, decoded_base + std::size_t(thread) * 10 * row_floats,
-                    nan_row_.data(), true);
+        HeadRows kv(r, l, kv_head[h], slots, hs, row_floats,
+                    decoded_base + std::size_t(thread) * kScratchRows * row_floats, nan_row_.data(), true);
         float* partial = partials_.data() + std::size_t(item) * stride;
         const TileStats st = attention_tile(
             partial, e_base + std::size_t(thread) * per_thread, q + h * hs, hs, j * tile, std::min((j + 1) * tile, r.n),

@@ -314,6 +314,32 @@ int decode_fp8_avx2(const std::uint8_t* c, int n, float* dst) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// decode_fp8_avx2's steps on sixteen codes at a time (masks for its blends): the same values.
+template <int kManBits, int kBias, bool kHasInf>
+int decode_fp8_avx512(const std::uint8_t* c, int n, float* dst) {
+    const __m512i mag_mask = _mm512_set1_epi32(0x7f), rebias = _mm512_set1_epi32((127 - kBias) << 23);
+    const __m512 step = _mm512_set1_ps(std::bit_cast<float>(std::uint32_t(127 + 1 - kBias - kManBits) << 23));
+    const int special = kHasInf ? (0x7f >> kManBits) << kManBits : 0x7f;  // infinity's magnitude, or NaN's
+    const __m512i special_v = _mm512_set1_epi32(special), man_end = _mm512_set1_epi32(1 << kManBits);
+    const __m512i inf = _mm512_set1_epi32(0x7f800000), nan = _mm512_set1_epi32(0x7fc00000);
+    int d = 0;
+    for (; d + 16 <= n; d += 16) {
+        const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + d)));
+        const __m512i m = _mm512_and_si512(u, mag_mask);
+        const __m512i sign = _mm512_slli_epi32(_mm512_andnot_si512(mag_mask, u), 24);
+        const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(m, 23 - kManBits), rebias);
+        const __m512i sub = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(m), step));
+        __m512i bits = _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(m, man_end), normal, sub);
+        const __m512i special_bits =
+            kHasInf ? _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(m, special_v), nan, inf) : nan;
+        bits = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(m, special_v), bits, special_bits);
+        _mm512_storeu_si512(dst + d, _mm512_or_si512(bits, sign));
+    }
+    return d;
+}
+#endif
+
 // An integer row, group by group: kv_load_int's arithmetic (code * scale + min, one multiply and
 // one add each, no contraction), eight codes at a time where the build has AVX2.
 void decode_int_row(int format, const char* row, int n, int group, float* dst) {
@@ -379,8 +405,12 @@ void decode_kv_row(int format, const void* src, int n, float scale, float* dst, 
             const auto* c = static_cast<const std::uint8_t*>(src);
             const bool e5m2 = format == int(KVFormat::fp8_e5m2);
             int d = 0;
+#if defined(__AVX512F__)
+            d = e5m2 ? decode_fp8_avx512<2, 15, true>(c, n, dst) : decode_fp8_avx512<3, 7, false>(c, n, dst);
+#endif
 #if defined(__AVX2__)
-            d = e5m2 ? decode_fp8_avx2<2, 15, true>(c, n, dst) : decode_fp8_avx2<3, 7, false>(c, n, dst);
+            d += e5m2 ? decode_fp8_avx2<2, 15, true>(c + d, n - d, dst + d)
+                      : decode_fp8_avx2<3, 7, false>(c + d, n - d, dst + d);
 #endif
             if (e5m2)
                 decode_row(c + d, n - d, dst + d, 0x7fu, 21, 0x1p112f, 0x7cu, true);
