@@ -523,18 +523,20 @@ TEST_CASE("KV formats: the CPU's row decode gives kv_load's bits for every code,
         std::vector<std::uint8_t> narrow(n);  // [n] the same, fp8
         for (std::size_t c = 0; c < n; c++) wide[c] = std::uint16_t(c), narrow[c] = std::uint8_t(c);
         const void* row = bits == 16 ? static_cast<const void*>(wide.data()) : narrow.data();
-        for (float scale : {1.0f, 0.3125f, 7.5f}) {
-            std::vector<float> got(n);  // [n]
-            decode_kv_row(int(f), row, int(n), scale, got.data());
-            int wrong = 0;
-            for (std::size_t c = 0; c < n; c++) {
-                const float want = kv_load(int(f), row, std::int64_t(c), scale);
-                if (float_bits(got[c]) != float_bits(want) && wrong++ < 5)
-                    FAIL_CHECK(fmt::format("{} code 0x{:x}, scale {}: decode_kv_row 0x{:08x}, kv_load 0x{:08x}",
-                                           kv_format_name(f), c, scale, float_bits(got[c]), float_bits(want)));
+        // Lengths whose ends fall in each vector width's loop and in the scalar tail.
+        for (const std::size_t len : {n, n - 1, n - 9, n - 17})
+            for (float scale : {1.0f, 0.3125f, 7.5f}) {
+                std::vector<float> got(len);  // [len]
+                decode_kv_row(int(f), row, int(len), scale, got.data());
+                int wrong = 0;
+                for (std::size_t c = 0; c < len; c++) {
+                    const float want = kv_load(int(f), row, std::int64_t(c), scale);
+                    if (float_bits(got[c]) != float_bits(want) && wrong++ < 5)
+                        FAIL_CHECK(fmt::format("{} code 0x{:x}, scale {}: decode_kv_row 0x{:08x}, kv_load 0x{:08x}",
+                                               kv_format_name(f), c, scale, float_bits(got[c]), float_bits(want)));
+                }
+                CHECK(wrong == 0);
             }
-            CHECK(wrong == 0);
-        }
     }
 }
 
