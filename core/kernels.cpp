@@ -238,12 +238,50 @@ void dot_rows8(const float* q, const float* const* rows, int head_size, float* s
 #endif
 }
 
+namespace {
+
+// exp_f32 on kB lanes: the same multiplies, adds and floor per lane; its early returns and its
+// three scalings by 2^k are computed for every lane and selected, in exp_f32's order of cases.
+Batch exp_batch(Batch x) {
+    using namespace exp_f32_constants;
+    using IBatch = xsimd::batch<std::int32_t>;
+    const Batch n = xsimd::floor(x * Batch(kLog2e) + Batch(0.5f));
+    const Batch r = (x - n * Batch(kLn2Hi)) - n * Batch(kLn2Lo);
+    Batch p(1.0f / 5040.0f);
+    p = p * r + Batch(1.0f / 720.0f);
+    p = p * r + Batch(1.0f / 120.0f);
+    p = p * r + Batch(1.0f / 24.0f);
+    p = p * r + Batch(1.0f / 6.0f);
+    p = p * r + Batch(0.5f);
+    p = p * r + Batch(1.0f);
+    p = p * r + Batch(1.0f);
+    const IBatch k = xsimd::batch_cast<std::int32_t>(n);  // n is a whole number: exact where used
+    auto pow2 = [](IBatch e) { return xsimd::bitwise_cast<Batch>((e + IBatch(127)) << 23); };
+    const Batch normal = p * pow2(k);
+    const Batch big = p * Batch(pow2_f32(127)) * Batch(2.0f);
+    const Batch small = p * pow2(k + IBatch(100)) * Batch(pow2_f32(-100));
+    Batch out = xsimd::select(n > Batch(127.0f), big, xsimd::select(n < Batch(-126.0f), small, normal));
+    out = xsimd::select(x < Batch(kUnderflow), Batch(0.0f), out);
+    out = xsimd::select(x > Batch(kOverflow), Batch(float_from_bits(0x7f800000u)), out);
+    return xsimd::select(xsimd::isnan(x), x, out);  // (xsimd's != is ordered: false for NaN)
+}
+
+}  // namespace
+
+void exp_f32_n(const float* x, float* out, std::int64_t n) {
+    std::int64_t i = 0;
+    for (; i + kB <= n; i += kB) exp_batch(Batch::load_unaligned(x + i)).store_unaligned(out + i);
+    for (; i < n; i++) out[i] = exp_f32(x[i]);
+}
+
 void softmax(float* x, int n) {
     float max = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > max) max = x[i];
-    // The exponentials first (independent: vectorizable), then their sum in index order.
-    for (int i = 0; i < n; i++) x[i] = exp_f32(x[i] - max);
+    // The exponentials first (independent: a vector register at a time), then their sum in index order.
+    int i0 = 0;
+    for (; i0 + kB <= n; i0 += kB) exp_batch(Batch::load_unaligned(x + i0) - Batch(max)).store_unaligned(x + i0);
+    for (int i = i0; i < n; i++) x[i] = exp_f32(x[i] - max);
     float sum = 0.0f;
     for (int i = 0; i < n; i++) sum = sum + x[i];
     for (int i = 0; i < n; i++) x[i] = x[i] / sum;
@@ -251,7 +289,13 @@ void softmax(float* x, int n) {
 
 void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) {
     ex.flops += 5ull * std::uint64_t(n);
-    for (std::int64_t i = 0; i < n; i++) {
+    std::int64_t i0 = 0;
+    for (; i0 + kB <= n; i0 += kB) {  // the scalar loop's operations, a register of lanes at a time
+        const Batch a = Batch::load_unaligned(h1 + i0);
+        const Batch s = a * (Batch(1.0f) / (Batch(1.0f) + exp_batch(-a)));
+        (s * Batch::load_unaligned(h3 + i0)).store_unaligned(h1 + i0);
+    }
+    for (std::int64_t i = i0; i < n; i++) {
         float a = h1[i];
         a = a * (1.0f / (1.0f + exp_f32(-a)));
         h1[i] = a * h3[i];

@@ -69,6 +69,10 @@ void rmsnorm(Exec& ex, float* out, const float* x, const float* w, int rows, int
 void rope(Exec& ex, float* vec, int rows, int n_heads, int head_size, std::span<const int> positions,
           const RopeTable& table);
 
+// out[n] = exp_f32(x[n]), a vector register of lanes at a time: each lane runs exp_f32's
+// operations in its order (its branches become selects), so every bit is exp_f32's.
+void exp_f32_n(const float* x, float* out, std::int64_t n);
+
 // x[n] = softmax(x[n]); entries of -inf become exact zeros and change nothing else.
 void softmax(float* x, int n);
 inline std::uint64_t softmax_flops(int n) { return 5ull * std::uint64_t(n); }

@@ -39,13 +39,18 @@ KVLAB_HD inline float pow2_f32(int k) { return float_from_bits(std::uint32_t(k +
 //                                  so n * kLn2Hi is exact for every n we reach)
 //   e^r = degree-7 Taylor polynomial (truncation error < 8e-9, under a tenth of an ulp)
 //   e^x = e^r * 2^n               (2^n built from its bits; two steps below the normal range)
+// exp_f32's constants, shared with the CPU's vector copy of it (kernels.cpp: exp_f32_n).
+namespace exp_f32_constants {
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f;      // 9 significant bits
+inline constexpr float kLn2Lo = -2.12194440e-4f;   // ln 2 - kLn2Hi
+inline constexpr float kOverflow = 88.7228394f;    // ln(FLT_MAX), rounded up
+inline constexpr float kUnderflow = -103.972084f;  // below this e^x rounds to +0
+}  // namespace exp_f32_constants
+
 KVLAB_HD inline float exp_f32(float x) {
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kLn2Hi = 0.693359375f;      // 9 significant bits
-    constexpr float kLn2Lo = -2.12194440e-4f;   // ln 2 - kLn2Hi
-    constexpr float kOverflow = 88.7228394f;    // ln(FLT_MAX), rounded up
-    constexpr float kUnderflow = -103.972084f;  // below this e^x rounds to +0
-    if (x != x) return x;                       // NaN stays NaN
+    using namespace exp_f32_constants;
+    if (x != x) return x;                                    // NaN stays NaN
     if (x > kOverflow) return float_from_bits(0x7f800000u);  // +inf
     if (x < kUnderflow) return 0.0f;  // -inf included: masked scores become exact zeros
     const float n = floorf(x * kLog2e + 0.5f);  // exact: floor only drops the fraction

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -140,6 +141,42 @@ TEST_CASE("token_logprob is float64's log-softmax, far tails included", "[kernel
 TEST_CASE("token_logprob counter-test: ln of the rounded softmax probability is caught in the tail",
           "[kernels][log][counter]") {
     test::expect_failure([] { logprob_oracle(planted_logprob(Mutant::logprob_unfused)); }, "but float64 gives");
+}
+
+namespace {
+
+// Bit patterns where a vector exp could differ from exp_f32 but is checked: every 257th pattern
+// (all signs, exponents and mantissa bits move), and each case exp_f32 branches on, with its
+// neighbours. The first few mismatches, or "" when every bit agrees.
+std::string exp_vector_mismatches(const std::function<void(const float*, float*, std::int64_t)>& vector_exp) {
+    std::vector<float> x;
+    for (std::uint64_t u = 0; u <= 0xffffffffull; u += 257) x.push_back(float_from_bits(std::uint32_t(u)));
+    for (float edge : {88.7228394f, -103.972084f, 88.3762589f, -87.3365479f, 0.0f, -0.0f, 1.0f})
+        for (int d = -3; d <= 3; d++) x.push_back(float_from_bits(std::uint32_t(std::int64_t(float_bits(edge)) + d)));
+    std::vector<float> got(x.size());  // [x.size()]
+    vector_exp(x.data(), got.data(), std::int64_t(x.size()));
+    std::string out;
+    int n = 0;
+    for (std::size_t i = 0; i < x.size(); i++)
+        if (float_bits(got[i]) != float_bits(exp_f32(x[i])) && n++ < 3)
+            out += fmt::format("x = {:a} ({:08x}): {:08x}, exp_f32 {:08x}; ", x[i], float_bits(x[i]),
+                               float_bits(got[i]), float_bits(exp_f32(x[i])));
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("the vector exp (softmax and silu_mul use it) gives exp_f32's bits in every lane", "[kernels][exp]") {
+    CHECK(exp_vector_mismatches(exp_f32_n) == "");
+}
+
+TEST_CASE("counter-test: a vector exp one ulp off in one lane is caught", "[kernels][exp][counter]") {
+    const std::string found = exp_vector_mismatches([](const float* x, float* out, std::int64_t n) {
+        exp_f32_n(x, out, n);
+        for (std::int64_t i = 5; i < n; i += 1000003)  // a lane now and then
+            if (std::isfinite(out[i]) && out[i] > 0) out[i] = float_from_bits(float_bits(out[i]) + 1);
+    });
+    CHECK_THAT(found, Catch::Contains("exp_f32"));
 }
 
 TEST_CASE("exp_f32 handles the edges: -inf is an exact zero, overflow is inf, NaN stays NaN", "[kernels][exp]") {
