@@ -22,6 +22,9 @@
 
 namespace kvlab::fuzz {
 
+// The checkpoint whose panel cache fuzz_panel_cache feeds (make_seeds writes its seeds).
+inline Config panel_fuzz_shape() { return Config{16, 24, 2, 4, 2, 40, 8}; }
+
 // A broken property: print it on stderr (libFuzzer shows it above its report) and crash, so the
 // input is saved as a crash file.
 #define FUZZ_CHECK(cond, ...)                                            \

@@ -22,6 +22,9 @@
 
 #include "cache_factory.h"
 #include "checkpoint.h"
+#include "cpu_backend.h"
+#include "fuzz_util.h"
+#include "panel_cache.h"
 #include "tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -149,6 +152,22 @@ int main(int argc, char** argv) {
             for (int i = 0; i < n; i++) s += char(1 + 5 * i + k);
             write(seeds / "decode" / (name + "-" + std::to_string(k++)), s + legacy);
         }
+    }
+
+    // panel_cache: fuzz_panel_cache's checkpoint's cache as kvlab writes it, cut short, and its header alone.
+    {
+        const fs::path dir = seeds / "panel_cache-work";
+        fs::create_directories(dir);
+        const std::string model = (dir / "model.bin").string();
+        save_checkpoint(model, random_model(fuzz::panel_fuzz_shape(), 11));
+        Model m = load_checkpoint(model);
+        m.panel_cache = {PanelCacheOption::Mode::on, (dir / "cache").string()};
+        const CpuBackend backend(m);  // writes the cache
+        const std::string bytes = read(panel_cache_path(model, m.panel_cache));
+        write(seeds / "panel_cache" / "valid", bytes);
+        write(seeds / "panel_cache" / "cut", bytes.substr(0, bytes.size() / 2));
+        write(seeds / "panel_cache" / "header", bytes.substr(0, 4096));
+        fs::remove_all(dir);
     }
 
     // tokenizer: two small vocabularies, and the real one when it is there.
