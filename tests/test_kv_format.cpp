@@ -197,7 +197,14 @@ enum class NaiveAs { cache, fp32, unscaled };
 // Prefill a prompt, then decode to max_seq: every step's logits equal naive decode's, storing K
 // and V as `as` says.
 void format_property(NaiveAs as) {
-    const Config c = draw_config(2);
+    // Tiled attention too: a tile starts at any multiple of its size, so eight rows read together
+    // can straddle two of the CPU's blocks of eight decoded rows (cpu_backend.cpp HeadRows). Tiles
+    // of 9 to 15 keys and contexts past 16 make that common.
+    const bool tiled = draw(0, 1);
+    const AttentionSpec attention =
+        tiled ? AttentionSpec{AttentionSpec::Kind::tiled, draw(0, 1) ? draw(9, 15) : draw(1, 20)} : AttentionSpec{};
+    Config c = draw_config(2);
+    if (tiled) c.max_seq = draw(16, 40);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int n_formats = int(std::size(kKVFormats));
     const KVFormat format = kKVFormats[std::size_t(as == NaiveAs::unscaled ? draw(3, 4) : draw(1, n_formats - 1))];
@@ -214,9 +221,10 @@ void format_property(NaiveAs as) {
     naive.kv_format = as == NaiveAs::fp32 ? KVFormat::fp32 : format;
     if (as == NaiveAs::cache) naive.kv_scales = scales;
     CachedDecoder cached(*backend, *fc.cache);
+    naive.exec.attention = cached.exec.attention = attention;
     std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const std::string where = fmt::format("{}{} on {}, {}", fc.name, scaled ? " with scales" : "",
-                                          on_gpu_host ? "gpu-host" : "cpu", c.describe());
+    const std::string where = fmt::format("{}{} on {}, {} attention, {}", fc.name, scaled ? " with scales" : "",
+                                          on_gpu_host ? "gpu-host" : "cpu", attention_name(attention), c.describe());
     std::vector<float> got = cached.extend(tokens);
     while (true) {
         if (const auto diff = first_difference(naive.forward(tokens), got))
@@ -234,7 +242,7 @@ void format_property(NaiveAs as) {
 TEST_CASE("KV formats: cached decode equals the format-aware naive decode, bit for bit, every step", "[kv-format]") {
     rc::prop(
         "contiguous (both layouts), growing and paged caches in bf16, fp16, fp8-e5m2, fp8-e4m3 (fp8 with and "
-        "without per-layer scales), on cpu and gpu-host",
+        "without per-layer scales), simple and tiled attention, on cpu and gpu-host",
         [] { format_property(NaiveAs::cache); });
 }
 
