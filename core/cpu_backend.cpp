@@ -235,6 +235,17 @@ private:
     int group_ = -1;  // the group whose channel scales ch_scale_ and ch_min_ hold
 };
 
+// Asks for the cache line at p. GCC 12 deletes __builtin_prefetch from loops of fixed count in a
+// function that has no other effect (the row prefetches below vanished and the fp32 decode rate
+// fell a third), so the instruction is written out where the target has it.
+inline void prefetch_line(const void* p) {
+#if defined(__x86_64__)
+    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+    __builtin_prefetch(p);
+#endif
+}
+
 // A thread's HeadRows scratch, in rows of row_floats: 8 decoded rows, KiviKeys' two, and two
 // blocks of 8 rows of head_size.
 constexpr std::size_t kScratchRows = 8 + 2 + 2 * 8;
@@ -242,11 +253,13 @@ constexpr std::size_t kScratchRows = 8 + 2 + 2 * 8;
 // Position t's K and V rows of one (row, KV head) of a cached step, as floats: fp32 read in
 // place, a narrower format decoded (decode_kv_row: kv_load's values, exact) into one of 8
 // scratch rows by t % 8, so the eight rows attention reads together are all held; KIVI keys
-// through KiviKeys; a slot of -1 reads NaN.
+// through KiviKeys; a slot of -1 reads NaN. Eight positions whose slots are adjacent are handed
+// over at once (rows8): read in place or decoded in one call, prefetched as one run.
 class HeadRows {
 public:
     // decoded: [kScratchRows, row_floats] this thread's scratch: 8 rows, KiviKeys' scales and
-    // minimums, then two blocks of 8 rows of head_size (blocks decoded at once)
+    // minimums, then two blocks of 8 rows of head_size (rows8's, alternating by t0 / 8, so that
+    // attention can hold sixteen rows at once)
     // prefetch: ask for the rows kPrefetch positions ahead as each row is read (a decode step
     // reads every key once, from memory; a prefill's rows share theirs, which stay in cache).
     HeadRows(const RowKV& r, int l, int kvh, const std::int64_t* slots, int head_size, std::size_t row_floats,
@@ -262,45 +275,61 @@ public:
           vs_(r.v_scale(l)),
           kivi_(r, l, kvh, head_size, decoded + 8 * row_floats, decoded + 9 * row_floats),
           prefetch_n_(prefetch ? r.n : 0),
-          n_(r.n),
-          blocks_(decoded + 10 * row_floats),
-          // A float format's rows are its elements alone, so 8 adjacent rows decode as one run.
-          block_decode_(r.format != int(KVFormat::fp32) && !kv_format_int(r.format) && r.key_group == 0 &&
-                        r.row_bytes == std::int64_t(head_size) * kv_format_bytes(r.format)) {}
+          blocks_(decoded + 10 * row_floats) {}
     const float* key(int t) {
         if (slots_[t] < 0) return nan_row_;
         if (r_.key_group) return kivi_.row(int(slots_[t]), scratch(t));
         return row(r_.k, ks_, t);
     }
     const float* value(int t) { return slots_[t] < 0 ? nan_row_ : row(r_.v, vs_, t); }
+    void keys8(int t0, const float** rows) {
+        if (r_.key_group) {
+            for (int j = 0; j < 8; j++) rows[j] = key(t0 + j);
+            return;
+        }
+        rows8(r_.k, ks_, t0, rows);
+    }
+    void values8(int t0, const float** rows) { rows8(r_.v, vs_, t0, rows); }
 
 private:
     float* scratch(int t) { return decoded_ + std::size_t(t % 8) * row_floats_; }
-    const float* row(void* storage, float scale, int t) {
-        const void* at = static_cast<const char*>(storage) + (base_ + slots_[t]) * r_.row_bytes;
-        // Where the row is does not change what is computed: prefetching only starts the loads early.
-        if (t + kPrefetch < prefetch_n_ && slots_[t + kPrefetch] >= 0) {
-            const char* ahead = static_cast<const char*>(storage) + (base_ + slots_[t + kPrefetch]) * r_.row_bytes;
-            for (std::int64_t b = 0; b < r_.row_bytes; b += 64) __builtin_prefetch(ahead + b);
+    const char* at(const void* storage, std::int64_t slot) const {
+        return static_cast<const char*>(storage) + (base_ + slot) * r_.row_bytes;
+    }
+    // Where a row is does not change what is computed: prefetching only starts the loads early.
+    void prefetch_rows(const void* storage, int t, int n_rows) const {
+        if (t + n_rows > prefetch_n_) return;
+        if (slots_[t] >= 0 && slots_[t + n_rows - 1] == slots_[t] + n_rows - 1) {  // one run (a hint either way)
+            const char* p = at(storage, slots_[t]);
+            for (std::int64_t b = 0; b < n_rows * r_.row_bytes; b += 64) prefetch_line(p + b);
+            return;
         }
-        if (r_.format == int(KVFormat::fp32)) return static_cast<const float*>(at);
-        if (block_decode_) {
-            // Rows t0 .. t0 + 7 (t0 = t rounded down to 8) in one call, when their slots are adjacent:
-            // the call's fixed cost is paid once for eight rows. Two blocks alternate by t0 / 8, so a
-            // row stays put while the next seven are read (they are in its block or the next).
-            const int t0 = t - t % 8;
-            float* block = blocks_ + std::size_t(t0 / 8 % 2) * 8 * std::size_t(hs_);
-            if (block_storage_[t0 / 8 % 2] == storage && block_t0_[t0 / 8 % 2] == t0)
-                return block + std::size_t(t - t0) * hs_;
-            if (t0 + 8 <= n_ && adjacent(t0)) {
-                decode_kv_row(r_.format, static_cast<const char*>(storage) + (base_ + slots_[t0]) * r_.row_bytes,
-                              8 * hs_, scale, block, r_.group);
-                block_storage_[t0 / 8 % 2] = storage, block_t0_[t0 / 8 % 2] = t0;
-                return block + std::size_t(t - t0) * hs_;
-            }
-        }
-        decode_kv_row(r_.format, at, hs_, scale, scratch(t), r_.group);
+        for (int j = 0; j < n_rows; j++)
+            if (slots_[t + j] >= 0)
+                for (std::int64_t b = 0; b < r_.row_bytes; b += 64) prefetch_line(at(storage, slots_[t + j]) + b);
+    }
+    const float* row(const void* storage, float scale, int t) {
+        prefetch_rows(storage, t + kPrefetch, 1);
+        if (r_.format == int(KVFormat::fp32)) return reinterpret_cast<const float*>(at(storage, slots_[t]));
+        decode_kv_row(r_.format, at(storage, slots_[t]), hs_, scale, scratch(t), r_.group);
         return scratch(t);
+    }
+    // Positions t0..t0+7: in place (fp32) or decoded into the block in one call when their slots
+    // are adjacent (the call's fixed cost paid once for eight rows), else row by row.
+    void rows8(const void* storage, float scale, int t0, const float** rows) {
+        if (!adjacent(t0)) {
+            for (int j = 0; j < 8; j++) rows[j] = slots_[t0 + j] < 0 ? nan_row_ : row(storage, scale, t0 + j);
+            return;
+        }
+        prefetch_rows(storage, t0 + kPrefetch, 8);
+        const char* first = at(storage, slots_[t0]);
+        if (r_.format == int(KVFormat::fp32)) {
+            for (int j = 0; j < 8; j++) rows[j] = reinterpret_cast<const float*>(first + j * r_.row_bytes);
+            return;
+        }
+        float* block = blocks_ + std::size_t(t0 / 8 % 2) * 8 * hs_;
+        decode_kv_rows(r_.format, first, r_.row_bytes, 8, hs_, scale, block, r_.group);
+        for (int j = 0; j < 8; j++) rows[j] = block + std::size_t(j) * hs_;
     }
     bool adjacent(int t0) const {
         for (int j = 1; j < 8; j++)
@@ -318,11 +347,19 @@ private:
     KiviKeys kivi_;
     int prefetch_n_;  // rows below it are prefetched ahead (0: none)
     static constexpr int kPrefetch = 64;
-    int n_;
     float* blocks_;  // [2, 8, head_size]
-    bool block_decode_;
-    const void* block_storage_[2] = {nullptr, nullptr};  // which of K and V each block holds
-    int block_t0_[2] = {-1, -1};                         // and from which position
+};
+
+// kernels.h's key and value accessors over a HeadRows, with its eight-row batches.
+struct KeysOf {
+    HeadRows& kv;
+    const float* operator()(int t) const { return kv.key(t); }
+    void rows8(int t0, const float** rows) const { kv.keys8(t0, rows); }
+};
+struct ValuesOf {
+    HeadRows& kv;
+    const float* operator()(int t) const { return kv.value(t); }
+    void rows8(int t0, const float** rows) const { kv.values8(t0, rows); }
 };
 
 }  // namespace
@@ -370,8 +407,8 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
         HeadRows kv(r, l, kv_head[h], slots + std::int64_t(i) * max_n, hs, row_floats,
                     decoded_base + std::size_t(thread) * kScratchRows * row_floats, nan_row_.data(),
                     n_rows <= kStreamingRows);
-        auto key = [&](int t) { return kv.key(t); };
-        auto value = [&](int t) { return kv.value(t); };
+        const KeysOf key{kv};
+        const ValuesOf value{kv};
         float* scores = scores_base + std::size_t(thread) * per_thread;
         float* out = att + std::int64_t(i) * c.dim + h * hs;
         const float* qi = q + std::int64_t(i) * c.dim + h * hs;
@@ -408,9 +445,8 @@ void CpuBackend::split_attention(Exec& ex, float* att, const float* q, const Row
         HeadRows kv(r, l, kv_head[h], slots, hs, row_floats,
                     decoded_base + std::size_t(thread) * kScratchRows * row_floats, nan_row_.data(), true);
         float* partial = partials_.data() + std::size_t(item) * stride;
-        const TileStats st = attention_tile(
-            partial, e_base + std::size_t(thread) * per_thread, q + h * hs, hs, j * tile, std::min((j + 1) * tile, r.n),
-            [&](int t) { return kv.key(t); }, [&](int t) { return kv.value(t); });
+        const TileStats st = attention_tile(partial, e_base + std::size_t(thread) * per_thread, q + h * hs, hs,
+                                            j * tile, std::min((j + 1) * tile, r.n), KeysOf{kv}, ValuesOf{kv});
         partial[hs] = st.m, partial[hs + 1] = st.l;
     }
     for (int h = 0; h < n_heads; h++) {

@@ -212,6 +212,58 @@ inline void transpose8(__m256 r[8]) {
 }  // namespace
 #endif
 
+#if defined(__AVX512F__)
+namespace {
+// r[i] becomes column i of the 16 x 16 block whose rows were r[0..15].
+inline void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {  // within 128-bit lanes: pairs of rows interleaved
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // lane k of u[i + m]: rows i..i+3 of column 4k + m
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int m = 0; m < 4; m++) {  // then the four row groups' lanes k gathered into column 4k + m
+        const __m512 even_lo = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88),
+                     odd_lo = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+        const __m512 even_hi = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88),
+                     odd_hi = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+        r[m] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xdd);
+        r[4 + m] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xdd);
+    }
+}
+}  // namespace
+#endif
+
+void dot_rows16(const float* q, const float* const* rows, int head_size, float* s) {
+#if defined(__AVX512F__)
+    // Lane j is row j: acc_j = acc_j + q[d] * rows[j][d], d ascending; a multiply, then an add.
+    __m512 acc = _mm512_setzero_ps();
+    int d = 0;
+    for (; d + 16 <= head_size; d += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(rows[j] + d);
+        transpose16(r);  // r[i]: element d + i of the 16 rows
+        for (int i = 0; i < 16; i++) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(q[d + i]), r[i]));
+    }
+    for (; d < head_size; d++) {
+        alignas(64) float col[16];
+        for (int j = 0; j < 16; j++) col[j] = rows[j][d];
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(q[d]), _mm512_load_ps(col)));
+    }
+    _mm512_storeu_ps(s, acc);
+#else
+    dot_rows8(q, rows, head_size, s);
+    dot_rows8(q, rows + 8, head_size, s + 8);
+#endif
+}
+
 void dot_rows8(const float* q, const float* const* rows, int head_size, float* s) {
     int d = 0;
 #if defined(__AVX2__)
@@ -358,68 +410,141 @@ int decode_fp8_avx2(const std::uint8_t* c, int n, float* dst) {
 }
 #endif
 
-#if defined(__AVX512F__)
-// decode_fp8_avx2's steps on sixteen codes at a time (masks for its blends): the same values.
-template <int kManBits, int kBias, bool kHasInf>
-int decode_fp8_avx512(const std::uint8_t* c, int n, float* dst) {
-    const __m512i mag_mask = _mm512_set1_epi32(0x7f), rebias = _mm512_set1_epi32((127 - kBias) << 23);
-    const __m512 step = _mm512_set1_ps(std::bit_cast<float>(std::uint32_t(127 + 1 - kBias - kManBits) << 23));
-    const int special = kHasInf ? (0x7f >> kManBits) << kManBits : 0x7f;  // infinity's magnitude, or NaN's
-    const __m512i special_v = _mm512_set1_epi32(special), man_end = _mm512_set1_epi32(1 << kManBits);
-    const __m512i inf = _mm512_set1_epi32(0x7f800000), nan = _mm512_set1_epi32(0x7fc00000);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// Sixteen fp16, fp8-e5m2 or fp8-e4m3 codes at a time through the hardware's exact fp16 to fp32
+// conversion: an fp16 code as it is; an e5m2 code is fp16's top byte; an e4m3 code shifted up 7
+// bits has its exponent and mantissa at fp16's and its sign at bit 14, which adding that bit
+// to itself carries into bit 15 (bit 15 was clear). Read as fp16, an e4m3 code is its value
+// times 2^-8 (the biases differ by 8); times 2^8 * scale, exact (a power of two times the
+// scale), that is kv_load's one rounding of value * scale. NaN codes become decode_float's
+// quiet NaN with the code's sign. Returns how many elements it decoded: the rest are the
+// caller's. (No fp32 subnormal is an operand of an arithmetic instruction here: x86 slows down
+// by two orders of magnitude for those.)
+template <KVFormat kFormat>
+int decode_half_avx512(const void* src, int n, float scale, float* dst) {
+    const __m256i bit14 = _mm256_set1_epi16(0x4000), mag16 = _mm256_set1_epi16(0x7fff);
+    // the largest magnitude that is a number, as fp16 bits: infinity, or e4m3's 0x7e shifted
+    const __m256i last_number = _mm256_set1_epi16(kFormat == KVFormat::fp8_e4m3 ? 0x7e << 7 : 0x7c00);
+    const __m512i sign32 = _mm512_set1_epi32(std::int32_t(0x80000000u)), qnan = _mm512_set1_epi32(0x7fc00000);
+    const float times = kFormat == KVFormat::fp8_e4m3 ? 256.0f * scale : scale;
+    const bool multiply = times != 1.0f;
+    if (!std::isfinite(times)) return 0;  // 2^8 * scale overflows: the caller's scalar loop decodes it all
+    const __m512 vtimes = _mm512_set1_ps(times);
     int d = 0;
     for (; d + 16 <= n; d += 16) {
-        const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + d)));
-        const __m512i m = _mm512_and_si512(u, mag_mask);
-        const __m512i sign = _mm512_slli_epi32(_mm512_andnot_si512(mag_mask, u), 24);
-        const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(m, 23 - kManBits), rebias);
-        const __m512i sub = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(m), step));
-        __m512i bits = _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(m, man_end), normal, sub);
-        const __m512i special_bits =
-            kHasInf ? _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(m, special_v), nan, inf) : nan;
-        bits = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(m, special_v), bits, special_bits);
-        _mm512_storeu_si512(dst + d, _mm512_or_si512(bits, sign));
+        __m256i h;
+        if constexpr (kFormat == KVFormat::fp16) {
+            h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(src) + d));
+        } else {
+            const auto* c = static_cast<const std::uint8_t*>(src) + d;
+            const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+            if constexpr (kFormat == KVFormat::fp8_e5m2) {
+                h = _mm256_slli_epi16(w, 8);
+            } else {
+                const __m256i x = _mm256_slli_epi16(w, 7);
+                h = _mm256_add_epi16(x, _mm256_and_si256(x, bit14));
+            }
+        }
+        const __mmask16 nan = _mm256_cmpgt_epu16_mask(_mm256_and_si256(h, mag16), last_number);
+        __m512 f = _mm512_cvtph_ps(h);
+        if (multiply) f = _mm512_mul_ps(f, vtimes);
+        if (nan) {  // (rare: a branch, not a blend per chunk) the code's sign, whatever the scale's
+            const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16), sign32);
+            f = _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(_mm512_or_si512(sign, qnan)));
+        }
+        _mm512_storeu_ps(dst + d, f);
     }
     return d;
 }
 #endif
 
-// An integer row, group by group: kv_load_int's arithmetic (code * scale + min, one multiply and
-// one add each, no contraction), eight codes at a time where the build has AVX2.
-void decode_int_row(int format, const char* row, int n, int group, float* dst) {
-    const int bits = kv_int_bits(format);
-    const std::uint8_t* codes = kv_int_codes(row, n, group);
-    for (int gi = 0, g0 = 0; g0 < n; gi++, g0 += group) {
-        float meta[2];  // the group's scale and minimum
-        std::memcpy(meta, row + 8 * std::size_t(gi), sizeof meta);
-        const float scale = meta[0], min = meta[1];
-        int j = g0;
-        const int end = g0 + group;
-#if defined(__AVX2__)
-        // Widened to int32, converted (exactly), then the scalar loop's multiply and add, lane by lane.
-        const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(min);
-        if (bits == 8) {
-            for (; j + 8 <= end; j += 8) {
-                const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
-                _mm256_storeu_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// Integer rows of up to 256 elements and 8 groups, sixteen elements at a time whatever the
+// groups: each lane's scale and minimum are picked from the row's meta (one register: the
+// groups' (scale, minimum) pairs) by an index fixed for the row layout, then kv_load_int's
+// multiply and add lane by lane. The last chunk of a row is masked. Returns false (nothing
+// decoded) for a longer row. dst: [n_rows, n].
+bool decode_int_rows_avx512(int bits, const char* src, std::int64_t row_bytes, int n_rows, int n, int group,
+                            float* dst) {
+    const int n_groups = n / group, n_chunks = (n + 15) / 16;
+    if (n > 256 || n_groups > 8) return false;
+    __m512i scale_of[16], min_of[16];  // [n_chunks] per lane, the index of its group's scale and minimum
+    const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int c = 0; c < n_chunks; c++) {
+        // element / group, exactly: a quotient of integers below 2^8 rounds to the integer it is,
+        // or stays more than 1/group below the next one (far above its rounding error)
+        const __m512 e =
+            _mm512_min_ps(_mm512_add_ps(lane, _mm512_set1_ps(float(16 * c))), _mm512_set1_ps(float(n - 1)));
+        const __m512i g = _mm512_cvttps_epi32(_mm512_div_ps(e, _mm512_set1_ps(float(group))));
+        scale_of[c] = _mm512_add_epi32(g, g), min_of[c] = _mm512_add_epi32(scale_of[c], _mm512_set1_epi32(1));
+    }
+    const __mmask16 meta_mask = __mmask16((1u << (2 * n_groups)) - 1);
+    const __mmask16 last = __mmask16((1u << (n - 16 * (n_chunks - 1))) - 1);  // lanes of the last chunk
+    const __m512i shift = _mm512_set4_epi32(4, 0, 4, 0), low4 = _mm512_set1_epi32(0x0f);
+    const __m128i twice_of = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int i = 0; i < n_rows; i++, src += row_bytes, dst += n) {
+        const __m512 meta = _mm512_maskz_loadu_ps(meta_mask, src);  // s0, m0, s1, m1, ...
+        const std::uint8_t* codes = kv_int_codes(src, n, group);
+        for (int c = 0; c < n_chunks; c++) {
+            const __mmask16 lanes = c + 1 < n_chunks ? __mmask16(0xffff) : last;
+            __m512i code;
+            if (bits == 8) {
+                code = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, codes + 16 * c));
+            } else {  // eight bytes hold sixteen codes: each byte twice, then its low and high nibble
+                const __mmask16 bytes = __mmask16((1u << ((std::popcount(unsigned(lanes)) + 1) / 2)) - 1);
+                const __m128i twice = _mm_shuffle_epi8(_mm_maskz_loadu_epi8(bytes, codes + 8 * c), twice_of);
+                code = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(twice), shift), low4);
             }
-        } else if (j % 2 == 0) {
-            // Four bytes hold codes j..j+7: each byte twice, then the low nibble of the first copy
-            // and the high nibble of the second.
-            const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4), low4 = _mm256_set1_epi32(0x0f);
-            const __m128i twice_of = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
-            for (; j + 8 <= end; j += 8) {
-                std::uint32_t four;
-                std::memcpy(&four, codes + j / 2, sizeof four);
-                const __m128i twice = _mm_shuffle_epi8(_mm_cvtsi32_si128(int(four)), twice_of);
-                const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(twice), shift), low4);
-                _mm256_storeu_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
-            }
+            const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(code), _mm512_permutexvar_ps(scale_of[c], meta));
+            _mm512_mask_storeu_ps(dst + 16 * c, lanes, _mm512_add_ps(x, _mm512_permutexvar_ps(min_of[c], meta)));
         }
+    }
+    return true;
+}
 #endif
-        for (; j < end; j++) {
-            const unsigned code = bits == 8 ? codes[j] : (j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4u);
-            dst[j] = float(code) * scale + min;
+
+// Integer rows, row_bytes apart, group by group: kv_load_int's arithmetic (code * scale + min,
+// one multiply and one add each, no contraction), sixteen or eight codes at a time where the
+// build has AVX-512 or AVX2. dst: [n_rows, n].
+void decode_int_rows(int format, const char* src, std::int64_t row_bytes, int n_rows, int n, int group, float* dst) {
+    const int bits = kv_int_bits(format), n_groups = n / group;
+    assert(std::int64_t(n_groups) * group == n);  // a group never straddles rows
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    if (decode_int_rows_avx512(bits, src, row_bytes, n_rows, n, group, dst)) return;
+#endif
+    for (int i = 0; i < n_rows; i++, src += row_bytes, dst += n) {
+        const std::uint8_t* codes = kv_int_codes(src, n, group);
+        for (int gi = 0; gi < n_groups; gi++) {
+            float meta[2];  // the group's scale and minimum
+            std::memcpy(meta, src + 8 * std::size_t(gi), sizeof meta);
+            const float scale = meta[0], min = meta[1];
+            int j = gi * group;
+            const int end = j + group;
+#if defined(__AVX2__)
+            const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(min);
+            if (bits == 8) {
+                for (; j + 8 <= end; j += 8) {
+                    const __m256i c =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
+                    _mm256_storeu_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
+                }
+            } else if (j % 2 == 0) {
+                // Four bytes hold codes j..j+7, as above.
+                const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4), low4 = _mm256_set1_epi32(0x0f);
+                const __m128i twice_of = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
+                for (; j + 8 <= end; j += 8) {
+                    std::uint32_t four;
+                    std::memcpy(&four, codes + j / 2, sizeof four);
+                    const __m128i twice = _mm_shuffle_epi8(_mm_cvtsi32_si128(int(four)), twice_of);
+                    const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(twice), shift), low4);
+                    _mm256_storeu_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vm));
+                }
+            }
+#endif
+            for (; j < end; j++) {
+                const unsigned code = bits == 8 ? codes[j] : (j % 2 == 0 ? codes[j / 2] & 0x0fu : codes[j / 2] >> 4u);
+                dst[j] = float(code) * scale + min;
+            }
         }
     }
 }
@@ -428,7 +553,7 @@ void decode_int_row(int format, const char* row, int n, int group, float* dst) {
 
 void decode_kv_row(int format, const void* src, int n, float scale, float* dst, int group) {
     if (kv_format_int(format)) {
-        decode_int_row(format, static_cast<const char*>(src), n, group, dst);
+        decode_int_rows(format, static_cast<const char*>(src), 0, 1, n, group, dst);
         return;
     }
     switch (format) {
@@ -442,15 +567,22 @@ void decode_kv_row(int format, const void* src, int n, float scale, float* dst, 
             }
             return;
         }
-        case int(KVFormat::fp16):
-            decode_row(static_cast<const std::uint16_t*>(src), n, dst, 0x7fffu, 13, 0x1p112f, 0x7c00u, true);
+        case int(KVFormat::fp16): {
+            int d = 0;  // (fp16 has no scale)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+            d = decode_half_avx512<KVFormat::fp16>(src, n, 1.0f, dst);
+#endif
+            decode_row(static_cast<const std::uint16_t*>(src) + d, n - d, dst + d, 0x7fffu, 13, 0x1p112f, 0x7c00u,
+                       true);
             return;
-        default: {  // fp8: eight codes at a time where the build has AVX2, the rest one by one
+        }
+        default: {  // fp8: sixteen or eight codes at a time where the build has AVX-512 or AVX2
             const auto* c = static_cast<const std::uint8_t*>(src);
             const bool e5m2 = format == int(KVFormat::fp8_e5m2);
-            int d = 0;
-#if defined(__AVX512F__)
-            d = e5m2 ? decode_fp8_avx512<2, 15, true>(c, n, dst) : decode_fp8_avx512<3, 7, false>(c, n, dst);
+            int d = 0, scaled = 0;  // elements decoded; how many of them are scaled
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+            d = scaled = e5m2 ? decode_half_avx512<KVFormat::fp8_e5m2>(c, n, scale, dst)
+                              : decode_half_avx512<KVFormat::fp8_e4m3>(c, n, scale, dst);
 #endif
 #if defined(__AVX2__)
             d += e5m2 ? decode_fp8_avx2<2, 15, true>(c + d, n - d, dst + d)
@@ -460,11 +592,27 @@ void decode_kv_row(int format, const void* src, int n, float scale, float* dst, 
                 decode_row(c + d, n - d, dst + d, 0x7fu, 21, 0x1p112f, 0x7cu, true);
             else
                 decode_row(c + d, n - d, dst + d, 0x7fu, 20, 0x1p120f, 0x7fu, false);
+            dst += scaled, n -= scaled;
         }
     }
-    // fp8's scale, as kv_load multiplies it (by 1 the product is the value itself: skipped)
+    // kv_load's multiply by the scale, where not done above (by 1 the product is the value itself: skipped)
     if (scale != 1.0f)
         for (int d = 0; d < n; d++) dst[d] = dst[d] * scale;
+}
+
+void decode_kv_rows(int format, const void* src, std::int64_t row_bytes, int n_rows, int n, float scale, float* dst,
+                    int group) {
+    if (kv_format_int(format)) {
+        decode_int_rows(format, static_cast<const char*>(src), row_bytes, n_rows, n, group, dst);
+        return;
+    }
+    if (row_bytes == std::int64_t(n) * kv_format_bytes(format)) {
+        decode_kv_row(format, src, n_rows * n, scale, dst, group);
+        return;
+    }
+    for (int i = 0; i < n_rows; i++)
+        decode_kv_row(format, static_cast<const char*>(src) + i * row_bytes, n, scale, dst + std::int64_t(i) * n,
+                      group);
 }
 
 AttentionSpec parse_attention(std::string_view kind, int tile) {

@@ -97,29 +97,54 @@ void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n);
 void add(Exec& ex, float* x, const float* y, std::int64_t n);
 
 // dst[n] = a stored row's elements src[n] in `format` (KVFormat's value) decoded to fp32, each
-// exactly kv_load(format, src, d, scale, group): bf16 by a shift, fp16 and fp8 by moving their
-// fields into fp32's (fp8 then times the scale), int8 and int4 group by group as code * scale +
-// min. The CPU's attention decodes a row with it before the row's dot products; the GPU kernel
+// exactly kv_load(format, src, d, scale, group): bf16 by a shift, fp16 and fp8 by the hardware's
+// exact fp16 conversion where the build has AVX-512 (else by moving their fields into fp32's;
+// fp8 then times the scale), int8 and int4 as code * scale + min with their group's scale and
+// minimum. The CPU's attention decodes rows with it before their dot products; the GPU kernel
 // calls kv_load per element.
 void decode_kv_row(int format, const void* src, int n, float scale, float* dst, int group = 0);
+
+// dst[n_rows, n] = n_rows stored rows of n elements, row_bytes apart from src, each decoded as
+// decode_kv_row decodes it (a float format's adjacent rows as one run).
+void decode_kv_rows(int format, const void* src, std::int64_t row_bytes, int n_rows, int n, float scale, float* dst,
+                    int group = 0);
 
 // s[j] = q · rows[j] (head_size floats each) for the 8 rows, each the scalar loop's sum:
 // s = 0; s = s + q[d] * rows[j][d] for d = 0, 1, ... Eight keys are eight lanes (AVX2: the rows
 // are transposed in registers), so each lane's order is the scalar loop's and so are its bits.
 void dot_rows8(const float* q, const float* const* rows, int head_size, float* s);
+// The same for 16 rows (s[16]): sixteen lanes where the build has AVX-512, else two dot_rows8.
+void dot_rows16(const float* q, const float* const* rows, int head_size, float* s);
+
+// rows[j] = row(t0 + j) for j = 0..7: through the accessor's rows8 where it has one (a cache
+// hands over eight adjacent rows at once, decoded together), else one call per row.
+template <class RowOf>
+void eight_rows(RowOf& row, int t0, const float** rows) {
+    if constexpr (requires { row.rows8(t0, rows); })
+        row.rows8(t0, rows);
+    else
+        for (int j = 0; j < 8; j++) rows[j] = row(t0 + j);
+}
 
 // sqrt(head_size), correctly rounded: every score is divided by it.
 inline float attention_scale(int head_size) { return std::sqrt(float(head_size)); }
 
-// s[t - t0] = (q · key(t)) / sqrt(head_size) for t = t0..t1-1: eight keys at a time through
-// dot_rows8 (each lane the scalar loop's sum), the rest one by one.
+// s[t - t0] = (q · key(t)) / sqrt(head_size) for t = t0..t1-1: sixteen or eight keys at a time
+// through dot_rows16 and dot_rows8 (each lane the scalar loop's sum), the rest one by one.
 template <class KeyRow>
 void score_rows(float* s, const float* q, int head_size, int t0, int t1, KeyRow key) {
     const float scale = attention_scale(head_size);
     int t = t0;
+    for (; t + 16 <= t1 && head_size >= 16; t += 16) {
+        const float* rows[16];
+        eight_rows(key, t, rows);
+        eight_rows(key, t + 8, rows + 8);
+        dot_rows16(q, rows, head_size, s + (t - t0));
+        for (int j = 0; j < 16; j++) s[t - t0 + j] = s[t - t0 + j] / scale;
+    }
     for (; t + 8 <= t1; t += 8) {
         const float* rows[8];
-        for (int j = 0; j < 8; j++) rows[j] = key(t + j);
+        eight_rows(key, t, rows);
         dot_rows8(q, rows, head_size, s + (t - t0));
         for (int j = 0; j < 8; j++) s[t - t0 + j] = s[t - t0 + j] / scale;
     }
@@ -140,7 +165,7 @@ void sum_values(float* out, const float* p, int head_size, int t0, int t1, Value
     int t = t0;
     for (; t + 8 <= t1; t += 8) {
         const float* v[8];
-        for (int j = 0; j < 8; j++) v[j] = value(t + j);
+        eight_rows(value, t, v);
         const float* pt = p + (t - t0);
         for (int d = 0; d < head_size; d++) {
             float o = out[d];
@@ -160,7 +185,8 @@ void sum_values(float* out, const float* p, int head_size, int t0, int t1, Value
 // key(t) and value(t) return pointers to the head_size floats of position t wherever the cache
 // keeps them, so every cache layout runs exactly this code. A pointer key(t) or value(t) returns
 // must stay valid while it is called for the next seven positions (they are read eight at a
-// time). scores has room for n floats.
+// time); an accessor may also have rows8(t0, rows), eight_rows' batch of the same pointers,
+// valid until it is called for t0 + 16. scores has room for n floats.
 template <class KeyRow, class ValueRow>
 void attention_row(float* out, const float* q, int head_size, int n, KeyRow key, ValueRow value, float* scores) {
     score_rows(scores, q, head_size, 0, n, key);

@@ -55,8 +55,7 @@ TEST_CASE("matmul equals the textbook triple loop bit for bit, for any shape, st
     });
 }
 
-TEST_CASE("matmul with n_in = 0 writes zeros and forms no pointer from x or w (null when empty)",
-          "[kernels][matmul]") {
+TEST_CASE("matmul with n_in = 0 writes zeros and forms no pointer from x or w (null when empty)", "[kernels][matmul]") {
     // An empty vector's data() is null: x + offset or w + offset is undefined behaviour there
     // (UBSan: "applying non-zero offset to null pointer"), even if nothing is read through it.
     for (int n_out : {1, 7, 40}) {
@@ -179,6 +178,64 @@ TEST_CASE("counter-test: a vector exp one ulp off in one lane is caught", "[kern
     CHECK_THAT(found, Catch::Contains("exp_f32"));
 }
 
+namespace {
+
+using DotRows = std::function<void(const float*, const float* const*, int, float*)>;
+
+// Draws head_size (1..80: every vector width's loop and tail) and `n` rows of floats with the
+// odd special value, runs `dot` over them, and returns the first row whose score is not the
+// scalar loop's bits (s = 0; s = s + q[d] * row[d], d ascending), or "".
+std::string dot_rows_mismatch(const DotRows& dot, int n) {
+    const int hs = *rc::gen::inRange(1, 81);
+    const auto value = rc::gen::weightedOneOf<float>(
+        {{20, rc::gen::map(rc::gen::inRange(-4000, 4001), [](int v) { return float(v) / 512.0f; })},
+         {1, rc::gen::element(std::numeric_limits<float>::infinity(), -0.0f, std::numeric_limits<float>::quiet_NaN(),
+                              1e-40f, 3e38f)}});
+    const auto q = *rc::gen::container<std::vector<float>>(std::size_t(hs), value);      // [head_size]
+    const auto k = *rc::gen::container<std::vector<float>>(std::size_t(n * hs), value);  // [n, head_size]
+    std::vector<const float*> rows(static_cast<std::size_t>(n));                         // [n]
+    for (int j = 0; j < n; j++) rows[std::size_t(j)] = k.data() + std::size_t(j) * hs;
+    std::vector<float> s(static_cast<std::size_t>(n));  // [n]
+    dot(q.data(), rows.data(), hs, s.data());
+    for (int j = 0; j < n; j++) {
+        float want = 0.0f;
+        for (int d = 0; d < hs; d++) want = want + q[std::size_t(d)] * rows[std::size_t(j)][d];
+        // (Which NaN an add of two NaNs returns is the compiler's choice of operand order, in any
+        // loop: a NaN only has to be a NaN.)
+        if (float_bits(s[std::size_t(j)]) != float_bits(want) && !(std::isnan(want) && std::isnan(s[std::size_t(j)])))
+            return fmt::format("head_size {}, row {}: {:08x}, the scalar loop {:08x}", hs, j,
+                               float_bits(s[std::size_t(j)]), float_bits(want));
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("dot_rows8 and dot_rows16 (attention's scores) give each row the scalar loop's bits",
+          "[kernels][attention]") {
+    rc::prop("any head_size 1..80, values with infinities, NaN, subnormals and -0", [] {
+        RC_ASSERT(dot_rows_mismatch(dot_rows8, 8) == "");
+        RC_ASSERT(dot_rows_mismatch(dot_rows16, 16) == "");
+    });
+}
+
+TEST_CASE("counter-test: a dot_rows16 that sums each row in two halves is caught", "[kernels][attention][counter]") {
+    test::expect_failure(
+        [] {
+            RC_ASSERT(dot_rows_mismatch(
+                          [](const float* q, const float* const* rows, int hs, float* s) {
+                              for (int j = 0; j < 16; j++) {  // two partial sums, added at the end
+                                  float a = 0.0f, b = 0.0f;
+                                  for (int d = 0; d < hs; d++)
+                                      (d < hs / 2 ? a : b) = (d < hs / 2 ? a : b) + q[d] * rows[j][d];
+                                  s[j] = a + b;
+                              }
+                          },
+                          16) == "");
+        },
+        "the scalar loop");
+}
+
 TEST_CASE("exp_f32 handles the edges: -inf is an exact zero, overflow is inf, NaN stays NaN", "[kernels][exp]") {
     const float inf = std::numeric_limits<float>::infinity();
     CHECK(float_bits(exp_f32(-inf)) == float_bits(0.0f));
@@ -248,7 +305,8 @@ TEST_CASE("counter-test: the exp contract check catches an exp that breaks each 
     // -0 for underflow instead of +0: the masked sum's -0 rule would no longer hold.
     CHECK(exp_contract_violation([](float x) { return x < -103.0f ? -0.0f : exp_f32(x); }));
     // -inf not mapped to +0 (a NaN from inf - inf, as a naive polynomial would give).
-    CHECK(exp_contract_violation([](float x) { return std::isinf(x) ? std::numeric_limits<float>::quiet_NaN() : exp_f32(x); }));
+    CHECK(exp_contract_violation(
+        [](float x) { return std::isinf(x) ? std::numeric_limits<float>::quiet_NaN() : exp_f32(x); }));
     // exp(0) one ulp off: the sum would no longer be at least 1 for sure.
     CHECK(exp_contract_violation([](float x) { return x == 0.0f ? std::nextafter(1.0f, 0.0f) : exp_f32(x); }));
     // A sign error inside the subnormal range only.
