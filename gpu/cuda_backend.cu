@@ -97,6 +97,33 @@ __global__ void attention_kernel(float* att, const float* q, const RowKV* rows, 
     gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, dim, head_size, probe_row, probe, i, h, tile);
 }
 
+// Split attention (gpu/kernels.h): a thread per (row, head, key), then per (row, head), then per
+// (row, head, channel).
+__global__ void attention_score_kernel(float* scores, const float* q, const RowKV* rows, int n_rows, int l,
+                                       const std::int64_t* slots, int max_n, const int* kv_head, int dim, int n_heads,
+                                       int head_size) {
+    const std::int64_t id = thread_id();
+    if (id >= std::int64_t(n_rows) * n_heads * max_n) return;
+    const int t = int(id % max_n), h = int(id / max_n % n_heads), i = int(id / max_n / n_heads);
+    gpu::attention_score_element(scores, q, rows, l, slots, max_n, kv_head, dim, n_heads, head_size, i, h, t);
+}
+
+__global__ void attention_softmax_kernel(float* scores, const RowKV* rows, int n_rows, int max_n, int n_heads,
+                                         int probe_row, float* probe) {
+    const std::int64_t id = thread_id();
+    if (id >= std::int64_t(n_rows) * n_heads) return;
+    gpu::attention_softmax_row(scores, rows, max_n, n_heads, probe_row, probe, int(id / n_heads), int(id % n_heads));
+}
+
+__global__ void attention_value_kernel(float* att, const float* scores, const float* q, const RowKV* rows, int n_rows,
+                                       int l, const std::int64_t* slots, int max_n, const int* kv_head, int dim,
+                                       int n_heads, int head_size) {
+    const std::int64_t id = thread_id();
+    if (id >= std::int64_t(n_rows) * n_heads * head_size) return;
+    const int d = int(id % head_size), h = int(id / head_size % n_heads), i = int(id / head_size / n_heads);
+    gpu::attention_value_element(att, scores, q, rows, l, slots, max_n, kv_head, dim, n_heads, head_size, i, h, d);
+}
+
 // Flash-decoding of a one-row step: thread (h, j) computes head h's partial of key tile j, then a
 // thread per head folds them (gpu/kernels.h).
 __global__ void attention_partial_kernel(float* partials, const float* q, const RowKV* rows, int l,
@@ -226,6 +253,7 @@ CudaBackend::CudaBackend(const Model& model, bool graphs)
     rope_cos_ = up(model.rope.cos), rope_sin_ = up(model.rope.sin);  // [max_seq, head_size / 2]
     assert(rope_cos_.size() == std::int64_t(config_.max_seq) * (config_.head_size() / 2));
     partials_ = Buffer<float>(m, std::int64_t(config_.n_heads) * config_.max_seq * (config_.head_size() + 2));
+    scores_ = Buffer<float>(m, std::int64_t(gpu::kSplitAttentionRows) * config_.n_heads * config_.max_seq);
     memory_.synchronize();
 }
 
@@ -408,6 +436,19 @@ void CudaBackend::attention(Exec& ex, float* att, const float* q, const RowKV* r
         fold_partials_kernel<<<blocks_for(c.n_heads), kBlock, 0, memory_.stream()>>>(att, partials_.data(), rows, max_n,
                                                                                      c.n_heads, c.head_size(), tile);
         check_launch("fold_partials_kernel");
+        return;
+    }
+    if (tile == 0 && n_rows <= gpu::kSplitAttentionRows && max_n <= c.max_seq) {
+        const int hs = c.head_size();
+        attention_score_kernel<<<blocks_for(std::int64_t(n_rows) * c.n_heads * max_n), kBlock, 0, memory_.stream()>>>(
+            scores_.data(), q, rows, n_rows, l, slots, max_n, kv_head, c.dim, c.n_heads, hs);
+        check_launch("attention_score_kernel");
+        attention_softmax_kernel<<<blocks_for(std::int64_t(n_rows) * c.n_heads), kBlock, 0, memory_.stream()>>>(
+            scores_.data(), rows, n_rows, max_n, c.n_heads, probe_row, probe);
+        check_launch("attention_softmax_kernel");
+        attention_value_kernel<<<blocks_for(std::int64_t(n_rows) * c.n_heads * hs), kBlock, 0, memory_.stream()>>>(
+            att, scores_.data(), q, rows, n_rows, l, slots, max_n, kv_head, c.dim, c.n_heads, hs);
+        check_launch("attention_value_kernel");
         return;
     }
     attention_kernel<<<blocks_for(std::int64_t(n_rows) * c.n_heads), kBlock, 0, memory_.stream()>>>(

@@ -105,11 +105,13 @@ private:
     bool shared_classifier_;  // the classifier is emb_ (wcls_ stays empty)
     bool graphs_;
     CudaMemory memory_;
-    // Device copies: [n_layers, in, out] per matrix kind (as Weights), norms, the RoPE table.
+    // Device copies: [n_layers, out, in] per matrix kind (as Weights), norms, the RoPE table.
     Buffer<float> emb_, wq_, wk_, wv_, wo_, w1_, w2_, w3_, wcls_, rms_att_, rms_ffn_, rms_final_, rope_cos_, rope_sin_;
     // [n_heads, max_seq, head_size + 2] flash-decoding's tile partials, room for tiles of 1 key;
     // allocated with the weights, since a captured step must not allocate.
     Buffer<float> partials_;
+    // [kSplitAttentionRows, n_heads, max_seq] split attention's scores (gpu/kernels.h), likewise.
+    Buffer<float> scores_;
     const float* weights(Matrix m, int l, int& n_in, int& n_out) const;
 
     std::map<std::vector<std::uint64_t>, CUgraphExec_st*> graphs_by_key_;  // by StepSignature::words

@@ -156,6 +156,24 @@ void GpuHostBackend::attention(Exec& ex, float* att, const float* q, const RowKV
         for (int h = 0; h < c.n_heads; h++) gpu::fold_tile_partials(att, partials_.data(), rows, max_n, hs, tile, h);
         return;
     }
+    if (tile == 0 && n_rows <= gpu::kSplitAttentionRows) {        // split, as the CUDA backend runs it
+        scores_.resize(std::size_t(n_rows) * c.n_heads * max_n);  // [n_rows, n_heads, max_n]
+        assert(scores_.size() == std::size_t(n_rows) * c.n_heads * max_n);
+        for (int i = 0; i < n_rows; i++)
+            for (int h = 0; h < c.n_heads; h++)
+                for (int t = 0; t < max_n; t++)
+                    gpu::attention_score_element(scores_.data(), q, rows, l, slots, max_n, kv_head, c.dim, c.n_heads,
+                                                 hs, i, h, t);
+        for (int i = 0; i < n_rows; i++)
+            for (int h = 0; h < c.n_heads; h++)
+                gpu::attention_softmax_row(scores_.data(), rows, max_n, c.n_heads, probe_row, probe, i, h);
+        for (int i = 0; i < n_rows; i++)
+            for (int h = 0; h < c.n_heads; h++)
+                for (int d = 0; d < hs; d++)
+                    gpu::attention_value_element(att, scores_.data(), q, rows, l, slots, max_n, kv_head, c.dim,
+                                                 c.n_heads, hs, i, h, d);
+        return;
+    }
     for (int i = 0; i < n_rows; i++)
         for (int h = 0; h < c.n_heads; h++)
             gpu::attention_head(att, q, rows, l, slots, max_n, kv_head, c.dim, hs, probe_row, probe, i, h, tile);

@@ -52,6 +52,7 @@ public:
 private:
     const Model& model_;
     std::vector<float> partials_;  // [n_heads, tiles of max_n, head_size + 2] flash-decoding's tile partials
+    std::vector<float> scores_;    // [n_rows, n_heads, max_n] split attention's scores, then weights
 };
 
 // The weights W[n_out, n_in] (out, in) of product m at layer l (host pointers into model.w), and

@@ -20,6 +20,9 @@
 //   load_kv_element         and back: the element decoded to fp32 (the format-aware naive decode)
 //   attention_head          one (row i, head h) of cached attention: kernels.h's attention_row
 //                           over rows[i].n slots, read from device memory, in t order
+//   attention_score_element, attention_softmax_row, attention_value_element
+//                           the same attention for a step of a few rows, split: one score per
+//                           thread, a softmax per (row, head), one output channel per thread
 //   tiled_head              tiled attention (core/tiled_attention.h) of one (row, head), for
 //                           both: a tile's scores in a local array, its weights, then each
 //                           o_j[d] summed in t order and folded into the output
@@ -32,9 +35,10 @@
 // -prec-div=true), and nothing is fused into an FMA (g++: -ffp-contract=off, nvcc:
 // -fmad=false; the PTX audit test checks the compiled code).
 //
-// Attention runs one thread per (row, head): the softmax needs every score before any weight.
-// Instead of a scratch buffer of scores (whose address a captured CUDA Graph would freeze, and
-// whose size depends on the step) the thread recomputes each score when it needs it: the same
+// A decode step's attention is split into three launches (scores, softmax, values) over a scores
+// buffer allocated once, as the CPU runs a lane per key and a lane per channel. A longer step (a
+// prefill, whose scores would not fit) runs one thread per (row, head): the softmax needs every
+// score before any weight, so that thread recomputes each score when it needs it: the same
 // operations on the same inputs give the same bits every time.
 #pragma once
 
@@ -282,6 +286,59 @@ KVLAB_HD void attention_head(float* att, const float* q, const Row* rows, int l,
         if (probed) probe[std::int64_t(h) * max_n + t] = p;
         for (int d = 0; d < head_size; d++) out[d] = out[d] + p * value(t, d);
     }
+}
+
+// Cached attention split as the CPU runs its lanes, for a step of at most kSplitAttentionRows
+// rows (decode): a thread per key for the scores, a thread per (row, head) for the softmax, and
+// a thread per output channel for the weighted sum of values. Each output is computed by the
+// operations attention_head and kernels.h attention_row use, in their order, so the bits are
+// theirs. Every score is computed once, not three times, and the work spreads over
+// n * n_heads threads, then n_heads * head_size, instead of n_heads.
+// scores: [n_rows, n_heads, max_n], room for kSplitAttentionRows rows of max_seq keys, allocated
+// once (a captured graph keeps its address).
+constexpr int kSplitAttentionRows = 8;
+
+// scores[i][h][t] = (q_i . k_t) / scale, position t of (row i, head h); a t from rows[i].n on
+// writes nothing (a captured graph launches max_n's threads and reads the counts at replay).
+template <class Row>
+KVLAB_HD void attention_score_element(float* scores, const float* q, const Row* rows, int l, const std::int64_t* slots,
+                                      int max_n, const int* kv_head, int dim, int n_heads, int head_size, int i, int h,
+                                      int t) {
+    if (t >= rows[i].n) return;
+    const CachedHead<Row> head(rows, l, slots, max_n, kv_head, q, dim, head_size, i, h);
+    scores[(std::int64_t(i) * n_heads + h) * max_n + t] = head.score(t);
+}
+
+// (row i, head h)'s scores become its softmax weights in place, as kernels.cpp softmax computes
+// them: max scanned from t = 0, e_t = exp_f32(s_t - max), their sum in t order, p_t = e_t / sum.
+// probe (when not null and i == probe_row): [n_heads, max_n] gets the weights.
+template <class Row>
+KVLAB_HD void attention_softmax_row(float* scores, const Row* rows, int max_n, int n_heads, int probe_row, float* probe,
+                                    int i, int h) {
+    const int n = rows[i].n;
+    float* x = scores + (std::int64_t(i) * n_heads + h) * max_n;  // [n]
+    if (n <= 0) return;
+    float max = x[0];
+    for (int t = 1; t < n; t++)
+        if (x[t] > max) max = x[t];
+    for (int t = 0; t < n; t++) x[t] = exp_f32(x[t] - max);
+    float sum = 0.0f;
+    for (int t = 0; t < n; t++) sum = sum + x[t];
+    for (int t = 0; t < n; t++) x[t] = x[t] / sum;
+    if (probe != nullptr && i == probe_row)
+        for (int t = 0; t < n; t++) probe[std::int64_t(h) * max_n + t] = x[t];
+}
+
+// Output channel d of (row i, head h): ((0 + p_0 v_0[d]) + p_1 v_1[d]) + ..., t ascending.
+template <class Row>
+KVLAB_HD void attention_value_element(float* att, const float* scores, const float* q, const Row* rows, int l,
+                                      const std::int64_t* slots, int max_n, const int* kv_head, int dim, int n_heads,
+                                      int head_size, int i, int h, int d) {
+    const CachedHead<Row> head(rows, l, slots, max_n, kv_head, q, dim, head_size, i, h);
+    const float* p = scores + (std::int64_t(i) * n_heads + h) * max_n;  // [rows[i].n]
+    float o = 0.0f;
+    for (int t = 0; t < rows[i].n; t++) o = o + p[t] * head.value(t, d);
+    att[std::int64_t(i) * dim + h * head_size + d] = o;
 }
 
 // Flash-decoding for a one-row step (row 0): each (head h, key tile j) is a thread of its own.
