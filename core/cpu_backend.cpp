@@ -246,18 +246,18 @@ inline void prefetch_line(const void* p) {
 #endif
 }
 
-// A thread's HeadRows scratch, in rows of row_floats: 8 decoded rows, KiviKeys' two, and two
+// A thread's HeadRows scratch, in rows of row_floats: 16 decoded rows, KiviKeys' two, and two
 // blocks of 8 rows of head_size.
-constexpr std::size_t kScratchRows = 8 + 2 + 2 * 8;
+constexpr std::size_t kScratchRows = 16 + 2 + 2 * 8;
 
 // Position t's K and V rows of one (row, KV head) of a cached step, as floats: fp32 read in
-// place, a narrower format decoded (decode_kv_row: kv_load's values, exact) into one of 8
-// scratch rows by t % 8, so the eight rows attention reads together are all held; KIVI keys
+// place, a narrower format decoded (decode_kv_row: kv_load's values, exact) into one of 16
+// scratch rows by t % 16, so the sixteen rows attention reads together are all held; KIVI keys
 // through KiviKeys; a slot of -1 reads NaN. Eight positions whose slots are adjacent are handed
 // over at once (rows8): read in place or decoded in one call, prefetched as one run.
 class HeadRows {
 public:
-    // decoded: [kScratchRows, row_floats] this thread's scratch: 8 rows, KiviKeys' scales and
+    // decoded: [kScratchRows, row_floats] this thread's scratch: 16 rows, KiviKeys' scales and
     // minimums, then two blocks of 8 rows of head_size (rows8's, alternating by t0 / 8, so that
     // attention can hold sixteen rows at once)
     // prefetch: ask for the rows kPrefetch positions ahead as each row is read (a decode step
@@ -273,9 +273,9 @@ public:
           nan_row_(nan_row),
           ks_(r.k_scale(l)),
           vs_(r.v_scale(l)),
-          kivi_(r, l, kvh, head_size, decoded + 8 * row_floats, decoded + 9 * row_floats),
+          kivi_(r, l, kvh, head_size, decoded + 16 * row_floats, decoded + 17 * row_floats),
           prefetch_n_(prefetch ? r.n : 0),
-          blocks_(decoded + 10 * row_floats) {}
+          blocks_(decoded + 18 * row_floats) {}
     const float* key(int t) {
         if (slots_[t] < 0) return nan_row_;
         if (r_.key_group) return kivi_.row(int(slots_[t]), scratch(t));
@@ -292,7 +292,7 @@ public:
     void values8(int t0, const float** rows) { rows8(r_.v, vs_, t0, rows); }
 
 private:
-    float* scratch(int t) { return decoded_ + std::size_t(t % 8) * row_floats_; }
+    float* scratch(int t) { return decoded_ + std::size_t(t % 16) * row_floats_; }
     const char* at(const void* storage, std::int64_t slot) const {
         return static_cast<const char*>(storage) + (base_ + slot) * r_.row_bytes;
     }

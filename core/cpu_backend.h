@@ -62,7 +62,7 @@ private:
     std::vector<float> scores_;    // [n_threads, max_n + tile + head_size] cached attention's scores, tiles
     std::vector<float> partials_;  // [n_heads, n_tiles, head_size + 2] split_attention's tile partials
     std::vector<float> nan_row_;   // [head_size] what a slot of -1 reads
-    std::vector<float> decoded_;   // [n_threads, 26, head_size] cached attention: decoded rows (HeadRows)
+    std::vector<float> decoded_;   // [n_threads, 34, head_size] cached attention: decoded rows (HeadRows)
 };
 
 }  // namespace kvlab

@@ -184,7 +184,7 @@ void sum_values(float* out, const float* p, int head_size, int t0, int t1, Value
 //   score[t] = (q · k_t) / sqrt(head_size);  p = softmax(score);  out = sum_t p[t] v_t
 // key(t) and value(t) return pointers to the head_size floats of position t wherever the cache
 // keeps them, so every cache layout runs exactly this code. A pointer key(t) or value(t) returns
-// must stay valid while it is called for the next seven positions (they are read eight at a
+// must stay valid while it is called for the next fifteen positions (they are read sixteen at a
 // time); an accessor may also have rows8(t0, rows), eight_rows' batch of the same pointers,
 // valid until it is called for t0 + 16. scores has room for n floats.
 template <class KeyRow, class ValueRow>

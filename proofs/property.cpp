@@ -68,12 +68,15 @@ PropertyOutcome check_property(const std::function<void()>& body, int cases, std
     return out;
 }
 
-Config draw_config(int min_seq, int min_vocab) {
+Config draw_config(int min_seq, int min_vocab, bool wide_heads) {
     Config c;
     c.n_layers = draw(1, 3);
     c.n_heads = draw(1, 4);
     c.n_kv_heads = *proofs::gen_n_kv_heads(c.n_heads);
-    c.dim = c.n_heads * draw(1, 8);
+    // head_size 1-8, and a fifth of the time one that fills the CPU's vector registers (16, 48,
+    // 64 with AVX-512) or misses them by one: attention then scores sixteen keys at once.
+    const int head_size = wide_heads && draw(0, 4) == 0 ? *rc::gen::element(15, 16, 17, 48, 64) : draw(1, 8);
+    c.dim = c.n_heads * head_size;
     c.hidden_dim = draw(1, 16);
     c.vocab_size = draw(min_vocab, 32);
     c.max_seq = draw(min_seq, 20);
