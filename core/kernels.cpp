@@ -1,3 +1,9 @@
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*() and then warn that
+// they are uninitialized; the warnings say nothing about this file's code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "kernels.h"
 
 #include <fmt/format.h>
