@@ -110,6 +110,8 @@ struct VerifyCommandOptions {
     std::string kv_format;       // "": variant rows in fp32, scenarios draw; a name: every format-taking cache in it
     AttentionOptions attention{"", 64};  // kind "": simple, and the tiled-attention row draws its tiles
     std::string profile = "fast";        // fast, or long: contexts up to 8192, with a progress line
+    std::string plugin;                  // a cache plugin's path: its property instead of the variants
+    int plugin_timeout = 60;             // seconds without a step before a plugin is called hung
     bool json = false;
     bool list = false;
 };

@@ -229,8 +229,17 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
                            "fast (default: tiny models, sequences up to 20) or long (thin models, contexts up to "
                            "8192, sizes biased to 96/97, 255-257 and powers of two; a progress line on stderr; "
                            "runs the planted bugs whose threshold lies past the fast profile)");
+    auto* plugin = verify_cmd->add_option(
+        "--plugin", ver.plugin,
+        "a cache plugin (a shared library with include/kvlab/cache_plugin.h's table): its "
+        "bookkeeping under kvlab's exact property, in a child process (instead of the variants)");
+    verify_cmd
+        ->add_option("--plugin-timeout", ver.plugin_timeout,
+                     "with --plugin: seconds without progress before the plugin is called hung (default 60)")
+        ->check(CLI::Range(1, 86400));
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
     verify_cmd->add_flag("--list", ver.list, "list the variants, their parameters, the scenarios and planted bugs");
+    verify_cmd->get_option("variant")->excludes(plugin);
     return verify_cmd;
 }
 

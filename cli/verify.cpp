@@ -1,6 +1,7 @@
 // kvlab verify: the verification suite from the command line (proofs/verify.h). Exit status 0
 // when every row is what its variant promises (exact: bitwise equal; approximate: exact inside
 // its regime and differing outside, or within its error bound; mutant: caught), 1 otherwise.
+// --plugin runs the exact property on a cache plugin's books instead, in a child process.
 // GCC 12 misreads fmt's format-spec parser as an overflow when it inlines fmt::join here (a known
 // false positive); clang has no such warning.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -11,9 +12,14 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "cache_factory.h"
@@ -63,13 +69,116 @@ VerifyOptions verify_options(const VerifyCommandOptions& o, bool terminal) {
     return vo;
 }
 
+// A row as JSON, and back (the plugin's child process sends its row to the parent).
+nlohmann::json row_json(const VerifyRow& r) {
+    return {{"variant", r.name},
+            {"kind", r.kind},
+            {"parameters", r.parameters},
+            {"cases", r.cases},
+            {"result", r.result},
+            {"ok", r.ok},
+            {"counterexample", r.counterexample},
+            {"counterexample_T", r.counterexample_T},
+            {"figures", r.figures}};
+}
+VerifyRow row_from_json(const nlohmann::json& j) {
+    return {j.at("variant"), j.at("kind"),           j.at("parameters"), j.at("cases"),           j.at("result"),
+            j.at("ok"),      j.at("counterexample"), j.at("figures"),    j.at("counterexample_T")};
+}
+
+std::string one_line(std::string s) {
+    for (char& ch : s)
+        if (ch == '\n' || ch == '\r') ch = ' ';
+    return s;
+}
+
+// The child's side of --plugin: the property, its steps and then its row (or the Error that
+// stopped it) as lines on fd: "step <case so far>", "row <json>", "error <message>".
+[[noreturn]] void plugin_child(const VerifyCommandOptions& o, VerifyOptions vo, int fd) {
+    FILE* out = fdopen(fd, "w");
+    if (!out) _exit(3);
+    vo.progress = [out](std::string_view line) {
+        std::fprintf(out, "step %s\n", one_line(std::string(line)).c_str());
+        std::fflush(out);
+    };
+    try {
+        std::fprintf(out, "row %s\n", row_json(verify_plugin(o.plugin, vo)).dump().c_str());
+    } catch (const std::exception& e) {
+        std::fprintf(out, "error %s\n", one_line(e.what()).c_str());
+    }
+    std::fflush(out);
+    _exit(0);
+}
+
+// --plugin: the property runs in a child process, so that a crash or a hang in the plugin's code
+// is a verdict on the plugin, never the end of kvlab. The parent reads the child's lines; no line
+// for plugin_timeout seconds is a hang (the child is killed). A child that ends without a row
+// gets a row of its own: the signal or exit status, and the last step it reported.
+VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw Error(fmt::format("verify --plugin: no pipe: {}", std::strerror(errno)));
+    std::fflush(stdout), std::fflush(stderr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw Error(fmt::format("verify --plugin: cannot start a process: {}", std::strerror(errno)));
+    if (pid == 0) {
+        ::close(fds[0]);
+        plugin_child(o, vo, fds[1]);
+    }
+    ::close(fds[1]);
+    std::string buffer, last_step, row_text, error_text;
+    bool hung = false;
+    for (;;) {
+        pollfd p{fds[0], POLLIN, 0};
+        const int ready = ::poll(&p, 1, o.plugin_timeout * 1000);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready == 0) {
+            hung = true;
+            ::kill(pid, SIGKILL);
+            break;
+        }
+        char chunk[4096];
+        const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // the child closed its end: it has ended
+        buffer.append(chunk, std::size_t(n));
+        for (std::size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
+            const std::string line = buffer.substr(0, nl);
+            if (line.rfind("step ", 0) == 0) last_step = line.substr(5);
+            if (line.rfind("row ", 0) == 0) row_text = line.substr(4);
+            if (line.rfind("error ", 0) == 0) error_text = line.substr(6);
+        }
+    }
+    ::close(fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!error_text.empty()) throw Error(error_text);  // the plugin did not load, or an option is wrong
+    if (!row_text.empty() && !hung) return row_from_json(nlohmann::json::parse(row_text));
+    std::string what;
+    if (hung)
+        what = fmt::format("no answer in {} s", o.plugin_timeout);
+    else if (WIFSIGNALED(status))
+        what = fmt::format("crashed: signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        what = fmt::format("ended with exit status {} and no result", WEXITSTATUS(status));
+    VerifyRow r;
+    r.name = fmt::format("plugin {}", o.plugin);
+    r.kind = "exact";
+    r.parameters = "-";
+    r.result = hung ? "HUNG" : "CRASHED";
+    r.counterexample = what + (last_step.empty() ? " before its first step" : "; the last step: " + last_step);
+    return r;
+}
+
 }  // namespace
 
 int run_verify(const VerifyCommandOptions& o) {
     if (o.list) return print_list();
     const auto t0 = std::chrono::steady_clock::now();
     const bool terminal = ::isatty(2);
-    const std::vector<VerifyRow> rows = verify(o.variant, verify_options(o, terminal));
+    const std::vector<VerifyRow> rows = o.plugin.empty()
+                                            ? verify(o.variant, verify_options(o, terminal))
+                                            : std::vector<VerifyRow>{run_plugin(o, verify_options(o, terminal))};
     if (terminal && o.profile == "long") fmt::print(stderr, "\r\x1b[K");
     const double seconds = seconds_since(t0);
     int n_ok = 0, n_mutants = 0, n_caught = 0;
@@ -88,16 +197,7 @@ int run_verify(const VerifyCommandOptions& o) {
         j["seconds"] = seconds;
         j["all_ok"] = n_ok == int(rows.size());
         if (n_mutants) j["kill_rate"] = double(n_caught) / n_mutants;
-        for (const VerifyRow& r : rows)
-            j["rows"].push_back({{"variant", r.name},
-                                 {"kind", r.kind},
-                                 {"parameters", r.parameters},
-                                 {"cases", r.cases},
-                                 {"result", r.result},
-                                 {"ok", r.ok},
-                                 {"counterexample", r.counterexample},
-                                 {"counterexample_T", r.counterexample_T},
-                                 {"figures", r.figures}});
+        for (const VerifyRow& r : rows) j["rows"].push_back(row_json(r));
         fmt::print("{}\n", j.dump(2));
         return n_ok == int(rows.size()) ? 0 : 1;
     }

@@ -380,17 +380,20 @@ int ContiguousCache::attended(int pos, std::int64_t* slots, int* positions) cons
     return pos + 1;
 }
 
-MemoryStats ContiguousCache::memory() const {
+MemoryStats position_rows_memory(const Config& config, const KVStorage& storage, std::int64_t capacity,
+                                 std::int64_t held) {
     MemoryStats m;
-    m.used_bytes = kv_bytes(config_, length(), storage_.format);
+    m.used_bytes = kv_bytes(config, held, storage.format);
     // An integer format's group scales live inside its rows: metadata, not payload.
-    m.payload_bytes = kv_bytes(config_, capacity_, storage_.format) - storage_.group_scale_bytes();
+    m.payload_bytes = kv_bytes(config, capacity, storage.format) - storage.group_scale_bytes();
     m.metadata_bytes =
-        std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size()) + storage_.group_scale_bytes();
+        std::int64_t(sizeof(float)) * std::int64_t(storage.host_scales.size()) + storage.group_scale_bytes();
     m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
-    m.allocated_bytes = storage_.bytes();
+    m.allocated_bytes = storage.bytes();
     return m;
 }
+
+MemoryStats ContiguousCache::memory() const { return position_rows_memory(config_, storage_, capacity_, length()); }
 
 std::string ContiguousCache::name() const {
     return layout_ == Layout::head_major ? "contiguous-head" : "contiguous-seq";

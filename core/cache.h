@@ -287,5 +287,9 @@ private:
 // Bytes of K and V for T positions: 2 * bytes * n_layers * T * n_kv_heads * head_size, bytes
 // the format's per element (fp32: 4).
 std::int64_t kv_bytes(const Config& config, std::int64_t T, KVFormat format = KVFormat::fp32);
+// The memory of a cache whose storage holds `capacity` positions' rows (contiguous, window,
+// plugin), `held` of them in use: payload, the scales as metadata, and the storage's own bytes.
+MemoryStats position_rows_memory(const Config& config, const KVStorage& storage, std::int64_t capacity,
+                                 std::int64_t held);
 
 }  // namespace kvlab

@@ -137,15 +137,7 @@ void WindowCache::restore(const CacheSnapshot& snapshot) {
 MemoryStats WindowCache::memory() const {
     int resident_positions = 0;
     for (int t : owner_) resident_positions += t >= 0 && t < length();
-    MemoryStats m;
-    m.used_bytes = kv_bytes(config_, resident_positions, storage_.format);
-    // An integer format's group scales live inside its rows: metadata, not payload.
-    m.payload_bytes = kv_bytes(config_, ring_size_, storage_.format) - storage_.group_scale_bytes();
-    m.metadata_bytes =
-        std::int64_t(sizeof(float)) * std::int64_t(storage_.host_scales.size()) + storage_.group_scale_bytes();
-    m.reserved_bytes = m.payload_bytes + m.metadata_bytes;
-    m.allocated_bytes = storage_.bytes();
-    return m;
+    return position_rows_memory(config_, storage_, ring_size_, resident_positions);
 }
 
 std::string WindowCache::name() const { return fmt::format("window(sinks={},window={})", sinks_, window_); }

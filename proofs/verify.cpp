@@ -19,6 +19,7 @@
 #include "generators.h"
 #include "model.h"
 #include "planted.h"
+#include "plugin_cache.h"
 #include "property.h"
 #include "sampler.h"
 #include "speculative.h"
@@ -702,6 +703,55 @@ void speculate_property(const Devices& devices, Mutant mutant) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// A cache kvlab did not write (plugin_cache.h): the plugin keeps the books, kvlab the rows
+
+// Any model and KV format, n_slots from max_seq to twice it; prompts prefilled in a chunk, then
+// decoded a token at a time, with rollbacks between; every step equals naive decode of the
+// tokens kept. A plugin's bad answer (plugin_cache.h checks each) fails the case with its call.
+// progress, when set, hears the case so far before each step (the CLI's crash report names it).
+void plugin_property(const CachePlugin& plugin, const Devices& devices,
+                     const std::function<void(std::string_view)>& progress) {
+    const Config c = draw_shape(devices, 1, false);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const KVFormat format = draw_kv_format(devices);
+    Oracle oracle(m, devices, Mutant::none);
+    oracle.set_kv_format(format, {});
+    const int n_slots = draw(c.max_seq, 2 * c.max_seq);
+    std::string what =
+        fmt::format("plugin {} with {} slots, {} in {}", plugin.name(), n_slots, c.describe(), kv_format_name(format));
+    std::vector<int> kept;
+    try {
+        PluginCache cache(c, plugin, oracle.memory(), n_slots);
+        cache.set_kv_format(format);
+        const auto cached = oracle.cached(cache);
+        const auto step = [&](const std::string& about) {
+            what += about;
+            if (progress) progress(what);
+        };
+        for (int r = 0, rounds = draw(1, 3); r <= rounds; r++) {
+            if (r > 0) {
+                const int n = draw(0, int(kept.size()));
+                step(fmt::format(", roll back to {}", n));
+                cache.truncate(n);
+                kept.resize(std::size_t(n));
+            }
+            if (int(kept.size()) == c.max_seq) continue;
+            const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(kept.size())));
+            const int chunk = draw(1, int(more.size()));
+            step(fmt::format(", +{} ({} at once)", more.size(), chunk));
+            kept.insert(kept.end(), more.begin(), more.begin() + chunk);
+            oracle.expect_naive(kept, cached->prefill(std::span(more).first(std::size_t(chunk))), what);
+            for (std::size_t i = std::size_t(chunk); i < more.size(); i++) {
+                kept.push_back(more[i]);
+                oracle.expect_naive(kept, cached->decode(more[i]), what);
+            }
+        }
+    } catch (const Error& e) {
+        fail(fmt::format("{}: {}", what, e.what()));
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
 // The quantized variant: within a stated error bound
 
 // The bounds we state and test, by bits: the largest |logit error|, and the largest
@@ -1152,7 +1202,38 @@ bool selects(std::string_view which, const Check& c) {
            (c.setting && which == to_string(c.setting->variant));
 }
 
+// The devices, format, attention and profile VerifyOptions name (throws Error for a bad one).
+Devices devices_of(const VerifyOptions& o) {
+    const std::vector<std::string> devices = parse_devices(o.device);
+    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt, std::nullopt, false, nullptr};
+    if (!o.kv_format.empty()) d.format = parse_kv_format(o.kv_format);
+    if (!o.attention.empty()) d.attention = parse_attention(o.attention, o.tile);
+    if (o.profile != "fast" && o.profile != "long")
+        throw Error(fmt::format("verify: unknown profile '{}' (fast, long)", o.profile));
+    d.long_profile = o.profile == "long";
+    if (!d.make) d.make = [](std::string_view device, const Model& m) { return make_backend(device, m); };
+    if (const std::string why = d.tested == "gpu" ? gpu_unavailable() : ""; !why.empty()) throw Error(why);
+    return d;
+}
+
 }  // namespace
+
+VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
+    if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
+    const Devices d = devices_of(o);
+    const CachePlugin plugin(path);
+    const PropertyOutcome r = check_property([&] { plugin_property(plugin, d, o.progress); }, o.cases, o.seed);
+    return {fmt::format("plugin {}", plugin.name()),
+            "exact",
+            "any model (a fifth with wide heads) and KV format, n_slots max_seq..2 max_seq, a prompt in a chunk, "
+            "decode, rollbacks",
+            r.cases,
+            r.passed ? "bitwise equal" : "FAILED",
+            r.passed,
+            r.counterexample,
+            "",
+            counterexample_T(r.counterexample)};
+}
 
 std::vector<VerifyEntry> verify_list() {
     std::vector<VerifyEntry> list{{"all", "group", "every row below"},
@@ -1186,15 +1267,7 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
         for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
         throw Error(fmt::format("verify: unknown variant '{}' (one of: {})", which, list));
     }
-    const std::vector<std::string> devices = parse_devices(o.device);
-    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt, std::nullopt, false, nullptr};
-    if (!o.kv_format.empty()) d.format = parse_kv_format(o.kv_format);
-    if (!o.attention.empty()) d.attention = parse_attention(o.attention, o.tile);
-    if (o.profile != "fast" && o.profile != "long")
-        throw Error(fmt::format("verify: unknown profile '{}' (fast, long)", o.profile));
-    d.long_profile = o.profile == "long";
-    if (!d.make) d.make = [](std::string_view device, const Model& m) { return make_backend(device, m); };
-    if (const std::string why = d.tested == "gpu" ? gpu_unavailable() : ""; !why.empty()) throw Error(why);
+    const Devices d = devices_of(o);
     std::vector<VerifyRow> rows;
     for (const Check& c : checks())
         if (selects(which, c)) rows.push_back(run_check(c, d, o));

@@ -81,5 +81,10 @@ std::vector<VerifyEntry> verify_list();
 std::vector<std::string> verify_names();  // verify_list()'s names
 // Runs the named checks; throws Error for an unknown name.
 std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& options);
+// Runs the exact property on a cache plugin's bookkeeping (include/kvlab/cache_plugin.h, loaded
+// from `path`): prefill, decode and rollback against naive decode, shrunk on failure. Throws
+// Error when the plugin does not load. A crash inside the plugin is not caught here: `kvlab
+// verify --plugin` runs this in a child process. options.progress hears each case's steps.
+VerifyRow verify_plugin(const std::string& path, const VerifyOptions& options);
 
 }  // namespace kvlab
