@@ -27,7 +27,7 @@ namespace {
 
 // This lab is bookkeeping: a head's width changes nothing it checks, so its models keep narrow
 // heads (and its cases the budget they had).
-constexpr bool kNarrowHeads = false;
+constexpr bool kWideHeads = false;
 
 // kvlab's pool, keeping its books with your manager; prefix caching on.
 std::unique_ptr<BlockPool> lab_pool(const Config& c, int block_size, int n_blocks) {
@@ -105,7 +105,7 @@ void check_engine() {
 // 3. Two models and a fork in one pool
 
 void check_two_models() {
-    const Config c = draw_config(2, 1, kNarrowHeads);
+    const Config c = draw_config(2, 1, kWideHeads);
     const int bs = draw(1, std::min(8, c.max_seq));
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const std::unique_ptr<BlockPool> pool = lab_pool(c, bs, 5 * ((c.max_seq + bs - 1) / bs) + 1);
@@ -164,7 +164,7 @@ void check_two_models() {
 // 4. The prefix hit of a second identical request
 
 void check_prefix_hit() {
-    const Config c = draw_config(2, 1, kNarrowHeads);
+    const Config c = draw_config(2, 1, kWideHeads);
     const int bs = draw(1, std::min(8, c.max_seq));
     const std::vector<int> prompt = draw_tokens(c, draw(2, c.max_seq));
     const std::unique_ptr<BlockPool> pool = lab_pool(c, bs, 2 * ((c.max_seq + bs - 1) / bs) + 1);
@@ -193,7 +193,7 @@ void check_prefix_hit() {
 void check_eviction() {
     // m full blocks and one position more, in a block of its own that never fills (so never stays cached).
     const int bs = draw(2, 4), m = draw(1, 3), length = m * bs + 1;
-    const Config c = draw_config(length, 3, kNarrowHeads);
+    const Config c = draw_config(length, 3, kWideHeads);
     // 2m + 1 blocks: two prompts' full blocks stay cached, and one block is left over.
     const std::unique_ptr<BlockPool> pool = lab_pool(c, bs, 2 * m + 1);
     Served s(c, *rc::gen::arbitrary<std::uint64_t>(), *pool);
