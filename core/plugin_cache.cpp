@@ -20,6 +20,53 @@ std::string plugin_message(const char* err) {
     return s.empty() ? "(no message)" : s;
 }
 
+// ---- Version 1 seen as version 2: a pool is the config, and holds one sequence (a version 1
+// cache has slots 0..n_slots-1 to itself). The handles kvlab passes are the adapter's.
+
+struct V1Sequence;
+struct V1Pool {
+    const kvlab_cache_plugin_abi1* table;
+    kvlab_cache_config config;
+    V1Sequence* seq = nullptr;  // the one sequence, or null
+};
+struct V1Sequence {
+    V1Pool* pool;
+    kvlab_cache* cache;  // the plugin's
+};
+V1Pool* v1(kvlab_cache_pool* p) { return reinterpret_cast<V1Pool*>(p); }
+const V1Pool* v1(const kvlab_cache_pool* p) { return reinterpret_cast<const V1Pool*>(p); }
+V1Sequence* v1(kvlab_cache* c) { return reinterpret_cast<V1Sequence*>(c); }
+const V1Sequence* v1(const kvlab_cache* c) { return reinterpret_cast<const V1Sequence*>(c); }
+
+void v1_destroy_pool(kvlab_cache_pool* p) { delete v1(p); }
+kvlab_cache* v1_create(kvlab_cache_pool* p, char* err, std::size_t err_len) {
+    V1Pool* pool = v1(p);
+    if (pool->seq) {
+        std::snprintf(err, err_len, "a version 1 plugin holds one sequence per pool (no batch, no fork)");
+        return nullptr;
+    }
+    kvlab_cache* c = pool->table->create(&pool->config, err, err_len);
+    if (!c) return nullptr;
+    pool->seq = new V1Sequence{pool, c};
+    return reinterpret_cast<kvlab_cache*>(pool->seq);
+}
+int v1_reserve(kvlab_cache* c, std::int32_t length, std::int32_t n, const std::int32_t*, kvlab_slot_copy*, std::int32_t,
+               std::int32_t*, char* err, std::size_t err_len) {
+    return v1(c)->pool->table->reserve(v1(c)->cache, length, n, err, err_len);
+}
+std::int64_t v1_slot(const kvlab_cache* c, std::int32_t pos) { return v1(c)->pool->table->slot(v1(c)->cache, pos); }
+void v1_release(kvlab_cache* c, std::int32_t n) { v1(c)->pool->table->release(v1(c)->cache, n); }
+std::int64_t v1_memory(const kvlab_cache_pool* p) {
+    const V1Sequence* s = v1(p)->seq;
+    return s ? s->pool->table->memory(s->cache) : 0;
+}
+void v1_destroy(kvlab_cache* c) {
+    V1Sequence* s = v1(c);
+    s->pool->table->destroy(s->cache);
+    s->pool->seq = nullptr;
+    delete s;
+}
+
 }  // namespace
 
 CachePlugin::CachePlugin(const std::string& path) : path_(path) {
@@ -28,55 +75,197 @@ CachePlugin::CachePlugin(const std::string& path) : path_(path) {
         const char* e = dlerror();
         throw Error(fmt::format("cache plugin {}: does not load: {}", path, plugin_message(e ? e : "")));
     }
-    void* entry = dlsym(handle_, KVLAB_CACHE_PLUGIN_SYMBOL);
-    const auto get = reinterpret_cast<kvlab_cache_plugin_entry>(entry);
-    table_ = get ? get() : nullptr;
+    using Entry2 = const kvlab_cache_plugin_abi2* (*)();
+    using Entry1 = const kvlab_cache_plugin_abi1* (*)();
+    const auto get2 = reinterpret_cast<Entry2>(dlsym(handle_, KVLAB_CACHE_PLUGIN_SYMBOL_V2));
+    const auto get1 = get2 ? nullptr : reinterpret_cast<Entry1>(dlsym(handle_, KVLAB_CACHE_PLUGIN_SYMBOL_V1));
+    const kvlab_cache_plugin_abi2* t2 = get2 ? get2() : nullptr;
+    const kvlab_cache_plugin_abi1* t1 = get1 ? get1() : nullptr;
+    const char* symbol = get2 ? KVLAB_CACHE_PLUGIN_SYMBOL_V2 : KVLAB_CACHE_PLUGIN_SYMBOL_V1;
+    const unsigned want = get2 ? 2 : 1;
+    const unsigned got = t2 ? t2->abi_version : t1 ? t1->abi_version : 0;
     std::string problem;
-    if (!get)
-        problem = fmt::format("exports no {}()", KVLAB_CACHE_PLUGIN_SYMBOL);
-    else if (!table_)
-        problem = fmt::format("{}() returned NULL", KVLAB_CACHE_PLUGIN_SYMBOL);
-    else if (table_->abi_version != KVLAB_CACHE_PLUGIN_ABI_VERSION)
-        problem = fmt::format("ABI version {}, this kvlab reads version {}", table_->abi_version,
-                              KVLAB_CACHE_PLUGIN_ABI_VERSION);
-    else if (!table_->create || !table_->reserve || !table_->slot || !table_->release || !table_->memory ||
-             !table_->destroy)
+    if (!get2 && !get1)
+        problem =
+            fmt::format("exports neither {}() nor {}()", KVLAB_CACHE_PLUGIN_SYMBOL_V2, KVLAB_CACHE_PLUGIN_SYMBOL_V1);
+    else if (!t2 && !t1)
+        problem = fmt::format("{}() returned NULL", symbol);
+    else if (got != want)
+        problem = fmt::format("{}() returned a table of ABI version {}, not {}", symbol, got, want);
+    else if (t2 && (!t2->create_pool || !t2->destroy_pool || !t2->create || !t2->reserve || !t2->slot || !t2->release ||
+                    !t2->memory || !t2->destroy))
+        problem =
+            "a required function of its table is NULL (create_pool, destroy_pool, create, reserve, slot, "
+            "release, memory and destroy are required)";
+    else if (t1 && (!t1->create || !t1->reserve || !t1->slot || !t1->release || !t1->memory || !t1->destroy))
         problem = "a function of its table is NULL (create, reserve, slot, release, memory and destroy are required)";
     if (!problem.empty()) {
         dlclose(handle_);
         throw Error(fmt::format("cache plugin {}: {}", path, problem));
     }
-    name_ = table_->name && table_->name[0] ? std::string(table_->name, strnlen(table_->name, 64)) : path;
+    abi_version_ = int(want);
+    const char* name = t2 ? t2->name : t1->name;
+    name_ = name && name[0] ? std::string(name, strnlen(name, 64)) : path;
+    if (t2) {
+        table_ = *t2;
+    } else {
+        // The adapter's pool holds the version 1 table (create_pool below).
+        table_ = kvlab_cache_plugin_abi2{1,          name,    nullptr, nullptr,    v1_create, nullptr,   nullptr,
+                                         v1_reserve, v1_slot, nullptr, v1_release, v1_memory, v1_destroy};
+        table_.destroy_pool = v1_destroy_pool;
+        v1_table_ = t1;
+    }
 }
 
 CachePlugin::~CachePlugin() { dlclose(handle_); }
 
-PluginCache::PluginCache(const Config& config, const CachePlugin& plugin, Memory& memory, int n_slots)
-    : Cache(config),
-      plugin_(plugin),
-      n_slots_(n_slots > 0 ? n_slots : config.max_seq),
-      // [n_layers, n_kv_heads, n_slots, head_size], as a head-major contiguous cache of n_slots
-      storage_(memory, std::int64_t(config.n_layers) * config.n_kv_heads * n_slots_, config.head_size(),
-               std::int64_t(config.n_kv_heads) * n_slots_, n_slots_),
-      holder_(std::size_t(n_slots_), -1) {
-    assert(holder_.size() == std::size_t(n_slots_));
-    const kvlab_cache_config cc{config.max_seq, n_slots_, config.n_layers, config.n_kv_heads, config.head_size()};
-    char err[kErrLen] = {};
-    handle_ = plugin_.table().create(&cc, err, sizeof err);
-    if (!handle_)
-        throw Error(fmt::format("{}: create(max_seq={}, n_slots={}) refused: {}", name(), cc.max_seq, cc.n_slots,
-                                plugin_message(err)));
+kvlab_cache_pool* CachePlugin::create_pool(const kvlab_cache_config& config, char* err, std::size_t err_len) const {
+    if (v1_table_) return reinterpret_cast<kvlab_cache_pool*>(new V1Pool{v1_table_, config});
+    return table_.create_pool(&config, err, err_len);
 }
 
-PluginCache::~PluginCache() { plugin_.table().destroy(handle_); }
+// ----------------------------------------------------------------------------------------------
+// The pool: rows, and kvlab's books on them
 
-std::string PluginCache::name() const { return fmt::format("plugin {}", plugin_.name()); }
+PluginPool::PluginPool(const Config& config, const CachePlugin& plugin, Memory& memory, int n_slots, int max_sequences,
+                       int block_size)
+    : config_(config),
+      plugin_(plugin),
+      n_slots_(n_slots > 0 ? n_slots : max_sequences * (config.max_seq + 2 * block_size)),
+      max_sequences_(max_sequences),
+      block_size_(block_size) {
+    if (max_sequences < 1 || block_size < 1 || block_size > 64 || n_slots_ % block_size != 0)
+        throw Error(
+            fmt::format("plugin pool: {} sequences, block size {} and {} slots (at least 1 sequence, a block "
+                        "size in 1..64 that divides the slots)",
+                        max_sequences, block_size, n_slots_));
+    // [n_layers, n_kv_heads, n_slots, head_size], as a head-major contiguous cache of n_slots
+    storage_ = KVStorage(memory, std::int64_t(config.n_layers) * config.n_kv_heads * n_slots_, config.head_size(),
+                         std::int64_t(config.n_kv_heads) * n_slots_, n_slots_);
+    holders_.resize(std::size_t(n_slots_));
+    content_.assign(std::size_t(n_slots_), nullptr);
+    assert(holders_.size() == std::size_t(n_slots_) && content_.size() == std::size_t(n_slots_));
+    const kvlab_cache_config cc{config.max_seq,     n_slots_,       config.n_layers, config.n_kv_heads,
+                                config.head_size(), max_sequences_, block_size_};
+    char err[kErrLen] = {};
+    handle_ = plugin_.create_pool(cc, err, sizeof err);
+    if (!handle_)
+        throw Error(
+            fmt::format("plugin {}: create_pool(max_seq={}, n_slots={}, max_sequences={}, block_size={}) "
+                        "refused: {}",
+                        plugin_.name(), cc.max_seq, cc.n_slots, max_sequences_, block_size_, plugin_message(err)));
+}
+
+PluginPool::~PluginPool() {
+    assert(live_ == 0);
+    plugin_.table().destroy_pool(handle_);
+}
+
+void PluginPool::set_kv_format(KVFormat format, std::span<const float> scales) {
+    for (const auto& h : holders_)
+        if (!h.empty())
+            throw Error(fmt::format("plugin {}: the KV format changes only while no sequence holds a position",
+                                    plugin_.name()));
+    const std::vector<float> checked =
+        scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
+    const Config& c = config_;
+    storage_ = KVStorage(storage_.memory(), std::int64_t(c.n_layers) * c.n_kv_heads * n_slots_, c.head_size(),
+                         std::int64_t(c.n_kv_heads) * n_slots_, n_slots_, format, checked);
+    std::fill(content_.begin(), content_.end(), nullptr);  // every row reads NaN again
+}
+
+std::int64_t PluginPool::bookkeeping_bytes() const { return plugin_.table().memory(handle_); }
+
+const PrefixNode* PluginPool::child(const PrefixNode* parent, int token, int pos) {
+    auto& children = parent ? const_cast<PrefixNode*>(parent)->children : roots_;
+    std::unique_ptr<PrefixNode>& node = children[token];
+    if (!node) node = std::make_unique<PrefixNode>(PrefixNode{parent, token, pos, {}});
+    return node.get();
+}
+
+void PluginPool::hold(std::int64_t slot, const PluginCache* seq, int pos) {
+    holders_[std::size_t(slot)].push_back({seq, pos});
+}
+
+void PluginPool::unhold(std::int64_t slot, const PluginCache* seq) {
+    auto& h = holders_[std::size_t(slot)];
+    h.erase(std::remove_if(h.begin(), h.end(), [&](const Hold& x) { return x.seq == seq; }), h.end());
+}
+
+std::string PluginPool::holder_text(std::int64_t slot) const {
+    const Hold& h = holders_[std::size_t(slot)].front();
+    return fmt::format("position {} of sequence {}", h.pos, h.seq->seq_id);
+}
+
+std::string PluginPool::content_text(std::int64_t slot) const {
+    const PrefixNode* node = content_[std::size_t(slot)];
+    return node ? fmt::format("the rows of position {} after another prefix", node->pos) : "no rows";
+}
+
+void PluginPool::copy(std::span<const kvlab_slot_copy> copies, const std::string& call) {
+    for (const kvlab_slot_copy& c : copies) {
+        const std::string what = fmt::format("{} asked for a copy of slots {}..{} to {}..{}", call, c.from,
+                                             c.from + c.count - 1, c.to, c.to + c.count - 1);
+        if (c.count < 1 || c.from < 0 || c.to < 0 || c.from > n_slots_ - c.count || c.to > n_slots_ - c.count)
+            throw Error(fmt::format("{}, but there are {} slots (0..{})", what, n_slots_, n_slots_ - 1));
+        if (c.from < c.to + c.count && c.to < c.from + c.count) throw Error(what + ", which overlap");
+        for (std::int64_t s = c.to; s < c.to + c.count; s++)
+            if (!holders_[std::size_t(s)].empty())
+                throw Error(fmt::format("{}, onto slot {}, which {} still holds", what, s, holder_text(s)));
+        const std::int64_t bytes = storage_.row_bytes() * c.count;  // a (layer, head)'s slots are adjacent rows
+        for (int l = 0; l < config_.n_layers; l++)
+            for (int h = 0; h < config_.n_kv_heads; h++) {
+                storage_.memory().copy(storage_.k_row(storage_.row(l, h, c.to)),
+                                       storage_.k_row(storage_.row(l, h, c.from)), bytes);
+                storage_.memory().copy(storage_.v_row(storage_.row(l, h, c.to)),
+                                       storage_.v_row(storage_.row(l, h, c.from)), bytes);
+            }
+        std::copy_n(content_.begin() + c.from, c.count, content_.begin() + c.to);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// A sequence
+
+PluginCache::PluginCache(PluginPool& pool, int seq_id) : Cache(pool.config()), pool_(&pool) {
+    this->seq_id = seq_id;
+    char err[kErrLen] = {};
+    handle_ = pool.plugin().table().create(pool.handle_, err, sizeof err);
+    if (!handle_) throw Error(fmt::format("{}: create() refused: {}", who(), plugin_message(err)));
+    pool.live_++;
+}
+
+PluginCache::PluginCache(const Config& config, const CachePlugin& plugin, Memory& memory, int n_slots)
+    : Cache(config), own_pool_(std::make_unique<PluginPool>(config, plugin, memory, n_slots)), pool_(own_pool_.get()) {
+    char err[kErrLen] = {};
+    handle_ = plugin.table().create(pool_->handle_, err, sizeof err);
+    if (!handle_) throw Error(fmt::format("{}: create() refused: {}", who(), plugin_message(err)));
+    pool_->live_++;
+}
+
+PluginCache::PluginCache(PluginPool& pool, int seq_id, kvlab_cache* handle)
+    : Cache(pool.config()), pool_(&pool), handle_(handle) {
+    this->seq_id = seq_id;
+    pool.live_++;
+}
+
+PluginCache::~PluginCache() {
+    for (std::int64_t s : slots_) pool_->unhold(s, this);
+    pool_->plugin().table().destroy(handle_);
+    pool_->live_--;
+}
+
+std::string PluginCache::name() const { return fmt::format("plugin {}", pool_->plugin().name()); }
+
+std::string PluginCache::who() const {
+    return pool_->max_sequences() > 1 ? fmt::format("{}, sequence {}", name(), seq_id) : name();
+}
 
 std::int64_t PluginCache::ask_slot(int pos) const {
-    const std::int64_t s = plugin_.table().slot(handle_, pos);
-    if (s < 0 || s >= n_slots_)
-        throw Error(fmt::format("{}: slot(pos={}) returned {}, but there are {} slots (0..{})", name(), pos, s,
-                                n_slots_, n_slots_ - 1));
+    const std::int64_t s = pool_->plugin().table().slot(handle_, pos);
+    if (s < 0 || s >= pool_->n_slots())
+        throw Error(fmt::format("{}: slot(pos={}) returned {}, but there are {} slots (0..{})", who(), pos, s,
+                                pool_->n_slots(), pool_->n_slots() - 1));
     return s;
 }
 
@@ -85,53 +274,168 @@ std::int64_t PluginCache::slot(int t) const {
     const std::int64_t s = ask_slot(t);
     if (s != slots_[std::size_t(t)])
         throw Error(fmt::format("{}: slot(pos={}) returned {}, but position {} was given slot {} and is still held",
-                                name(), t, s, t, slots_[std::size_t(t)]));
+                                who(), t, s, t, slots_[std::size_t(t)]));
     return s;
+}
+
+void PluginCache::append(std::span<const int> tokens) {
+    pending_.assign(tokens.begin(), tokens.end());
+    Cache::append(tokens);
+}
+
+void PluginCache::take(int pos, std::int64_t s, const std::string& call) {
+    if (!pool_->holders_[std::size_t(s)].empty())
+        throw Error(fmt::format("{}: after {}, slot(pos={}) returned {}, the slot of {}, which is still held", who(),
+                                call, pos, s, pool_->holder_text(s)));
+    pool_->hold(s, this, pos);
 }
 
 void PluginCache::reserve(int new_length) {
     const int length = int(slots_.size()), n = new_length - length;
     if (n <= 0) return;
+    assert(pending_.size() == std::size_t(n));
+    const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
+    const std::string call = fmt::format("reserve(length={}, n={})", length, n);
+    const std::vector<std::int32_t> tokens(pending_.begin(), pending_.end());  // [n] the new positions' tokens
+    std::vector<kvlab_slot_copy> copies(std::size_t(config_.max_seq));         // [max_seq] room for the copies
+    std::int32_t n_copies = 0;
     char err[kErrLen] = {};
-    if (plugin_.table().reserve(handle_, length, n, err, sizeof err) != 0)
-        throw Error(fmt::format("{}: reserve(length={}, n={}) refused: {}", name(), length, n, plugin_message(err)));
-    // The new positions' slots: each in range and held by no other position.
-    std::vector<std::int64_t> given;
-    for (int pos = length; pos < new_length; pos++) {
-        const std::int64_t s = ask_slot(pos);
-        int other = holder_[std::size_t(s)];
-        if (const auto it = std::find(given.begin(), given.end(), s); it != given.end())
-            other = length + int(it - given.begin());
-        if (other >= 0)  // (the plugin's books are wrong: it is not asked to undo anything)
-            throw Error(
-                fmt::format("{}: after reserve(length={}, n={}), slot(pos={}) returned {}, the slot of "
-                            "position {}, which is still held",
-                            name(), length, n, pos, s, other));
-        given.push_back(s);
+    if (t.reserve(handle_, length, n, tokens.data(), copies.data(), std::int32_t(copies.size()), &n_copies, err,
+                  sizeof err) != 0)
+        throw Error(fmt::format("{}: {} refused: {}", who(), call, plugin_message(err)));
+    if (n_copies < 0 || n_copies > std::int32_t(copies.size()))
+        throw Error(
+            fmt::format("{}: {} said it asked for {} copies, of at most {}", who(), call, n_copies, copies.size()));
+    copies.resize(std::size_t(n_copies));
+    pool_->copy(copies, fmt::format("{}: {}", who(), call));
+    if (!copies.empty()) moved(copies, call);
+    std::vector<std::int64_t> given;  // the new positions' slots, held as each is checked
+    try {
+        for (int pos = length; pos < new_length; pos++) {
+            const std::int64_t s = ask_slot(pos);
+            take(pos, s, call);
+            given.push_back(s);
+        }
+    } catch (...) {
+        for (std::int64_t s : given) pool_->unhold(s, this);
+        throw;
     }
-    for (int i = 0; i < n; i++) holder_[std::size_t(given[std::size_t(i)])] = length + i;
     slots_.insert(slots_.end(), given.begin(), given.end());
+    for (int i = 0; i < n; i++)
+        nodes_.push_back(pool_->child(nodes_.empty() ? nullptr : nodes_.back(), pending_[std::size_t(i)], length + i));
+}
+
+void PluginCache::moved(std::span<const kvlab_slot_copy> copies, const std::string& call) {
+    for (int pos = 0; pos < int(slots_.size()); pos++) {
+        const std::int64_t was = slots_[std::size_t(pos)], s = ask_slot(pos);
+        if (s == was) continue;
+        const auto via = std::find_if(copies.begin(), copies.end(), [&](const kvlab_slot_copy& c) {
+            return was >= c.from && was < c.from + c.count && s == c.to + (was - c.from);
+        });
+        if (via == copies.end())
+            throw Error(
+                fmt::format("{}: after {}, slot(pos={}) returned {}, but position {} was given slot {} and is "
+                            "still held (a held position moves only through one of reserve's copies)",
+                            who(), call, pos, s, pos, was));
+        pool_->unhold(was, this);
+        pool_->hold(s, this, pos);
+        slots_[std::size_t(pos)] = s;
+    }
+}
+
+void PluginCache::on_write(int pos) {
+    pool_->content_[std::size_t(slots_[std::size_t(pos)])] = nodes_[std::size_t(pos)];
+}
+
+int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
+    const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
+    if (t.attended) {
+        std::vector<std::int32_t> got(std::size_t(pos) + 1);  // [pos + 1] an exact cache's answer fills it
+        const std::int32_t k = t.attended(handle_, pos, got.data(), std::int32_t(got.size()));
+        int kept = 0;  // positions 0..kept-1 answered in order
+        while (kept <= pos && kept < k && got[std::size_t(kept)] == kept) kept++;
+        if (k != pos + 1 || kept <= pos)
+            throw Error(
+                fmt::format("{}: attended(pos={}) returned {} positions, without position {}: an exact cache "
+                            "attends all of 0..{}",
+                            who(), pos, k, std::min(kept, pos), pos));
+    }
+    for (int p = 0; p <= pos; p++) {
+        const std::int64_t s = slot(p);
+        if (pool_->content_[std::size_t(s)] != nodes_[std::size_t(p)])
+            throw Error(fmt::format("{}: a query at {} reads position {} from slot {}, which holds {}", who(), pos, p,
+                                    s, pool_->content_text(s)));
+        slots[p] = s;
+        if (positions) positions[p] = p;
+    }
+    return pos + 1;
 }
 
 void PluginCache::release(int n) {
-    plugin_.table().release(handle_, n);
-    // The forgotten positions' rows read NaN again: a later read of one shows at once.
-    for (int t = n; t < int(slots_.size()); t++) {
-        holder_[std::size_t(slots_[std::size_t(t)])] = -1;
-        storage_.poison(config_, slots_[std::size_t(t)], 1);
-    }
+    pool_->plugin().table().release(handle_, n);
+    for (int p = n; p < int(slots_.size()); p++) pool_->unhold(slots_[std::size_t(p)], this);
     slots_.resize(std::size_t(n));
+    nodes_.resize(std::size_t(n));
+}
+
+int PluginCache::attach_prefix(std::span<const int> tokens) {
+    if (length() != 0 || !pool_->plugin().reuses_prefixes() || tokens.empty()) return Cache::attach_prefix(tokens);
+    const std::vector<std::int32_t> tk(tokens.begin(), tokens.end());  // [n] the request's tokens
+    const int n = int(tk.size());
+    const std::string call = fmt::format("attach_prefix(n={})", n);
+    const int hit = pool_->plugin().table().attach_prefix(handle_, tk.data(), n);
+    if (hit < 0 || hit > n - 1)
+        throw Error(
+            fmt::format("{}: {} returned {}, not one of 0..{} (the last token always runs)", who(), call, hit, n - 1));
+    std::vector<std::int64_t> slots;       // [hit] the prefix's slots, each checked
+    std::vector<const PrefixNode*> nodes;  // [hit]
+    for (int p = 0; p < hit; p++) {
+        nodes.push_back(pool_->child(p > 0 ? nodes.back() : nullptr, tokens[std::size_t(p)], p));
+        const std::int64_t s = ask_slot(p);
+        std::string bad;
+        if (const auto it = std::find(slots.begin(), slots.end(), s); it != slots.end())
+            bad = fmt::format("position {} of this sequence too", int(it - slots.begin()));
+        else if (pool_->content_[std::size_t(s)] != nodes.back())
+            bad = pool_->content_text(s);
+        if (!bad.empty())
+            throw Error(fmt::format("{}: {} returned {}, but position {} is in slot {}, which holds {}", who(), call,
+                                    hit, p, s, bad));
+        slots.push_back(s);
+    }
+    if (hit == 0) return 0;
+    for (int p = 0; p < hit; p++) pool_->hold(slots[std::size_t(p)], this, p);
+    slots_ = std::move(slots);
+    nodes_ = std::move(nodes);
+    adopt(tokens.first(std::size_t(hit)));
+    record(EventKind::prefix_hit, 0, hit);
+    return hit;
+}
+
+std::unique_ptr<PluginCache> PluginCache::fork(int new_seq_id) {
+    const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
+    if (!t.fork) throw Error(fmt::format("{}: the plugin has no fork", who()));
+    char err[kErrLen] = {};
+    kvlab_cache* h = t.fork(handle_, err, sizeof err);
+    if (!h) throw Error(fmt::format("{}: fork() refused: {}", who(), plugin_message(err)));
+    std::unique_ptr<PluginCache> child(new PluginCache(*pool_, new_seq_id, h));
+    child->trace = trace;
+    for (int p = 0; p < length(); p++)
+        if (const std::int64_t s = child->ask_slot(p); s != slots_[std::size_t(p)])
+            throw Error(
+                fmt::format("{}: fork(): the child's slot(pos={}) is {}, the parent's {} (a child shares its "
+                            "parent's slots until a copy)",
+                            who(), p, s, slots_[std::size_t(p)]));
+    for (int p = 0; p < length(); p++) pool_->hold(slots_[std::size_t(p)], child.get(), p);
+    child->slots_ = slots_;
+    child->nodes_ = nodes_;
+    child->adopt(tokens());
+    return child;
 }
 
 void PluginCache::set_kv_format(KVFormat format, std::span<const float> scales) {
-    if (length() != 0) throw Error(fmt::format("{}: the KV format changes only while the cache is empty", name()));
-    const std::vector<float> checked =
-        scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
-    const Config& c = config_;
-    storage_ = KVStorage(storage_.memory(), std::int64_t(c.n_layers) * c.n_kv_heads * n_slots_, c.head_size(),
-                         std::int64_t(c.n_kv_heads) * n_slots_, n_slots_, format, checked);
+    pool_->set_kv_format(format, scales);
 }
 
-MemoryStats PluginCache::memory() const { return position_rows_memory(config_, storage_, n_slots_, length()); }
+MemoryStats PluginCache::memory() const { return position_rows_memory(config_, storage(), pool_->n_slots(), length()); }
 
 }  // namespace kvlab

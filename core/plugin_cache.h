@@ -1,15 +1,20 @@
-// kvlab core: a cache whose bookkeeping is a plugin's (include/kvlab/cache_plugin.h), loaded from
+// kvlab core: caches whose bookkeeping is a plugin's (include/kvlab/cache_plugin.h), loaded from
 // a shared library, so that kvlab's exactness checks run on a cache kvlab did not write.
 //
-// kvlab keeps the rows (head-major, n_slots per layer and KV head, as ContiguousCache keeps
-// max_seq); the plugin says which slot each position lives in. Every answer is checked before it
-// is used: a slot out of range, a slot another held position already has, a slot that moved
-// while its position was held, or a refusal, is an Error naming the call, its arguments and the
-// bad value. A crash in the plugin is not caught here: `kvlab verify --plugin` runs the checks
-// in a child process for that.
+// A PluginPool keeps the rows (head-major, n_slots per layer and KV head, as ContiguousCache
+// keeps max_seq) for a family of PluginCache sequences; the plugin says which slot each position
+// of each sequence lives in. kvlab keeps its own books beside the plugin's and checks every
+// answer before using it: a slot out of range, a new position's slot that some sequence still
+// holds, a held position whose slot moved without a copy, a copy onto a held slot, a fork whose
+// child does not share its parent's slots, a prefix hit or an attended slot whose rows were
+// written for another prefix, or a refusal, is an Error naming the call, its arguments and the
+// bad value. A crash in the plugin is not caught here: `kvlab verify --plugin` runs the checks in
+// a child process for that.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,51 +23,133 @@
 
 namespace kvlab {
 
-// A loaded plugin library. Throws Error, in one line, for a file that does not load, a missing
-// entry symbol, a table of another ABI version or with a null function.
+// A loaded plugin library, seen through the version 2 table (a version 1 plugin is adapted: one
+// sequence per pool, no fork, no prefix reuse, no copies). Throws Error, in one line, for a file
+// that does not load, no entry symbol, a table of a version kvlab does not read or with a null
+// required function.
 class CachePlugin {
 public:
     explicit CachePlugin(const std::string& path);
     ~CachePlugin();
     CachePlugin(const CachePlugin&) = delete;
     CachePlugin& operator=(const CachePlugin&) = delete;
-    const kvlab_cache_plugin& table() const { return *table_; }
-    const std::string& name() const { return name_; }  // the table's, or the file's when it has none
+    const kvlab_cache_plugin_abi2& table() const { return table_; }
+    // A pool for `config` (the plugin's create_pool, or the version 1 adapter's), or null with a message.
+    kvlab_cache_pool* create_pool(const kvlab_cache_config& config, char* err, std::size_t err_len) const;
+    int abi_version() const { return abi_version_; }
+    bool can_fork() const { return table_.fork != nullptr; }
+    bool reuses_prefixes() const { return table_.attach_prefix != nullptr; }
+    bool one_sequence() const { return abi_version_ == 1; }  // a version 1 pool holds one sequence
+    const std::string& name() const { return name_; }        // the table's, or the file's when it has none
     const std::string& path() const { return path_; }
 
 private:
     std::string path_, name_;
     void* handle_ = nullptr;
-    const kvlab_cache_plugin* table_ = nullptr;
+    int abi_version_ = 0;
+    kvlab_cache_plugin_abi2 table_{};                    // the plugin's, or the version 1 adapter's
+    const kvlab_cache_plugin_abi1* v1_table_ = nullptr;  // a version 1 plugin's own table
+};
+
+class PluginCache;
+
+// The prefix a slot's rows were computed for: position pos holding `token`, after `parent`'s.
+// Interned by the pool, so two rows were computed for the same prefix iff their nodes are equal.
+struct PrefixNode {
+    const PrefixNode* parent = nullptr;
+    int token = 0, pos = 0;
+    std::map<int, std::unique_ptr<PrefixNode>> children;
+};
+
+// One pool of the plugin, its rows and kvlab's books on them.
+class PluginPool {
+public:
+    // n_slots: rows per layer and KV head (0: max_sequences * (max_seq + 2 * block_size), the
+    // least the header promises); block_size: the plugin's hint, 1..64, dividing n_slots.
+    PluginPool(const Config& config, const CachePlugin& plugin, Memory& memory = host_memory(), int n_slots = 0,
+               int max_sequences = 1, int block_size = 1);
+    ~PluginPool();  // its sequences are destroyed first (an Error in debug builds otherwise)
+    PluginPool(const PluginPool&) = delete;
+    PluginPool& operator=(const PluginPool&) = delete;
+
+    const Config& config() const { return config_; }
+    const CachePlugin& plugin() const { return plugin_; }
+    const KVStorage& storage() const { return storage_; }
+    int n_slots() const { return n_slots_; }
+    int max_sequences() const { return max_sequences_; }
+    int block_size() const { return block_size_; }
+    int n_sequences() const { return live_; }
+    // The KV format of every slot; changes only while no sequence holds a position.
+    void set_kv_format(KVFormat format, std::span<const float> scales = {});
+    std::int64_t bookkeeping_bytes() const;  // the plugin's memory() answer
+
+private:
+    friend class PluginCache;
+    struct Hold {  // a sequence holding a position in a slot
+        const PluginCache* seq;
+        int pos;
+    };
+    const PrefixNode* child(const PrefixNode* parent, int token, int pos);
+    void hold(std::int64_t slot, const PluginCache* seq, int pos);
+    void unhold(std::int64_t slot, const PluginCache* seq);
+    // Applies a reserve's copies after checking them (ranges, overlap, a held destination).
+    void copy(std::span<const kvlab_slot_copy> copies, const std::string& call);
+    std::string holder_text(std::int64_t slot) const;  // "position 3 of sequence 1"
+    std::string content_text(std::int64_t slot) const;
+
+    Config config_;
+    const CachePlugin& plugin_;
+    int n_slots_, max_sequences_, block_size_;
+    kvlab_cache_pool* handle_ = nullptr;
+    KVStorage storage_;
+    std::vector<std::vector<Hold>> holders_;            // [n_slots] the sequences holding each slot
+    std::vector<const PrefixNode*> content_;            // [n_slots] the prefix each slot's rows are for (null: none)
+    std::map<int, std::unique_ptr<PrefixNode>> roots_;  // the interned prefixes, by first token
+    int live_ = 0;
 };
 
 class PluginCache final : public Cache {
 public:
-    // n_slots: rows per layer and KV head the plugin maps positions onto (0: max_seq).
+    // An empty sequence of `pool`.
+    explicit PluginCache(PluginPool& pool, int seq_id = 0);
+    // An empty sequence with a pool of its own (one sequence; n_slots 0: max_seq + 2).
     PluginCache(const Config& config, const CachePlugin& plugin, Memory& memory = host_memory(), int n_slots = 0);
     ~PluginCache() override;
-    // The plugin's slot for t (checked: in range, and the slot t was given when it was reserved).
+    void append(std::span<const int> tokens) override;
+    // The plugin's slot for t (checked: in range, and the slot t holds in kvlab's books).
     std::int64_t slot(int t) const override;
-    const KVStorage& storage() const override { return storage_; }
+    // Every slot checked: the plugin's positions are 0..pos, and each slot holds the rows
+    // written for this sequence's prefix at that position.
+    int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override;
+    const KVStorage& storage() const override { return pool_->storage(); }
     void set_kv_format(KVFormat format, std::span<const float> scales = {}) override;
+    int attach_prefix(std::span<const int> tokens) override;
     MemoryStats memory() const override;
     std::string name() const override;
-    int n_slots() const { return n_slots_; }
+    // A new sequence sharing every position of this one (the plugin's fork; Error without one).
+    std::unique_ptr<PluginCache> fork(int new_seq_id);
+    PluginPool& pool() const { return *pool_; }
 
 protected:
     void reserve(int new_length) override;
+    void on_write(int pos) override;
     void release(int n) override;
 
 private:
-    // Asks the plugin for pos's slot and checks it is in range ("slot(pos=3) returned 9, ...").
-    std::int64_t ask_slot(int pos) const;
+    PluginCache(PluginPool& pool, int seq_id, kvlab_cache* handle);  // fork's child
+    std::int64_t ask_slot(int pos) const;                            // the plugin's slot for pos, checked in range
+    // pos's slot `s`, new to this sequence: held by nobody (else Error naming `call`), then held by it.
+    void take(int pos, std::int64_t s, const std::string& call);
+    // After a reserve's copies: each held position is in its slot, or moved along one of them.
+    void moved(std::span<const kvlab_slot_copy> copies, const std::string& call);
+    std::string who() const;  // "plugin free_list, sequence 2"
 
-    const CachePlugin& plugin_;
+    std::unique_ptr<PluginPool> own_pool_;  // a pool of its own, or null
+    PluginPool* pool_;
     kvlab_cache* handle_ = nullptr;
-    int n_slots_;
-    KVStorage storage_;
-    std::vector<std::int64_t> slots_;  // [length()] the slot each held position was given
-    std::vector<int> holder_;          // [n_slots] the position holding each slot, or -1
+    std::vector<std::int64_t> slots_;       // [length()] the slot each held position has in kvlab's books
+    std::vector<const PrefixNode*> nodes_;  // [length()] the prefix ending at each held position
+    std::vector<int> pending_;              // the tokens of the append being reserved
 };
 
 }  // namespace kvlab

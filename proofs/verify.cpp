@@ -705,49 +705,195 @@ void speculate_property(const Devices& devices, Mutant mutant) {
 // ----------------------------------------------------------------------------------------------
 // A cache kvlab did not write (plugin_cache.h): the plugin keeps the books, kvlab the rows
 
-// Any model and KV format, n_slots from max_seq to twice it; prompts prefilled in a chunk, then
-// decoded a token at a time, with rollbacks between; every step equals naive decode of the
-// tokens kept. A plugin's bad answer (plugin_cache.h checks each) fails the case with its call.
-// progress, when set, hears the case so far before each step (the CLI's crash report names it).
-void plugin_property(const CachePlugin& plugin, const Devices& devices,
-                     const std::function<void(std::string_view)>& progress) {
-    const Config c = draw_shape(devices, 1, false);
-    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = draw_kv_format(devices);
-    Oracle oracle(m, devices, Mutant::none);
-    oracle.set_kv_format(format, {});
-    const int n_slots = draw(c.max_seq, 2 * c.max_seq);
-    std::string what =
-        fmt::format("plugin {} with {} slots, {} in {}", plugin.name(), n_slots, c.describe(), kv_format_name(format));
-    std::vector<int> kept;
-    try {
-        PluginCache cache(c, plugin, oracle.memory(), n_slots);
-        cache.set_kv_format(format);
-        const auto cached = oracle.cached(cache);
-        const auto step = [&](const std::string& about) {
-            what += about;
-            if (progress) progress(what);
-        };
-        for (int r = 0, rounds = draw(1, 3); r <= rounds; r++) {
-            if (r > 0) {
-                const int n = draw(0, int(kept.size()));
-                step(fmt::format(", roll back to {}", n));
-                cache.truncate(n);
-                kept.resize(std::size_t(n));
-            }
-            if (int(kept.size()) == c.max_seq) continue;
-            const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(kept.size())));
-            const int chunk = draw(1, int(more.size()));
-            step(fmt::format(", +{} ({} at once)", more.size(), chunk));
-            kept.insert(kept.end(), more.begin(), more.begin() + chunk);
-            oracle.expect_naive(kept, cached->prefill(std::span(more).first(std::size_t(chunk))), what);
-            for (std::size_t i = std::size_t(chunk); i < more.size(); i++) {
-                kept.push_back(more[i]);
-                oracle.expect_naive(kept, cached->decode(more[i]), what);
+// A pool of a plugin and the sequences it holds, each with the tokens it holds, driven by drawn
+// operations as an engine drives its block manager: new requests (a fresh prompt, one sharing
+// another's prefix, or one edited part-way so that later blocks repeat after another prefix,
+// which a prefix hash must tell apart), forks, batched steps mixing prompt chunks and decode
+// rows, rollbacks, speculative decoding with a draft of another model, finished requests. Every
+// logit is checked against naive decode of its sequence's tokens; each plugin answer is checked
+// by plugin_cache.h first, so a bad one fails with its call.
+class PluginFamily {
+public:
+    PluginFamily(const CachePlugin& plugin, const Devices& devices,
+                 const std::function<void(std::string_view)>& progress)
+        : plugin_(plugin),
+          devices_(devices),
+          progress_(progress),
+          c_(draw_shape(devices, 1, false)),
+          m_(random_model(c_, *rc::gen::arbitrary<std::uint64_t>())),
+          format_(draw_kv_format(devices)),
+          oracle_(m_, devices, Mutant::none) {
+        oracle_.set_kv_format(format_, {});
+        // Mostly several sequences, and small blocks half the time: most cases then share blocks.
+        max_sequences_ = plugin.one_sequence() || draw(0, 4) == 0 ? 1 : draw(2, 4);
+        const int bs = *rc::gen::arbitrary<bool>() ? draw(1, 4) : draw(1, 16),
+                  need = max_sequences_ * (c_.max_seq + 2 * bs);  // the header's promise
+        n_slots_ = bs * draw((need + bs - 1) / bs, 2 * ((need + bs - 1) / bs));
+        what_ = fmt::format("plugin {}: pool of {} slots, block_size {}, {}; {} in {}", plugin.name(), n_slots_, bs,
+                            max_sequences_ == 1 ? "one sequence" : fmt::format("up to {} sequences", max_sequences_),
+                            c_.describe(), kv_format_name(format_));
+        pool_.emplace(c_, plugin, oracle_.memory(), n_slots_, max_sequences_, bs);
+        pool_->set_kv_format(format_);
+    }
+    ~PluginFamily() { seqs_.clear(); }  // before the pool
+
+    void run() {
+        for (int op = 0, n_ops = draw(1, 12); op < n_ops; op++) {
+            const int n = int(seqs_.size());
+            std::vector<int> kinds{1};  // 0 new, 1 step, 2 rollback, 3 fork, 4 finish, 5 speculate
+            if (n < max_sequences_) kinds.insert(kinds.end(), {0, 5});
+            if (n < max_sequences_ && n > 0 && plugin_.can_fork()) kinds.push_back(3);
+            if (n > 0) kinds.push_back(2);
+            if (n > 1) kinds.push_back(4);
+            const int kind = n == 0 ? 0 : kinds[draw(std::size_t{0}, kinds.size() - 1)];
+            if (kind == 0) start(false);
+            if (kind == 5) start(true);
+            if (kind == 1) step();
+            if (kind == 2) rollback(draw(0, n - 1));
+            if (kind == 3) fork(draw(0, n - 1));
+            if (kind == 4) finish(draw(0, n - 1));
+        }
+    }
+    const std::string& what() const { return what_; }
+
+private:
+    void note(const std::string& about) {
+        what_ += about;
+        if (progress_) progress_(what_);
+    }
+    // A prompt: fresh, or another sequence's tokens (all, up to a drawn point, or from a drawn
+    // point on, so the same tokens sit at other positions; edited at one position half the
+    // time), then fresh tokens. A prefix cache must map only rows computed for the same tokens at
+    // the same positions after the same prefix.
+    std::vector<int> prompt(std::string& how) {
+        std::vector<int> p;
+        if (!seqs_.empty() && draw(0, 2) > 0) {
+            const int i = draw(0, int(seqs_.size()) - 1);
+            const std::vector<int>& t = tokens_[std::size_t(i)];
+            // A suffix starts on a block boundary half the time: a block of it then repeats
+            // another's at another position, which a prefix cache's key must tell apart.
+            const int how_much = draw(0, 2), bs = pool_->block_size(), size = int(t.size());
+            const int at = *rc::gen::arbitrary<bool>() ? draw(0, size) : bs * draw(0, size / bs);
+            const int from = how_much == 2 ? at : 0, to = how_much == 1 ? at : size;
+            p.assign(t.begin() + from, t.begin() + to);
+            how = fmt::format(" of sequence {}'s tokens {}..{}", seqs_[std::size_t(i)]->seq_id, from, to - 1);
+            if (!p.empty() && c_.vocab_size > 1 && *rc::gen::arbitrary<bool>()) {
+                const int e = draw(0, int(p.size()) - 1);
+                p[std::size_t(e)] = (p[std::size_t(e)] + draw(1, c_.vocab_size - 1)) % c_.vocab_size;
+                how += fmt::format(" edited at {}", e);
             }
         }
+        const std::vector<int> more = draw_tokens(c_, draw(p.empty() ? 1 : 0, c_.max_seq - int(p.size())));
+        p.insert(p.end(), more.begin(), more.end());
+        if (p.empty()) p = draw_tokens(c_, 1);
+        return p;
+    }
+    void start(bool speculative) {
+        std::string how;
+        const std::vector<int> p = prompt(how);
+        const int id = next_id_++;
+        auto cache = std::make_unique<PluginCache>(*pool_, id);
+        const auto cached = oracle_.cached(*cache);
+        if (speculative) return speculate(std::move(cache), *cached, p);
+        note(fmt::format(", sequence {} starts: a prompt of {}{}", id, p.size(), how));
+        oracle_.expect_naive(p, cached->extend(p), what_);
+        if (cached->prefix_hit() > 0) note(fmt::format(" ({} reused)", cached->prefix_hit()));
+        seqs_.push_back(std::move(cache));
+        tokens_.push_back(p);
+    }
+    // Greedy speculative decoding on the new sequence: the target rolls back every rejected draft.
+    void speculate(std::unique_ptr<PluginCache> cache, CachedDecoder& target, const std::vector<int>& p) {
+        const int k = draw(1, 4), steps = draw(1, c_.max_seq - int(p.size()) + 1);
+        note(fmt::format(", sequence {} starts: a prompt of {} and {} tokens speculated {} at a time", cache->seq_id,
+                         p.size(), steps, k));
+        if (!draft_model_) {
+            draft_model_.emplace(random_model(c_, *rc::gen::arbitrary<std::uint64_t>()));
+            draft_backend_ = devices_.make(devices_.tested, *draft_model_);
+        }
+        CachedDecoder draft(*draft_backend_);
+        draft.cache().set_kv_format(format_);
+        SpeculativeDecoder spec(target, draft, k);
+        const DecodeRun run = spec.generate(p, steps);
+        std::vector<int> sequence = p;
+        const std::size_t V = std::size_t(c_.vocab_size);
+        for (int i = 0; i < steps; i++) {
+            oracle_.expect_naive(sequence, std::span(run.logits).subspan(std::size_t(i) * V, V), what_);
+            sequence.push_back(run.tokens[std::size_t(i)]);
+        }
+        sequence.pop_back();  // the last token needs no position
+        if (!std::ranges::equal(cache->tokens(), sequence))
+            fail(fmt::format("{}: after speculation the cache holds {} tokens, not the {} emitted", what_,
+                             cache->length(), sequence.size()));
+        seqs_.push_back(std::move(cache));
+        tokens_.push_back(sequence);
+    }
+    // One batched step over the sequences that take part: a chunk of new tokens each.
+    void step() {
+        std::vector<Cache*> caches;
+        std::vector<std::vector<int>> rows;
+        std::vector<std::size_t> who;
+        std::string about = ", step";
+        for (std::size_t i = 0; i < seqs_.size(); i++) {
+            const int room = c_.max_seq - int(tokens_[i].size());
+            if (room == 0 || (!who.empty() && *rc::gen::arbitrary<bool>())) continue;
+            rows.push_back(draw_tokens(c_, draw(1, std::min(room, draw(0, 2) == 0 ? room : 2))));
+            caches.push_back(seqs_[i].get());
+            who.push_back(i);
+            about += fmt::format(" [sequence {} +{}]", seqs_[i]->seq_id, rows.back().size());
+        }
+        if (who.empty()) return;
+        note(about);
+        const auto decoder = oracle_.cached(*caches[0]);
+        const std::vector<float>& logits = decoder->step(caches, rows);
+        for (std::size_t r = 0; r < who.size(); r++) {
+            std::vector<int>& t = tokens_[who[r]];
+            t.insert(t.end(), rows[r].begin(), rows[r].end());
+            oracle_.expect_naive(t, std::span(logits).subspan(r * std::size_t(c_.vocab_size), c_.vocab_size), what_);
+        }
+    }
+    void rollback(int i) {
+        const int n = draw(0, int(tokens_[std::size_t(i)].size()));
+        note(fmt::format(", sequence {} rolls back to {}", seqs_[std::size_t(i)]->seq_id, n));
+        seqs_[std::size_t(i)]->truncate(n);
+        tokens_[std::size_t(i)].resize(std::size_t(n));
+    }
+    void fork(int i) {
+        const int id = next_id_++;
+        note(fmt::format(", sequence {} = fork of sequence {} at {}", id, seqs_[std::size_t(i)]->seq_id,
+                         tokens_[std::size_t(i)].size()));
+        seqs_.push_back(seqs_[std::size_t(i)]->fork(id));
+        tokens_.push_back(tokens_[std::size_t(i)]);
+    }
+    void finish(int i) {
+        note(fmt::format(", sequence {} finishes", seqs_[std::size_t(i)]->seq_id));
+        seqs_.erase(seqs_.begin() + i);
+        tokens_.erase(tokens_.begin() + i);
+    }
+
+    const CachePlugin& plugin_;
+    const Devices& devices_;
+    const std::function<void(std::string_view)>& progress_;
+    const Config c_;
+    const Model m_;
+    const KVFormat format_;
+    Oracle oracle_;
+    int max_sequences_ = 1, n_slots_ = 0, next_id_ = 0;
+    std::string what_;
+    std::optional<PluginPool> pool_;
+    std::vector<std::unique_ptr<PluginCache>> seqs_;  // the live sequences
+    std::vector<std::vector<int>> tokens_;            // [seqs_] the tokens each holds
+    std::optional<Model> draft_model_;
+    std::unique_ptr<Backend> draft_backend_;
+};
+
+void plugin_property(const CachePlugin& plugin, const Devices& devices,
+                     const std::function<void(std::string_view)>& progress) {
+    std::optional<PluginFamily> family;
+    try {
+        family.emplace(plugin, devices, progress);
+        family->run();
     } catch (const Error& e) {
-        fail(fmt::format("{}: {}", what, e.what()));
+        fail(family ? fmt::format("{}: {}", family->what(), e.what()) : std::string(e.what()));
     }
 }
 
@@ -1225,8 +1371,13 @@ VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
     const PropertyOutcome r = check_property([&] { plugin_property(plugin, d, o.progress); }, o.cases, o.seed);
     return {fmt::format("plugin {}", plugin.name()),
             "exact",
-            "any model (a fifth with wide heads) and KV format, n_slots max_seq..2 max_seq, a prompt in a chunk, "
-            "decode, rollbacks",
+            plugin.one_sequence()
+                ? "version 1: any model (a fifth with wide heads) and KV format, one sequence: prompts, "
+                  "chunks, decode, rollbacks, speculative decoding"
+                : fmt::format("any model (a fifth with wide heads) and KV format, pools of 1-4 sequences, block sizes "
+                              "1-16: prompts{}, batched chunks and decode, rollbacks{}, speculative decoding, "
+                              "finished requests",
+                              plugin.reuses_prefixes() ? " (prefix reuse)" : "", plugin.can_fork() ? ", forks" : ""),
             r.cases,
             r.passed ? "bitwise equal" : "FAILED",
             r.passed,

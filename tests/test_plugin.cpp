@@ -1,10 +1,13 @@
-// Caches kvlab did not write: a C plugin's bookkeeping (include/kvlab/cache_plugin.h) under the
+// Caches kvlab did not write: C plugins' bookkeeping (include/kvlab/cache_plugin.h) under the
 // exact property, in process (verify_plugin) and from the command line, where a plugin that
-// crashes, hangs, refuses or answers out of range gets a verdict and kvlab never crashes.
+// crashes, hangs, refuses, answers out of range or breaks a rule of the ABI gets a verdict
+// naming the call, and kvlab never crashes.
 #include <catch2/catch.hpp>
 #include <string>
 
 #include "cli_util.h"
+#include "decode.h"
+#include "model.h"
 #include "plugin_cache.h"
 #include "test_util.h"
 #include "verify.h"
@@ -13,35 +16,98 @@ using namespace kvlab;
 
 namespace {
 
+// dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq
+const Config kConfig{16, 8, 2, 4, 2, 32, 12};
+
 std::string plugin_path(const std::string& name) { return std::string(KVLAB_PLUGIN_DIR) + "/libkvlab_" + name + ".so"; }
+
+VerifyRow verify_named(const std::string& name, std::uint64_t seed = 1) {
+    VerifyOptions o;
+    o.seed = seed;
+    return verify_plugin(plugin_path(name), o);
+}
 
 }  // namespace
 
-TEST_CASE("cache plugin: free_list's books are exact under prefill, decode and rollback", "[plugin]") {
-    const VerifyRow r = verify_plugin(plugin_path("free_list"), VerifyOptions{});
-    INFO(r.counterexample);
-    CHECK(r.ok);
-    CHECK(r.cases == 100);
-    CHECK(r.name == "plugin free_list");
+TEST_CASE("cache plugins: free_list and block_manager are exact over pools, forks, batches and rollbacks", "[plugin]") {
+    for (const char* name : {"free_list", "block_manager"}) {
+        const VerifyRow r = verify_named(name);
+        INFO(name << ": " << r.counterexample);
+        CHECK(r.ok);
+        CHECK(r.cases == 100);
+        CHECK(r.name == std::string("plugin ") + name);
+        CHECK_THAT(r.parameters, Catch::Contains("forks") && Catch::Contains("speculative"));
+    }
+    CHECK_THAT(verify_named("block_manager").parameters, Catch::Contains("prefix reuse"));
 }
 
-TEST_CASE("cache plugin counter-test: a rollback that frees a held slot is caught, shrunk, naming the call",
+TEST_CASE("block_manager: a second request with the same prompt maps the first's blocks, bit for bit", "[plugin]") {
+    const Config c = kConfig;
+    const Model m = random_model(c, 7);
+    const CachePlugin plugin(plugin_path("block_manager"));
+    PluginPool pool(c, plugin, host_memory(), 0, 2, 2);
+    PluginCache a(pool, 0), b(pool, 1);
+    CachedDecoder da(m, a), db(m, b);
+    NaiveDecoder naive(m);
+    const std::vector<int> prompt = {1, 2, 3, 4, 5, 6, 7};
+    const std::vector<float> first = da.extend(prompt);
+    CHECK(da.prefix_hit() == 0);
+    const std::vector<float> second = db.extend(prompt);
+    CHECK(db.prefix_hit() == 6);  // three full blocks of 2; the last token always runs
+    CHECK(first == second);
+    CHECK(second == naive.forward(prompt));
+    CHECK(pool.bookkeeping_bytes() > 0);
+}
+
+TEST_CASE("cache plugin counter-tests: each planted bookkeeping bug is caught, shrunk, naming the call",
           "[plugin][counter]") {
-    const VerifyRow r = verify_plugin(plugin_path("free_list_off_by_one"), VerifyOptions{});
-    INFO(r.counterexample);
-    CHECK_FALSE(r.ok);
-    CHECK_THAT(r.counterexample, Catch::Contains("roll back to") && Catch::Contains("which is still held") &&
-                                     Catch::Contains("reserve(length="));
-    CHECK(r.counterexample_T == 0);  // a bookkeeping verdict, not a logit difference
+    // Across seeds, so that each catch is the property's and not one lucky draw's.
+    for (std::uint64_t seed : {1, 2, 3}) {
+        const VerifyRow off = verify_named("free_list_off_by_one", seed);
+        INFO(off.counterexample);
+        CHECK_FALSE(off.ok);
+        CHECK_THAT(off.counterexample, Catch::Contains("rolls back to") && Catch::Contains("which is still held") &&
+                                           Catch::Contains("reserve(length="));
+        CHECK(off.counterexample_T == 0);  // a bookkeeping verdict, not a logit difference
+        const VerifyRow no_cow = verify_named("block_manager_no_cow", seed);
+        INFO(no_cow.counterexample);
+        CHECK_FALSE(no_cow.ok);
+        CHECK_THAT(no_cow.counterexample,
+                   Catch::Contains("fork of sequence") && Catch::Contains("which is still held"));
+        const VerifyRow unchained = verify_named("block_manager_unchained", seed);
+        INFO(unchained.counterexample);
+        CHECK_FALSE(unchained.ok);
+        CHECK_THAT(unchained.counterexample, Catch::Contains("attach_prefix(n="));
+    }
 }
 
-TEST_CASE("cache plugin: a slot out of range and a refusal fail the check with the call and its value", "[plugin]") {
-    const VerifyRow range = verify_plugin(plugin_path("hostile_range"), VerifyOptions{});
-    CHECK_FALSE(range.ok);
-    CHECK_THAT(range.counterexample, Catch::Contains("slot(pos=2) returned") && Catch::Contains("slots (0.."));
-    const VerifyRow refuse = verify_plugin(plugin_path("hostile_refuse"), VerifyOptions{});
-    CHECK_FALSE(refuse.ok);
-    CHECK_THAT(refuse.counterexample, Catch::Contains("reserve(length=0, n=1) refused: no room"));
+TEST_CASE("cache plugins that break one rule of the ABI each get a verdict naming it", "[plugin][counter]") {
+    const std::vector<std::pair<std::string, std::string>> verdicts = {
+        {"hostile_range", "slot(pos=2) returned"},
+        {"hostile_refuse", "reserve(length=0, n=1) refused: no room"},
+        {"hostile_v2_move", "was given slot 0 and is still held"},
+        {"hostile_v2_copy", "asked for a copy of slots"},
+        {"hostile_v2_fork", "fork(): the child's slot(pos=0)"},
+        {"hostile_v2_window", "without position 0: an exact cache attends all of"},
+        {"hostile_v2_prefix", "which holds no rows"},
+    };
+    for (const auto& [name, verdict] : verdicts) {
+        const VerifyRow r = verify_named(name);
+        INFO(name << ": " << r.counterexample);
+        CHECK_FALSE(r.ok);
+        CHECK_THAT(r.counterexample, Catch::Contains(verdict));
+    }
+}
+
+TEST_CASE("cache plugin ABI version 1 is still read: one sequence per pool", "[plugin]") {
+    const CachePlugin v1(plugin_path("hostile_range"));
+    CHECK(v1.abi_version() == 1);
+    CHECK_FALSE(v1.can_fork());
+    const Config c = kConfig;
+    PluginPool pool(c, v1);
+    PluginCache first(pool, 0);
+    CHECK_THROWS_WITH(PluginCache(pool, 1), Catch::Contains("one sequence per pool"));
+    CHECK(CachePlugin(plugin_path("block_manager")).abi_version() == 2);
 }
 
 TEST_CASE("cache plugin: a file that is not a plugin is refused in one line", "[plugin]") {
@@ -53,9 +119,9 @@ TEST_CASE("cache plugin: a file that is not a plugin is refused in one line", "[
 
 TEST_CASE("kvlab verify --plugin: exact passes, a planted bug fails, and a crash or a hang is a verdict",
           "[plugin][cli]") {
-    const Run good = run_kvlab("verify --plugin " + plugin_path("free_list"));
+    const Run good = run_kvlab("verify --plugin " + plugin_path("block_manager"));
     CHECK(good.exit_code == 0);
-    CHECK_THAT(good.out, Catch::Contains("plugin free_list") && Catch::Contains("bitwise equal"));
+    CHECK_THAT(good.out, Catch::Contains("plugin block_manager") && Catch::Contains("bitwise equal"));
     const Run bug = run_kvlab("verify --plugin " + plugin_path("free_list_off_by_one") + " --json");
     CHECK(bug.exit_code == 1);
     CHECK_THAT(bug.out, Catch::Contains("\"ok\": false") && Catch::Contains("which is still held"));

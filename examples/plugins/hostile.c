@@ -1,6 +1,8 @@
 /* Cache plugins that misbehave, one way per build (HOSTILE_CRASH, HOSTILE_RANGE, HOSTILE_REFUSE,
  * HOSTILE_HANG): kvlab verify --plugin must give each a one-line verdict and never crash itself.
- * Otherwise slot = position, which is exact while the slots last. */
+ * Otherwise slot = position, which is exact while the slots last. Written for ABI version 1, so
+ * that kvlab's reading of version 1 stays tested. */
+#define KVLAB_CACHE_PLUGIN_V1
 #include <stdio.h>
 #include <stdlib.h>
 

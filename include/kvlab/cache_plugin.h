@@ -1,19 +1,26 @@
 /* kvlab's cache plugin ABI: a KV cache's bookkeeping, written in any language with a C ABI, that
  * kvlab checks for exactness (kvlab verify --plugin libmycache.so).
  *
- * A cache maps one sequence's logical positions 0, 1, ... onto physical slots 0..n_slots-1.
+ * A pool has n_slots physical slots, shared by a family of sequences (a batch, a request and its
+ * forks, requests reusing a prefix). A sequence maps its logical positions 0, 1, ... onto slots.
  * kvlab owns the memory: for every layer and KV head it keeps n_slots rows of head_size floats,
  * writes position pos's K and V rows to the slot the plugin names, and reads them back from the
  * slots the plugin names when a query attends. The plugin owns only the mapping: which slot a
- * position lives in, when there is room, what a rollback frees. If two live positions share a
- * slot, or a slot moves after its row was written, the rows read back are not the rows written,
- * and kvlab's check (cached decode == naive decode, bit for bit) fails and names the call.
+ * position lives in, which slots two sequences share, when a shared slot must be copied before a
+ * write, what a rollback frees, which rows a new request may reuse. kvlab checks every answer
+ * against the rows it wrote: a slot that another sequence still holds, a slot that moved without
+ * a copy, or a reused slot whose rows belong to another prefix fails the check, naming the call;
+ * so does cached decode that differs from naive decode by a single bit.
  *
  * C99, no C++ types: a plugin is a shared library exporting one function,
- *     const kvlab_cache_plugin *kvlab_cache_plugin_v1(void);
+ *     const kvlab_cache_plugin *kvlab_cache_plugin_v2(void);
  * returning a table that lives as long as the library. Every call is made from one thread.
- * Errors: a function that can refuse returns non-zero and writes a one-line message into
- * err[0..err_len-1] (NUL-terminated; kvlab passes err_len >= 256).
+ * Errors: a function that can refuse returns non-zero (or NULL) and writes a one-line message
+ * into err[0..err_len-1] (NUL-terminated; kvlab passes err_len >= 256).
+ *
+ * Version 1 (one sequence per cache, no pool, no fork, no copies) is still read: a plugin written
+ * for it defines KVLAB_CACHE_PLUGIN_V1 before including this header and exports
+ * kvlab_cache_plugin_v1 instead.
  */
 #ifndef KVLAB_CACHE_PLUGIN_H
 #define KVLAB_CACHE_PLUGIN_H
@@ -25,44 +32,99 @@
 extern "C" {
 #endif
 
-#define KVLAB_CACHE_PLUGIN_ABI_VERSION 1
-
-/* What a cache is created for. */
+/* What a pool is created for. Version 1 reads the first five fields only. */
 typedef struct kvlab_cache_config {
-    int32_t max_seq;  /* the most positions the sequence may hold */
+    int32_t max_seq;  /* the most positions one sequence may hold */
     int32_t n_slots;  /* physical rows kvlab keeps per layer and KV head: slots are 0..n_slots-1 */
     int32_t n_layers; /* the model's shape, for a plugin that wants it (the mapping is per sequence) */
     int32_t n_kv_heads;
     int32_t head_size;
+    /* Version 2: the most sequences the pool holds at once (created or forked, not yet destroyed).
+     * n_slots >= max_sequences * (max_seq + 2 * block_size): room for every sequence to hold
+     * max_seq positions in private blocks, plus a partly filled block and one copy each. A
+     * reserve refused within that room fails the check. */
+    int32_t max_sequences;
+    /* A block size for a plugin that maps positions in blocks (1..64, and n_slots is a multiple
+     * of it). kvlab draws it, so a block-based plugin's checks meet every block geometry; a
+     * plugin may ignore it. */
+    int32_t block_size;
 } kvlab_cache_config;
 
-/* The plugin's own state: kvlab never looks inside. */
-typedef struct kvlab_cache kvlab_cache;
+typedef struct kvlab_cache_pool kvlab_cache_pool; /* the plugin's pool: kvlab never looks inside */
+typedef struct kvlab_cache kvlab_cache;           /* the plugin's sequence */
 
-typedef struct kvlab_cache_plugin {
-    /* KVLAB_CACHE_PLUGIN_ABI_VERSION: kvlab refuses a table of another version. */
+/* Copy-on-write: kvlab copies the rows of slots from..from+count-1 onto to..to+count-1, for every
+ * layer and KV head, before it writes the step's rows. The runs must not overlap, and no slot
+ * of the destination may be held by any sequence. */
+typedef struct kvlab_slot_copy {
+    int64_t from, to;
+    int32_t count;
+} kvlab_slot_copy;
+
+typedef struct kvlab_cache_plugin_abi2 {
+    /* 2: kvlab refuses a table of a version it does not read. */
     uint32_t abi_version;
     /* A short name for reports ("ring", "my_block_manager"). */
     const char* name;
-    /* An empty cache for `config`, or NULL with a message in err. */
-    kvlab_cache* (*create)(const kvlab_cache_config* config, char* err, size_t err_len);
-    /* Room for positions length..length+n-1 (length: the positions held now; n >= 1): 0, and
-     * slot() answers for them from now on; or non-zero with a message, and nothing changed
-     * (kvlab then expects the sequence as it was). */
-    int (*reserve)(kvlab_cache* cache, int32_t length, int32_t n, char* err, size_t err_len);
-    /* The slot of position pos (0 <= pos < the positions held), in 0..n_slots-1. It must not
-     * change while pos is held: kvlab wrote pos's rows there. */
+    /* A pool for `config`, or NULL with a message in err. */
+    kvlab_cache_pool* (*create_pool)(const kvlab_cache_config* config, char* err, size_t err_len);
+    /* Called after every sequence of the pool is destroyed. */
+    void (*destroy_pool)(kvlab_cache_pool* pool);
+    /* An empty sequence in `pool`, or NULL with a message in err. */
+    kvlab_cache* (*create)(kvlab_cache_pool* pool, char* err, size_t err_len);
+    /* Optional (NULL: no prefix reuse). An empty sequence is about to run tokens[0..n-1] (n >= 1):
+     * map the longest prefix whose rows the pool already holds (computed for exactly these tokens
+     * at these positions) and return its length, 0..n-1 (the last token always runs, for its
+     * logits). slot() then answers for those positions. */
+    int32_t (*attach_prefix)(kvlab_cache* cache, const int32_t* tokens, int32_t n);
+    /* Optional (NULL: no fork). A new sequence holding every position of `parent` in the
+     * parent's slots (parallel samples, beams), or NULL with a message. A later write into a
+     * slot that both still map must first copy (reserve's copies). */
+    kvlab_cache* (*fork)(kvlab_cache* parent, char* err, size_t err_len);
+    /* Room for positions length..length+n-1 (length: the positions held now; n >= 1), whose tokens
+     * are tokens[0..n-1]: 0, and slot() answers for them from now on; or non-zero with a message,
+     * and nothing changed. copies[0..max_copies-1] receives the copies kvlab must make first, and
+     * *n_copies their number (kvlab sets it to 0 before the call). A held position's slot may
+     * change only through such a copy. */
+    int (*reserve)(kvlab_cache* cache, int32_t length, int32_t n, const int32_t* tokens, kvlab_slot_copy* copies,
+                   int32_t max_copies, int32_t* n_copies, char* err, size_t err_len);
+    /* The slot of position pos (0 <= pos < the positions held), in 0..n_slots-1. */
     int64_t (*slot)(const kvlab_cache* cache, int32_t pos);
+    /* Optional (NULL: all of 0..pos). The positions a query at pos attends, increasing, into
+     * positions[0..max_positions-1]; returns how many. An exact cache attends all of 0..pos, and
+     * kvlab verify reports a cache that drops one (a window, an eviction) at the first it drops. */
+    int32_t (*attended)(const kvlab_cache* cache, int32_t pos, int32_t* positions, int32_t max_positions);
     /* Rollback: forget positions n and later (0 <= n <= the positions held). */
     void (*release)(kvlab_cache* cache, int32_t n);
-    /* Bytes of the plugin's own bookkeeping (tables, counts), for reports. */
+    /* Bytes of the pool's bookkeeping (tables, counts, hashes), its sequences' included. */
+    int64_t (*memory)(const kvlab_cache_pool* pool);
+    /* The sequence is done: its slots go back to its pool. */
+    void (*destroy)(kvlab_cache* cache);
+} kvlab_cache_plugin_abi2;
+
+/* Version 1: each cache is one sequence with slots 0..n_slots-1 to itself. */
+typedef struct kvlab_cache_plugin_abi1 {
+    uint32_t abi_version; /* 1 */
+    const char* name;
+    kvlab_cache* (*create)(const kvlab_cache_config* config, char* err, size_t err_len);
+    int (*reserve)(kvlab_cache* cache, int32_t length, int32_t n, char* err, size_t err_len);
+    int64_t (*slot)(const kvlab_cache* cache, int32_t pos);
+    void (*release)(kvlab_cache* cache, int32_t n);
     int64_t (*memory)(const kvlab_cache* cache);
     void (*destroy)(kvlab_cache* cache);
-} kvlab_cache_plugin;
+} kvlab_cache_plugin_abi1;
 
-/* The symbol kvlab looks up. */
-typedef const kvlab_cache_plugin* (*kvlab_cache_plugin_entry)(void);
-#define KVLAB_CACHE_PLUGIN_SYMBOL "kvlab_cache_plugin_v1"
+/* The symbols kvlab looks up, newest first. */
+#define KVLAB_CACHE_PLUGIN_SYMBOL_V2 "kvlab_cache_plugin_v2"
+#define KVLAB_CACHE_PLUGIN_SYMBOL_V1 "kvlab_cache_plugin_v1"
+
+#ifdef KVLAB_CACHE_PLUGIN_V1
+typedef kvlab_cache_plugin_abi1 kvlab_cache_plugin;
+#define KVLAB_CACHE_PLUGIN_ABI_VERSION 1
+#else
+typedef kvlab_cache_plugin_abi2 kvlab_cache_plugin;
+#define KVLAB_CACHE_PLUGIN_ABI_VERSION 2
+#endif
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,252 @@
+/* A cache plugin for kvlab (include/kvlab/cache_plugin.h) in the style of nano-vllm's block
+ * manager: a sequence's positions live in blocks of block_size slots listed in its block table;
+ * blocks are reference counted, so forks and requests with a common prefix share them; a full
+ * block is published under a hash chained from the hashes of the blocks before it, so a later
+ * request whose prompt starts with the same tokens maps it instead of computing it again; a write
+ * into a block that is shared, or published, first copies it (copy-on-write). Freed blocks keep
+ * their hash until they are taken again, oldest freed first, so recent prefixes stay reusable.
+ * Exact: kvlab verify --plugin build/examples/plugins/libkvlab_block_manager.so passes.
+ *
+ * Two builds with a planted bug each, for the check to catch:
+ *   BLOCK_MANAGER_UNCHAINED  a block's hash covers its own tokens only, not the prefix before
+ *                            them, so a prompt that differs early but repeats a later block maps
+ *                            rows that were computed after another prefix;
+ *   BLOCK_MANAGER_NO_COW     a block shared by a fork is written in place, under the other
+ *                            sequence's rows. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvlab/cache_plugin.h"
+
+#if defined(BLOCK_MANAGER_UNCHAINED)
+#define BLOCK_MANAGER_NAME "block_manager_unchained"
+#elif defined(BLOCK_MANAGER_NO_COW)
+#define BLOCK_MANAGER_NAME "block_manager_no_cow"
+#else
+#define BLOCK_MANAGER_NAME "block_manager"
+#endif
+
+typedef struct block {
+    int32_t refs;    /* block tables listing it */
+    int published;   /* full, and findable by hash */
+    uint64_t hash;   /* valid while published */
+    int32_t* tokens; /* [block_size] the tokens its rows were computed for, to confirm a hash match */
+} block;
+
+struct kvlab_cache_pool {
+    int32_t max_seq, block_size, n_blocks;
+    block* blocks; /* [n_blocks] */
+    int32_t* free; /* [n_blocks] a queue of the blocks no table lists, oldest freed first */
+    int32_t n_free;
+};
+
+struct kvlab_cache {
+    kvlab_cache_pool* pool;
+    int32_t length;
+    int32_t* table;  /* [max_seq / block_size + 1] the block of each logical block */
+    int32_t* tokens; /* [max_seq] the tokens held */
+};
+
+static kvlab_cache_pool* create_pool(const kvlab_cache_config* config, char* err, size_t err_len) {
+    const int32_t bs = config->block_size > 0 ? config->block_size : 1;
+    kvlab_cache_pool* p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->max_seq = config->max_seq, p->block_size = bs, p->n_blocks = config->n_slots / bs;
+    p->blocks = calloc((size_t)p->n_blocks, sizeof *p->blocks);
+    p->free = calloc((size_t)p->n_blocks, sizeof *p->free);
+    int ok = p->blocks && p->free && p->n_blocks > 0;
+    for (int32_t b = 0; ok && b < p->n_blocks; b++) {
+        p->blocks[b].tokens = calloc((size_t)bs, sizeof(int32_t));
+        ok = p->blocks[b].tokens != NULL;
+        p->free[p->n_free++] = b;
+    }
+    if (!ok) {
+        snprintf(err, err_len, "block_manager: no memory for %d blocks of %d", p->n_blocks, bs);
+        for (int32_t b = 0; p->blocks && b < p->n_blocks; b++) free(p->blocks[b].tokens);
+        free(p->blocks), free(p->free), free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void destroy_pool(kvlab_cache_pool* p) {
+    if (!p) return;
+    for (int32_t b = 0; b < p->n_blocks; b++) free(p->blocks[b].tokens);
+    free(p->blocks), free(p->free), free(p);
+}
+
+/* FNV-1a over the parent's hash (unless the bug is planted) and the block's tokens. */
+static uint64_t block_hash(uint64_t parent, const int32_t* tokens, int32_t n) {
+    uint64_t h = 1469598103934665603ull;
+#ifndef BLOCK_MANAGER_UNCHAINED
+    for (int i = 0; i < 8; i++) h = (h ^ ((parent >> (8 * i)) & 0xff)) * 1099511628211ull;
+#else
+    (void)parent;
+#endif
+    for (int32_t i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++) h = (h ^ (((uint32_t)tokens[i] >> (8 * k)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
+static void take_from_queue(kvlab_cache_pool* p, int32_t b) {
+    for (int32_t i = 0; i < p->n_free; i++)
+        if (p->free[i] == b) {
+            memmove(p->free + i, p->free + i + 1, (size_t)(p->n_free - i - 1) * sizeof *p->free);
+            p->n_free--;
+            return;
+        }
+}
+
+/* A block for a table: the oldest freed, unpublished (its rows are about to be overwritten). */
+static int32_t allocate(kvlab_cache_pool* p) {
+    const int32_t b = p->free[0];
+    take_from_queue(p, b);
+    p->blocks[b].refs = 1;
+    p->blocks[b].published = 0;
+    return b;
+}
+
+static void let_go(kvlab_cache_pool* p, int32_t b) {
+    if (--p->blocks[b].refs == 0) p->free[p->n_free++] = b;
+}
+
+static kvlab_cache* create(kvlab_cache_pool* pool, char* err, size_t err_len) {
+    kvlab_cache* c = calloc(1, sizeof *c);
+    if (c) {
+        c->table = calloc((size_t)(pool->max_seq / pool->block_size + 1), sizeof *c->table);
+        c->tokens = calloc((size_t)pool->max_seq, sizeof *c->tokens);
+    }
+    if (!c || !c->table || !c->tokens) {
+        if (c) free(c->table), free(c->tokens), free(c);
+        snprintf(err, err_len, "block_manager: out of memory");
+        return NULL;
+    }
+    c->pool = pool;
+    return c;
+}
+
+/* The published block of the full logical block b of `tokens` after a parent hash, or -1. */
+static int32_t lookup(const kvlab_cache_pool* p, uint64_t h, const int32_t* tokens) {
+    for (int32_t b = 0; b < p->n_blocks; b++) {
+        const block* k = &p->blocks[b];
+        if (k->published && k->hash == h && memcmp(k->tokens, tokens, (size_t)p->block_size * sizeof *tokens) == 0)
+            return b;
+    }
+    return -1;
+}
+
+static int32_t attach_prefix(kvlab_cache* c, const int32_t* tokens, int32_t n) {
+    kvlab_cache_pool* p = c->pool;
+    const int32_t bs = p->block_size;
+    uint64_t parent = 0;
+    int32_t hit = 0;
+    while (hit + bs <= n - 1) { /* the last token always runs */
+        const uint64_t h = block_hash(parent, tokens + hit, bs);
+        const int32_t b = lookup(p, h, tokens + hit);
+        if (b < 0) break;
+        if (p->blocks[b].refs++ == 0) take_from_queue(p, b);
+        c->table[hit / bs] = b;
+        parent = h, hit += bs;
+    }
+    memcpy(c->tokens, tokens, (size_t)hit * sizeof *tokens);
+    c->length = hit;
+    return hit;
+}
+
+static kvlab_cache* fork_sequence(kvlab_cache* parent, char* err, size_t err_len) {
+    kvlab_cache* c = create(parent->pool, err, err_len);
+    if (!c) return NULL;
+    const int32_t bs = parent->pool->block_size, n_blocks = (parent->length + bs - 1) / bs;
+    c->length = parent->length;
+    memcpy(c->table, parent->table, (size_t)n_blocks * sizeof *c->table);
+    memcpy(c->tokens, parent->tokens, (size_t)parent->length * sizeof *c->tokens);
+    for (int32_t b = 0; b < n_blocks; b++) parent->pool->blocks[c->table[b]].refs++;
+    return c;
+}
+
+/* Blocks a reserve of n positions after `length` needs: new ones, and a copy of the last if shared. */
+static int32_t blocks_needed(const kvlab_cache* c, int32_t length, int32_t n) {
+    const int32_t bs = c->pool->block_size, have = (length + bs - 1) / bs, want = (length + n + bs - 1) / bs;
+    const block* last = length % bs ? &c->pool->blocks[c->table[have - 1]] : NULL;
+    return want - have + (last && (last->refs > 1 || last->published) ? 1 : 0);
+}
+
+static int reserve(kvlab_cache* c, int32_t length, int32_t n, const int32_t* tokens, kvlab_slot_copy* copies,
+                   int32_t max_copies, int32_t* n_copies, char* err, size_t err_len) {
+    kvlab_cache_pool* p = c->pool;
+    const int32_t bs = p->block_size;
+    if (length != c->length || n < 1 || length + n > p->max_seq || blocks_needed(c, length, n) > p->n_free ||
+        max_copies < 1) {
+        snprintf(err, err_len, "block_manager: no room for %d positions after %d (%d blocks free)", n, length,
+                 p->n_free);
+        return 1;
+    }
+    if (length % bs) { /* the last block is partly filled: the new rows go into it */
+        const int32_t b = c->table[length / bs];
+        const block* k = &p->blocks[b];
+#ifdef BLOCK_MANAGER_NO_COW
+        const int copy = k->published; /* the planted bug: a fork's shared block is written in place */
+#else
+        const int copy = k->refs > 1 || k->published;
+#endif
+        if (copy) {
+            const int32_t to = allocate(p);
+            copies[0] = (kvlab_slot_copy){(int64_t)b * bs, (int64_t)to * bs, length % bs};
+            *n_copies = 1;
+            let_go(p, b);
+            c->table[length / bs] = to;
+        }
+    }
+    for (int32_t pos = length; pos < length + n; pos++) {
+        if (pos % bs == 0) c->table[pos / bs] = allocate(p);
+        c->tokens[pos] = tokens[pos - length];
+        if (pos % bs == bs - 1) { /* a full block: publish it under its chained hash */
+            block* k = &p->blocks[c->table[pos / bs]];
+            const uint64_t parent = pos >= bs ? p->blocks[c->table[pos / bs - 1]].hash : 0;
+            k->hash = block_hash(parent, c->tokens + pos + 1 - bs, bs);
+            memcpy(k->tokens, c->tokens + pos + 1 - bs, (size_t)bs * sizeof *k->tokens);
+            k->published = 1;
+        }
+    }
+    c->length = length + n;
+    return 0;
+}
+
+static int64_t slot(const kvlab_cache* c, int32_t pos) {
+    const int32_t bs = c->pool->block_size;
+    return pos >= 0 && pos < c->length ? (int64_t)c->table[pos / bs] * bs + pos % bs : -1;
+}
+
+static void release(kvlab_cache* c, int32_t n) {
+    const int32_t bs = c->pool->block_size;
+    if (n >= c->length) return;
+    for (int32_t b = (n + bs - 1) / bs; b < (c->length + bs - 1) / bs; b++) let_go(c->pool, c->table[b]);
+    c->length = n;
+}
+
+static int64_t memory(const kvlab_cache_pool* p) {
+    return (int64_t)sizeof *p + (int64_t)p->n_blocks * (int64_t)(sizeof(block) + sizeof(int32_t) * (1 + p->block_size));
+}
+
+static void destroy(kvlab_cache* c) {
+    if (!c) return;
+    release(c, 0);
+    free(c->table), free(c->tokens), free(c);
+}
+
+/* attended is NULL: a query attends all of 0..pos */
+static const kvlab_cache_plugin table = {.abi_version = KVLAB_CACHE_PLUGIN_ABI_VERSION,
+                                         .name = BLOCK_MANAGER_NAME,
+                                         .create_pool = create_pool,
+                                         .destroy_pool = destroy_pool,
+                                         .create = create,
+                                         .attach_prefix = attach_prefix,
+                                         .fork = fork_sequence,
+                                         .reserve = reserve,
+                                         .slot = slot,
+                                         .release = release,
+                                         .memory = memory,
+                                         .destroy = destroy};
+
+const kvlab_cache_plugin* kvlab_cache_plugin_v2(void) { return &table; }
