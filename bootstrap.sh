@@ -16,6 +16,8 @@ packages=(cmake ninja-build g++ pkg-config coreutils
           # the viewer: Dear ImGui 1.86 (with its GLFW and OpenGL3 backends), GLFW, OpenGL, stb,
           # and Xvfb with Mesa's software OpenGL for headless pictures and the viewer's tests
           libimgui-dev libglfw3-dev libgl-dev libstb-dev xvfb xauth libgl1-mesa-dri libglx-mesa0
+          # the Python module (python/) and its tests: pybind11, numpy and pytest for Debian's python3
+          python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
           # the sanitized build and the fuzz targets (build-san): clang with its sanitizer and
           # libFuzzer runtimes, and its OpenMP
           clang libclang-rt-14-dev libomp-dev)

@@ -112,6 +112,7 @@ struct VerifyCommandOptions {
     std::string profile = "fast";        // fast, or long: contexts up to 8192, with a progress line
     std::string plugin;                  // a cache plugin's path: its property instead of the variants
     int plugin_timeout = 60;             // seconds without a step before a plugin is called hung
+    bool plugin_stdio = false;           // the plugin is served over stdin/stdout (plugin_stdio.h)
     bool json = false;
     bool list = false;
 };

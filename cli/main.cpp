@@ -237,9 +237,15 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
         ->add_option("--plugin-timeout", ver.plugin_timeout,
                      "with --plugin: seconds without progress before the plugin is called hung (default 60)")
         ->check(CLI::Range(1, 86400));
+    auto* stdio = verify_cmd->add_flag(
+        "--plugin-stdio", ver.plugin_stdio,
+        "a cache plugin served over stdin and stdout, one JSON object a line each way (docs/plugin-protocol.md; "
+        "the Python module's kvlab.verify starts kvlab this way); stdout's last line is the result");
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
     verify_cmd->add_flag("--list", ver.list, "list the variants, their parameters, the scenarios and planted bugs");
     verify_cmd->get_option("variant")->excludes(plugin);
+    verify_cmd->get_option("variant")->excludes(stdio);
+    plugin->excludes(stdio);
     return verify_cmd;
 }
 

@@ -1,7 +1,8 @@
 // kvlab verify: the verification suite from the command line (proofs/verify.h). Exit status 0
 // when every row is what its variant promises (exact: bitwise equal; approximate: exact inside
 // its regime and differing outside, or within its error bound; mutant: caught), 1 otherwise.
-// --plugin runs the exact property on a cache plugin's books instead, in a child process.
+// --plugin runs the exact property on a cache plugin's books instead, in a child process;
+// --plugin-stdio on a plugin served over stdin and stdout (plugin_stdio.h).
 // GCC 12 misreads fmt's format-spec parser as an overflow when it inlines fmt::join here (a known
 // false positive); clang has no such warning.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -26,6 +27,7 @@
 #include "commands.h"
 #include "common.h"
 #include "device.h"
+#include "plugin_stdio.h"
 
 namespace kvlab::cli {
 
@@ -172,8 +174,19 @@ VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
 
 }  // namespace
 
+// --plugin-stdio: the plugin is served over stdin and stdout by the process that started kvlab;
+// stdout carries the protocol only, and its last line is the result.
+int run_plugin_stdio(const VerifyCommandOptions& o) {
+    const std::unique_ptr<CachePlugin> plugin = stdio_plugin(stdin, stdout);
+    const VerifyRow row = verify_plugin(*plugin, verify_options(o, false));
+    if (!stdio_broken().empty()) throw Error(stdio_broken());
+    stdio_send_result(row_json(row));
+    return row.ok ? 0 : 1;
+}
+
 int run_verify(const VerifyCommandOptions& o) {
     if (o.list) return print_list();
+    if (o.plugin_stdio) return run_plugin_stdio(o);
     const auto t0 = std::chrono::steady_clock::now();
     const bool terminal = ::isatty(2);
     const std::vector<VerifyRow> rows = o.plugin.empty()

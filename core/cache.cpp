@@ -257,6 +257,14 @@ void Cache::check_head(int l, int h) const {
 
 namespace {
 
+// A row of storage where the host can read it: in place, or downloaded into `bytes` from a device.
+const std::uint8_t* host_row(const KVStorage& st, const std::uint8_t* row, std::vector<std::uint8_t>& bytes) {
+    if (st.memory().host_visible()) return row;
+    bytes.resize(std::size_t(st.row_bytes()));  // [row_bytes]
+    st.memory().download(bytes.data(), row, st.row_bytes());
+    return bytes.data();
+}
+
 // Row (l, h, slot) of one tensor of host-visible storage, decoded into `out` [head_size] as
 // attention decodes it; fp32 is returned in place.
 const float* decoded_row(const KVStorage& st, const std::uint8_t* row, float scale, std::vector<float>& out) {
@@ -273,19 +281,17 @@ const float* decoded_row(const KVStorage& st, const std::uint8_t* row, float sca
 const float* Cache::key(int l, int h, int t) const {
     check_head(l, h);
     const KVStorage& st = storage();
-    if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
     const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
     if (s < 0) return nan_row_.data();
-    return decoded_row(st, st.k_row(st.row(l, h, s)), st.scale(l, 0), key_row_);
+    return decoded_row(st, host_row(st, st.k_row(st.row(l, h, s)), row_bytes_), st.scale(l, 0), key_row_);
 }
 
 const float* Cache::value(int l, int h, int t) const {
     check_head(l, h);
     const KVStorage& st = storage();
-    if (!st.memory().host_visible()) throw Error("kv cache: its rows live on a device; download them to read");
     const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
     if (s < 0) return nan_row_.data();
-    return decoded_row(st, st.v_row(st.row(l, h, s)), st.scale(l, 1), value_row_);
+    return decoded_row(st, host_row(st, st.v_row(st.row(l, h, s)), row_bytes_), st.scale(l, 1), value_row_);
 }
 
 void Cache::truncate(int n) {

@@ -165,8 +165,8 @@ public:
     const std::vector<float>& kv_scales() const { return storage().host_scales; }  // empty: all 1
     virtual void set_kv_format(KVFormat format, std::span<const float> scales = {});
     // The head_size floats of layer l, KV head h, position t (NaN when not held), read from
-    // host-visible storage and decoded as attention decodes them (the pointer is valid until the
-    // next call); throws Error for storage on a device, or a layer or head out of range.
+    // storage (downloaded from a device) and decoded as attention decodes them (the pointer is
+    // valid until the next call); throws Error for a layer or head out of range.
     virtual const float* key(int l, int h, int t) const;
     const float* value(int l, int h, int t) const;
     // The most positions one append() may add (a window's ring needs its rows read before they
@@ -229,6 +229,7 @@ private:
     int append_start_ = 0;  // first position of the latest append: rows before it are final
     std::vector<float> nan_row_;  // [head_size] what key()/value() return for a position not held
     mutable std::vector<float> key_row_, value_row_;  // [head_size] key()/value()'s decoded rows
+    mutable std::vector<std::uint8_t> row_bytes_;     // [row_bytes] a row downloaded from a device
 };
 
 // One array per tensor, reserved for max_seq positions, in one of two layouts:

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "file_writer.h"
 #include "mapped_file.h"
 
 namespace kvlab {
@@ -89,50 +90,6 @@ std::string header_problem(const Error& e) {
 }
 
 std::string plural_bytes(std::int64_t n) { return fmt::format("{} byte{}", n, n == 1 ? "" : "s"); }
-
-// Writes the bytes to a temporary file beside `path` and renames it into place, so a reader (or a
-// model mapped from the old file) never sees a half-written checkpoint. A symbolic link, or a path
-// that exists and is not a regular file (/dev/null, /dev/stdout), is written directly.
-class Writer {
-public:
-    Writer(const std::string& path, const Where& where) : path_(path), where_(where) {
-        namespace fs = std::filesystem;
-        std::error_code ec;
-        const fs::file_status st = fs::status(path, ec), link = fs::symlink_status(path, ec);
-        if (fs::is_directory(st)) throw where_("cannot open for writing: is a directory");
-        // A link is written through (a rename would replace the link itself), as is a special file.
-        direct_ = fs::is_symlink(link) || (fs::exists(st) && !fs::is_regular_file(st));
-        target_ = direct_ ? path : fmt::format("{}.tmp-{}", path, ::getpid());
-        out_.open(target_, std::ios::binary | std::ios::trunc);
-        if (!out_) throw where_(fmt::format("cannot open for writing: {}", std::strerror(errno)));
-    }
-    ~Writer() {
-        if (!direct_ && !done_) {
-            std::error_code ec;
-            std::filesystem::remove(target_, ec);
-        }
-    }
-    void bytes(const void* src, std::int64_t n) {
-        out_.write(static_cast<const char*>(src), n);
-        if (!out_) throw where_(fmt::format("write failed: {}", std::strerror(errno)));
-    }
-    void close() {
-        out_.close();
-        if (!out_) throw where_(fmt::format("write failed on close: {}", std::strerror(errno)));
-        if (!direct_) {
-            std::error_code ec;
-            std::filesystem::rename(target_, path_, ec);
-            if (ec) throw where_(fmt::format("cannot rename the finished file into place: {}", ec.message()));
-        }
-        done_ = true;
-    }
-
-private:
-    std::string path_, target_;
-    const Where& where_;
-    std::ofstream out_;
-    bool direct_ = false, done_ = false;
-};
 
 // The file's first bytes, zero beyond its end: room for either header.
 using HeadBytes = std::array<unsigned char, kV1HeaderBytes>;
@@ -296,7 +253,7 @@ void save_checkpoint(const std::string& path, const Model& model) {
     if (w.shared_classifier && w.wcls.data() != w.token_embedding.data())
         throw where("cannot save: the classifier of a shared model is not its token embedding");
 
-    Writer out(path, where);
+    FileWriter out(path, where.prefix);
     const std::int32_t header[7] = {c.dim,     c.hidden_dim, c.n_layers,
                                     c.n_heads, c.n_kv_heads, w.shared_classifier ? c.vocab_size : -c.vocab_size,
                                     c.max_seq};

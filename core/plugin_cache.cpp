@@ -117,10 +117,20 @@ CachePlugin::CachePlugin(const std::string& path) : path_(path) {
     }
 }
 
-CachePlugin::~CachePlugin() { dlclose(handle_); }
+CachePlugin::CachePlugin(const std::string& name, const kvlab_cache_plugin_abi2& table, PoolMaker make_pool)
+    : path_(name), name_(name), abi_version_(2), table_(table), make_pool_(std::move(make_pool)) {
+    if (!make_pool_ || !table_.destroy_pool || !table_.create || !table_.reserve || !table_.slot || !table_.release ||
+        !table_.memory || !table_.destroy)
+        throw Error(fmt::format("cache plugin {}: a required function of its table is NULL", name));
+}
+
+CachePlugin::~CachePlugin() {
+    if (handle_) dlclose(handle_);
+}
 
 kvlab_cache_pool* CachePlugin::create_pool(const kvlab_cache_config& config, char* err, std::size_t err_len) const {
     if (v1_table_) return reinterpret_cast<kvlab_cache_pool*>(new V1Pool{v1_table_, config});
+    if (make_pool_) return make_pool_(config, err, err_len);
     return table_.create_pool(&config, err, err_len);
 }
 

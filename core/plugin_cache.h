@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,7 +30,12 @@ namespace kvlab {
 // required function.
 class CachePlugin {
 public:
+    // What makes a pool of a plugin that is not a library, or null with a message in err.
+    using PoolMaker = std::function<kvlab_cache_pool*(const kvlab_cache_config&, char* err, std::size_t err_len)>;
     explicit CachePlugin(const std::string& path);
+    // A plugin that is not a library (the Python module's adapter): its table (create_pool unused)
+    // and what makes its pools. Throws Error for a null required function.
+    CachePlugin(const std::string& name, const kvlab_cache_plugin_abi2& table, PoolMaker make_pool);
     ~CachePlugin();
     CachePlugin(const CachePlugin&) = delete;
     CachePlugin& operator=(const CachePlugin&) = delete;
@@ -49,6 +55,7 @@ private:
     int abi_version_ = 0;
     kvlab_cache_plugin_abi2 table_{};                    // the plugin's, or the version 1 adapter's
     const kvlab_cache_plugin_abi1* v1_table_ = nullptr;  // a version 1 plugin's own table
+    PoolMaker make_pool_;                                // a plugin that is not a library
 };
 
 class PluginCache;

@@ -170,6 +170,24 @@ int main(int argc, char** argv) {
         fs::remove_all(dir);
     }
 
+    // plugin_stdio: answers that fit every request (hello, a pool, sequences, no copies, a
+    // prefix hit of 0, every position attended), slots ascending, descending and repeating.
+    {
+        const auto answer = [](int seq, int slot) {
+            return "{\"name\": \"seed\", \"methods\": [\"fork\", \"attach_prefix\"], \"pool\": 1, \"seq\": " +
+                   std::to_string(seq) + ", \"copies\": [], \"slot\": " + std::to_string(slot) +
+                   ", \"n\": 0, \"positions\": [0], \"bytes\": 0}\n";
+        };
+        std::string up, down, same;
+        for (int i = 0; i < 64; i++) up += answer(1 + i % 3, i), down += answer(1, 63 - i), same += answer(1, 0);
+        write(seeds / "plugin_stdio" / "ascending", up);
+        write(seeds / "plugin_stdio" / "descending", down);
+        write(seeds / "plugin_stdio" / "same", same);
+        write(seeds / "plugin_stdio" / "refusals", "{\"name\": \"seed\", \"methods\": []}\n{\"refused\": \"no\"}\n");
+        write(seeds / "plugin_stdio" / "errors",
+              "{\"name\": \"seed\", \"methods\": []}\n{\"pool\": 1}\n{\"error\": \"x\"}\n");
+    }
+
     // tokenizer: two small vocabularies, and the real one when it is there.
     const std::vector<std::string> prompts = {"", "hello world", "Once upon a time", "héllo ✓ \xff\xfe", "a  b\n\tc"};
     const auto small1 = tokenizer_bytes(small_vocab({"he", "ll", "llo", "hello", " w", "or", "ld", " world", "▁"}));

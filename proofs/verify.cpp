@@ -1366,8 +1366,14 @@ Devices devices_of(const VerifyOptions& o) {
 
 VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
-    const Devices d = devices_of(o);
+    devices_of(o);  // a bad option is refused before the plugin loads
     const CachePlugin plugin(path);
+    return verify_plugin(plugin, o);
+}
+
+VerifyRow verify_plugin(const CachePlugin& plugin, const VerifyOptions& o) {
+    if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
+    const Devices d = devices_of(o);
     const PropertyOutcome r = check_property([&] { plugin_property(plugin, d, o.progress); }, o.cases, o.seed);
     return {fmt::format("plugin {}", plugin.name()),
             "exact",

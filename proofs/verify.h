@@ -32,6 +32,8 @@
 
 namespace kvlab {
 
+class CachePlugin;  // plugin_cache.h
+
 struct VerifyOptions {
     int cases = 100;            // generated cases per property
     std::uint64_t seed = 1;     // RapidCheck's seed: the same seed draws the same cases
@@ -86,5 +88,7 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& optio
 // Error when the plugin does not load. A crash inside the plugin is not caught here: `kvlab
 // verify --plugin` runs this in a child process. options.progress hears each case's steps.
 VerifyRow verify_plugin(const std::string& path, const VerifyOptions& options);
+// The same on a plugin already loaded, or one that is not a library (the Python module's).
+VerifyRow verify_plugin(const CachePlugin& plugin, const VerifyOptions& options);
 
 }  // namespace kvlab

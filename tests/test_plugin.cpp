@@ -136,3 +136,8 @@ TEST_CASE("kvlab verify --plugin: exact passes, a planted bug fails, and a crash
     CHECK(hang.exit_code == 1);
     CHECK_THAT(hang.out, Catch::Contains("HUNG") && Catch::Contains("no answer in 2 s"));
 }
+
+TEST_CASE("kvlab verify --plugin-stdio: a server that does not answer ends the run in one line", "[plugin][cli]") {
+    check_refused("verify --plugin-stdio", "closed the pipe instead of answering hello");
+    check_refused("verify --plugin-stdio --plugin " + plugin_path("free_list"), "excludes");
+}

@@ -1,0 +1,246 @@
+#include "plugin_stdio.h"
+
+#include <fmt/format.h>
+
+#include <cassert>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kvlab {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr std::size_t kMaxLine = std::size_t(1) << 24;  // an answer longer than 16 MiB is refused
+constexpr std::size_t kMaxText = 300;                   // a server's message, as quoted in a verdict
+
+// The channel to the server: one per process. Once an answer breaks the protocol, the channel is
+// broken: every later call fails at once, and the run ends with that message, not a verdict.
+struct Channel {
+    std::FILE* in = nullptr;
+    std::FILE* out = nullptr;
+    std::string broken;
+};
+Channel channel;
+
+[[noreturn]] void broken(const std::string& why) {
+    if (channel.broken.empty()) channel.broken = why;
+    throw Error(why);
+}
+
+// A server's text, as one line of at most kMaxText bytes, anything but printable ASCII as \xNN
+// (a verdict is printed, and written as JSON, whatever the server sent).
+std::string quoted(const std::string& s) {
+    std::string t;
+    for (std::size_t i = 0; i < s.size() && s[i] != '\n' && s[i] != '\r' && t.size() < kMaxText; i++) {
+        const auto b = static_cast<unsigned char>(s[i]);
+        t += b >= 0x20 && b < 0x7f ? std::string(1, char(b)) : fmt::format("\\x{:02x}", b);
+    }
+    if (t.size() >= kMaxText) t += "...";
+    return t.empty() ? "(no message)" : t;
+}
+
+std::string read_line(const std::string& call) {
+    std::string line;
+    for (int ch; (ch = std::fgetc(channel.in)) != EOF && ch != '\n';) {
+        if (line.size() == kMaxLine)
+            broken(fmt::format("the plugin server's answer to {} is longer than {} bytes", call, kMaxLine));
+        line.push_back(char(ch));
+    }
+    if (line.empty() && std::feof(channel.in))
+        broken(fmt::format("the plugin server closed the pipe instead of answering {}", call));
+    return line;
+}
+
+// Sends a request and returns the answer, checked to be an object (an {"error"} is an Error).
+json ask(const json& request, const std::string& call) {
+    if (!channel.broken.empty()) throw Error(channel.broken);
+    const std::string line = request.dump() + "\n";
+    if (std::fwrite(line.data(), 1, line.size(), channel.out) != line.size() || std::fflush(channel.out) != 0)
+        broken(fmt::format("the plugin server's pipe is closed: {} was not sent", call));
+    const std::string answer = read_line(call);
+    try {
+        return stdio_parse_answer(answer, call);
+    } catch (const StdioProtocolError& e) {
+        broken(e.what());
+    }
+}
+
+// A field of an answer: present and of the kind asked, else an Error showing the answer.
+const json& field(const json& answer, const char* name, bool integer, const std::string& call) {
+    const auto it = answer.find(name);
+    const bool ok = it != answer.end() && (integer ? it->is_number_integer() : it->is_array());
+    if (!ok)
+        broken(fmt::format("the plugin server answered {} with {}, which has no {} \"{}\"", call, quoted(answer.dump()),
+                           integer ? "integer" : "list", name));
+    return *it;
+}
+std::int64_t integer(const json& answer, const char* name, const std::string& call) {
+    return field(answer, name, true, call).get<std::int64_t>();
+}
+// A list of integers, each in [lo, hi].
+std::vector<std::int64_t> integers(const json& list, std::int64_t lo, std::int64_t hi, const std::string& call) {
+    std::vector<std::int64_t> out;
+    for (const json& x : list) {
+        if (!x.is_number_integer() || x.get<std::int64_t>() < lo || x.get<std::int64_t>() > hi)
+            broken(fmt::format("the plugin server answered {} with {}, not an integer in [{}, {}]", call,
+                               quoted(x.dump()), lo, hi));
+        out.push_back(x.get<std::int64_t>());
+    }
+    return out;
+}
+
+// Handles: the server's ids, boxed.
+struct Handle {
+    std::int64_t id;
+};
+std::int64_t id(const void* h) { return static_cast<const Handle*>(h)->id; }
+template <class T>
+T* box(std::int64_t id) {
+    return reinterpret_cast<T*>(new Handle{id});
+}
+void unbox(void* h) { delete static_cast<Handle*>(h); }
+
+// A refusal's text into err, or the id the answer names.
+template <class T>
+T* made(const json& answer, const char* name, const std::string& call, char* err, std::size_t err_len) {
+    if (const auto r = answer.find("refused"); r != answer.end()) {
+        std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
+        return nullptr;
+    }
+    return box<T>(integer(answer, name, call));
+}
+
+void s_destroy_pool(kvlab_cache_pool* p) {
+    try {
+        ask({{"op", "destroy_pool"}, {"pool", id(p)}}, "destroy_pool()");
+    } catch (const Error&) {
+    }
+    unbox(p);
+}
+
+kvlab_cache* s_create(kvlab_cache_pool* p, char* err, std::size_t err_len) {
+    return made<kvlab_cache>(ask({{"op", "create"}, {"pool", id(p)}}, "create()"), "seq", "create()", err, err_len);
+}
+
+kvlab_cache* s_fork(kvlab_cache* parent, char* err, std::size_t err_len) {
+    return made<kvlab_cache>(ask({{"op", "fork"}, {"seq", id(parent)}}, "fork()"), "seq", "fork()", err, err_len);
+}
+
+std::int32_t s_attach_prefix(kvlab_cache* c, const std::int32_t* tokens, std::int32_t n) {
+    const std::string call = fmt::format("attach_prefix(n={})", n);
+    const json a =
+        ask({{"op", "attach_prefix"}, {"seq", id(c)}, {"tokens", std::vector<int>(tokens, tokens + n)}}, call);
+    return std::int32_t(std::clamp<std::int64_t>(integer(a, "n", call), INT32_MIN, INT32_MAX));
+}
+
+int s_reserve(kvlab_cache* c, std::int32_t length, std::int32_t n, const std::int32_t* tokens, kvlab_slot_copy* copies,
+              std::int32_t max_copies, std::int32_t* n_copies, char* err, std::size_t err_len) {
+    const std::string call = fmt::format("reserve(length={}, n={})", length, n);
+    const json a =
+        ask({{"op", "reserve"}, {"seq", id(c)}, {"length", length}, {"tokens", std::vector<int>(tokens, tokens + n)}},
+            call);
+    if (const auto r = a.find("refused"); r != a.end()) {
+        std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
+        return 1;
+    }
+    const json& list = field(a, "copies", false, call);
+    *n_copies = std::int32_t(std::min<std::size_t>(list.size(), std::size_t(max_copies) + 1));
+    for (std::size_t i = 0; i < list.size() && i < std::size_t(max_copies); i++) {
+        const std::vector<std::int64_t> t =
+            list[i].is_array() ? integers(list[i], INT64_MIN, INT64_MAX, call) : std::vector<std::int64_t>{};
+        if (t.size() != 3)
+            broken(fmt::format("the plugin server answered {} with a copy {}, not [from, to, count]", call,
+                               quoted(list[i].dump())));
+        copies[i] = {t[0], t[1], std::int32_t(std::clamp<std::int64_t>(t[2], INT32_MIN, INT32_MAX))};
+    }
+    return 0;
+}
+
+std::int64_t s_slot(const kvlab_cache* c, std::int32_t pos) {
+    const std::string call = fmt::format("slot(pos={})", pos);
+    return integer(ask({{"op", "slot"}, {"seq", id(c)}, {"pos", pos}}, call), "slot", call);
+}
+
+std::int32_t s_attended(const kvlab_cache* c, std::int32_t pos, std::int32_t* positions, std::int32_t max) {
+    const std::string call = fmt::format("attended(pos={})", pos);
+    const json a = ask({{"op", "attended"}, {"seq", id(c)}, {"pos", pos}}, call);
+    const std::vector<std::int64_t> got = integers(field(a, "positions", false, call), INT32_MIN, INT32_MAX, call);
+    for (std::size_t i = 0; i < got.size() && i < std::size_t(max); i++) positions[i] = std::int32_t(got[i]);
+    return std::int32_t(std::min<std::size_t>(got.size(), std::size_t(INT32_MAX)));
+}
+
+void s_release(kvlab_cache* c, std::int32_t n) {
+    ask({{"op", "release"}, {"seq", id(c)}, {"n", n}}, fmt::format("release(n={})", n));
+}
+
+std::int64_t s_memory(const kvlab_cache_pool* p) {
+    return integer(ask({{"op", "memory"}, {"pool", id(p)}}, "memory()"), "bytes", "memory()");
+}
+
+// Called from a destructor: nothing escapes.
+void s_destroy(kvlab_cache* c) {
+    try {
+        ask({{"op", "destroy"}, {"seq", id(c)}}, "destroy()");
+    } catch (const Error&) {
+    }
+    unbox(c);
+}
+
+kvlab_cache_pool* s_create_pool(const kvlab_cache_config& c, char* err, std::size_t err_len) {
+    const json config = {{"max_seq", c.max_seq},       {"n_slots", c.n_slots},     {"n_layers", c.n_layers},
+                         {"n_kv_heads", c.n_kv_heads}, {"head_size", c.head_size}, {"max_sequences", c.max_sequences},
+                         {"block_size", c.block_size}};
+    return made<kvlab_cache_pool>(ask({{"op", "create_pool"}, {"config", config}}, "create_pool()"), "pool",
+                                  "create_pool()", err, err_len);
+}
+
+}  // namespace
+
+json stdio_parse_answer(const std::string& line, const std::string& call) {
+    json a = json::parse(line, nullptr, false);
+    if (a.is_discarded() || !a.is_object())
+        throw StdioProtocolError(
+            fmt::format("the plugin server answered {} with {}, not a JSON object", call, quoted(line)));
+    if (const auto e = a.find("error"); e != a.end())
+        throw Error(fmt::format("{} raised {}", call, quoted(e->is_string() ? e->get<std::string>() : e->dump())));
+    return a;
+}
+
+const std::string& stdio_broken() { return channel.broken; }
+
+std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
+    channel = {in, out, ""};
+    const json hello = ask({{"op", "hello"}, {"abi", 2}}, "hello");
+    const auto name = hello.find("name");
+    const auto methods = hello.find("methods");
+    if (name == hello.end() || !name->is_string() || methods == hello.end() || !methods->is_array())
+        broken(fmt::format("the plugin server answered hello with {}, not {{\"name\": ..., \"methods\": [...]}}",
+                           quoted(hello.dump())));
+    const auto has = [&](const char* m) { return std::find(methods->begin(), methods->end(), m) != methods->end(); };
+    kvlab_cache_plugin_abi2 t{};
+    t.abi_version = 2;
+    t.destroy_pool = s_destroy_pool;
+    t.create = s_create;
+    t.attach_prefix = has("attach_prefix") ? s_attach_prefix : nullptr;
+    t.fork = has("fork") ? s_fork : nullptr;
+    t.reserve = s_reserve;
+    t.slot = s_slot;
+    t.attended = has("attended") ? s_attended : nullptr;
+    t.release = s_release;
+    t.memory = s_memory;
+    t.destroy = s_destroy;
+    std::string n = quoted(name->get<std::string>());
+    if (n.size() > 64) n.resize(64);
+    return std::make_unique<CachePlugin>(n, t, s_create_pool);
+}
+
+void stdio_send_result(const nlohmann::json& row) {
+    const std::string line = json{{"op", "result"}, {"row", row}}.dump() + "\n";
+    std::fwrite(line.data(), 1, line.size(), channel.out);
+    std::fflush(channel.out);
+}
+
+}  // namespace kvlab

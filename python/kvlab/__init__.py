@@ -1,0 +1,172 @@
+"""kvlab from Python: naive and cached decode side by side, bit for bit, and an exactness check
+for a KV cache written in Python.
+
+    import kvlab
+    m = kvlab.random_model(seed=1)            # or kvlab.load("stories260K.bin", "tok512.bin")
+    d = kvlab.Decoder(m)                      # cached decode on a contiguous cache
+    assert (d.prefill([1, 2, 3]) == kvlab.naive_logits(m, [1, 2, 3])).all()
+    d.keys(0), d.values(0), d.attention()     # numpy arrays
+
+    assert kvlab.verify(MyCache)              # a cache class, checked as kvlab checks a C plugin
+
+kvlab.verify starts `kvlab verify --plugin-stdio` and answers its calls (docs/plugin-protocol.md)
+with the methods of the class given: the same property, shrinking and per-answer checks as
+`kvlab verify --plugin` on a shared library (include/kvlab/cache_plugin.h).
+"""
+
+import json
+import os
+import subprocess
+import tempfile
+import types
+
+from ._kvlab import Decoder, Error, Model, load, naive_logits, random_model
+
+__all__ = ["Decoder", "Error", "Model", "VerifyResult", "load", "naive_logits", "random_model", "verify"]
+
+_REQUIRED = ("create", "reserve", "slot", "release")
+_OPTIONAL = ("fork", "attach_prefix", "attended")
+
+
+def _binary():
+    """The kvlab program: $KVLAB_BINARY, else the one of the build this package came from."""
+    if os.environ.get("KVLAB_BINARY"):
+        return os.environ["KVLAB_BINARY"]
+    try:
+        from ._paths import KVLAB_BINARY
+    except ImportError:
+        return "kvlab"
+    return KVLAB_BINARY
+
+
+class VerifyResult:
+    """What kvlab.verify found: true when the cache passed every case."""
+
+    def __init__(self, row):
+        self.name = row["variant"]
+        self.ok = bool(row["ok"])
+        self.cases = row["cases"]
+        self.result = row["result"]
+        self.parameters = row["parameters"]
+        self.counterexample = row["counterexample"]
+
+    def __bool__(self):
+        return self.ok
+
+    def __repr__(self):
+        if self.ok:
+            return f"<{self.name}: {self.result} in {self.cases} cases>"
+        return f"<{self.name}: {self.result} after {self.cases} cases: {self.counterexample}>"
+
+
+class _Server:
+    """Answers kvlab's calls with the cache class's methods. Pools and sequences are numbered
+    here; the class sees its own objects only: cls(config) is a pool, create() and fork(seq)
+    return sequence handles that the other methods take."""
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.pools = {}  # id -> the class's object
+        self.seqs = {}  # id -> (pool, handle)
+        self.next_id = 0
+
+    def _new(self, table, value):
+        self.next_id += 1
+        table[self.next_id] = value
+        return self.next_id
+
+    def answer(self, msg):
+        op = msg.get("op")
+        try:
+            return self._answer(op, msg)
+        except Exception as e:  # the class's own exception: a refusal, or an error naming the call
+            text = f"{type(e).__name__}: {e}".replace("\n", " ")
+            return {"refused": text} if op in ("create_pool", "create", "fork", "reserve") else {"error": text}
+
+    def _answer(self, op, msg):
+        if op == "hello":
+            methods = [m for m in _OPTIONAL if callable(getattr(self.cls, m, None))]
+            return {"name": self.cls.__name__, "methods": methods}
+        if op == "create_pool":
+            return {"pool": self._new(self.pools, self.cls(types.SimpleNamespace(**msg["config"])))}
+        if op == "destroy_pool":
+            self.pools.pop(msg["pool"], None)
+            return {}
+        if op == "memory":
+            pool = self.pools[msg["pool"]]
+            return {"bytes": int(pool.memory()) if callable(getattr(pool, "memory", None)) else 0}
+        if op == "create":
+            pool = self.pools[msg["pool"]]
+            return {"seq": self._new(self.seqs, (pool, pool.create()))}
+        pool, handle = self.seqs[msg["seq"]]
+        if op == "fork":
+            return {"seq": self._new(self.seqs, (pool, pool.fork(handle)))}
+        if op == "reserve":
+            copies = pool.reserve(handle, msg["length"], msg["tokens"]) or []
+            return {"copies": [[int(f), int(t), int(n)] for f, t, n in copies]}
+        if op == "slot":
+            return {"slot": int(pool.slot(handle, msg["pos"]))}
+        if op == "attach_prefix":
+            return {"n": int(pool.attach_prefix(handle, msg["tokens"]))}
+        if op == "attended":
+            return {"positions": [int(p) for p in pool.attended(handle, msg["pos"])]}
+        if op == "release":
+            pool.release(handle, msg["n"])
+            return {}
+        if op == "destroy":
+            self.seqs.pop(msg["seq"])
+            if callable(getattr(pool, "destroy", None)):
+                pool.destroy(handle)
+            return {}
+        raise ValueError(f"unknown op {op!r}")
+
+
+def verify(cache, cases=100, seed=1, kv_format=""):
+    """Checks a cache class written in Python for exactness, as `kvlab verify --plugin` checks a
+    C plugin: drawn engine operations (requests sharing or editing prompts, forks, batched
+    steps, rollbacks, speculative decoding), every logit against naive decode bit for bit, every
+    answer checked, a failing case shrunk.
+
+    cache(config) is a pool (config: max_seq, n_slots, n_layers, n_kv_heads, head_size,
+    max_sequences, block_size). Its methods, as include/kvlab/cache_plugin.h's table:
+      create() -> seq                         a new empty sequence (any object)
+      reserve(seq, length, tokens) -> copies  room for positions length.., len(tokens) of them;
+                                              None or [(from, to, count), ...] slot copies kvlab
+                                              makes first (copy-on-write); raise to refuse
+      slot(seq, pos) -> int                   the slot of a held position
+      release(seq, n)                         forget positions n and later
+      fork(seq) -> seq                        optional: a child sharing every position's slot
+      attach_prefix(seq, tokens) -> int       optional: positions of tokens already held (reuse)
+      attended(seq, pos) -> [positions]       optional: what a query at pos reads (exact: 0..pos)
+      destroy(seq), memory() -> int           optional
+    Returns a VerifyResult (true when every case passed; its counterexample otherwise).
+    """
+    for name in _REQUIRED:
+        if not callable(getattr(cache, name, None)):
+            raise Error(f"kvlab.verify: {getattr(cache, '__name__', cache)!r} has no method {name}() "
+                        f"({', '.join(_REQUIRED)} are required)")
+    cmd = [_binary(), "verify", "--plugin-stdio", "--cases", str(int(cases)), "--seed", str(int(seed))]
+    if kv_format:
+        cmd += ["--kv-format", kv_format]
+    server = _Server(cache)
+    row = None
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True) as p:
+            try:
+                for line in p.stdout:
+                    msg = json.loads(line)
+                    if msg.get("op") == "result":
+                        row = msg["row"]
+                        break
+                    p.stdin.write(json.dumps(server.answer(msg)) + "\n")
+                    p.stdin.flush()
+            except BrokenPipeError:
+                pass
+            finally:
+                p.stdin.close()
+        errors.seek(0)
+        stderr = errors.read().strip()
+    if row is None:
+        raise Error(f"kvlab verify --plugin-stdio ended with status {p.returncode} and no result: "
+                    f"{stderr or '(nothing on stderr)'}")
+    return VerifyResult(row)

@@ -1,0 +1,198 @@
+"""The kvlab Python module under pytest: decode through numpy, bit for bit against naive decode,
+and kvlab.verify on caches written in Python (an exact block manager, a planted bug, caches that
+raise or answer wrongly). Run by ctest with PYTHONPATH=build/python."""
+import os
+import random
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import kvlab
+
+EXAMPLES = os.path.join(os.environ.get("KVLAB_SOURCE_DIR", "."), "examples", "python")
+sys.path.insert(0, EXAMPLES)
+from block_manager import BlockManager  # noqa: E402
+from block_manager_unchained import UnchainedBlockManager  # noqa: E402
+
+
+def bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def random_case(rng):
+    n_kv_heads = rng.choice([1, 2])
+    n_heads = n_kv_heads * rng.choice([1, 2])
+    head_size = rng.choice([2, 4, 8, 16])
+    config = dict(dim=n_heads * head_size, hidden_dim=rng.randint(1, 24), n_layers=rng.randint(1, 3),
+                  n_heads=n_heads, n_kv_heads=n_kv_heads, vocab_size=rng.randint(2, 40), max_seq=rng.randint(2, 24))
+    m = kvlab.random_model(**config, seed=rng.randint(0, 2**32))
+    tokens = [rng.randrange(config["vocab_size"]) for _ in range(rng.randint(2, config["max_seq"]))]
+    return m, config, tokens
+
+
+@pytest.mark.parametrize("cache", ["contiguous-head", "contiguous-seq", "growing", "paged"])
+def test_cached_decode_equals_naive_bit_for_bit(cache):
+    rng = random.Random(zlib.crc32(cache.encode()))
+    for _ in range(15):
+        m, config, tokens = random_case(rng)
+        settings = f"block_size={rng.randint(1, config['max_seq'])}" if cache == "paged" else ""
+        d = kvlab.Decoder(m, cache, settings)
+        prompt = rng.randint(1, len(tokens) - 1)
+        got = d.prefill(tokens[:prompt])
+        assert got.dtype == np.float32 and got.shape == (config["vocab_size"],)
+        assert np.array_equal(bits(got), bits(kvlab.naive_logits(m, tokens[:prompt])))
+        for t in range(prompt, len(tokens)):
+            assert np.array_equal(bits(d.decode(tokens[t])), bits(kvlab.naive_logits(m, tokens[:t + 1])))
+        assert d.length == len(tokens) and d.tokens == tokens
+
+
+def test_a_different_prefix_is_seen():
+    # The counter-test: the comparison above can fail. A decoder rolled back and continued with
+    # another token no longer equals naive decode of the old sequence.
+    m = kvlab.random_model(seed=5)
+    d = kvlab.Decoder(m)
+    d.prefill([1, 2, 3, 4])
+    d.rollback(3)
+    other = d.decode(5)
+    assert np.array_equal(bits(other), bits(kvlab.naive_logits(m, [1, 2, 3, 5])))
+    assert not np.array_equal(bits(other), bits(kvlab.naive_logits(m, [1, 2, 3, 4])))
+
+
+def test_keys_values_and_attention_as_numpy():
+    rng = random.Random(7)
+    for _ in range(10):
+        m, config, tokens = random_case(rng)
+        contiguous, paged = kvlab.Decoder(m), kvlab.Decoder(m, "paged", "block_size=1")
+        contiguous.prefill(tokens)
+        paged.prefill(tokens)
+        for layer in range(config["n_layers"]):
+            k, v = contiguous.keys(layer), contiguous.values(layer)
+            assert k.shape == v.shape == (config["n_kv_heads"], len(tokens), config["dim"] // config["n_heads"])
+            assert np.isfinite(k).all() and np.isfinite(v).all()
+            # Another layout holds the same rows, bit for bit.
+            assert np.array_equal(bits(k), bits(paged.keys(layer)))
+            assert np.array_equal(bits(v), bits(paged.values(layer)))
+        w = contiguous.attention()
+        assert w.shape == (config["n_layers"], config["n_heads"], len(tokens))
+        assert (w >= 0).all() and np.allclose(w.sum(axis=-1), 1.0, atol=1e-5)
+        contiguous.rollback(1)
+        assert contiguous.keys(0).shape[1] == 1
+
+
+def test_bad_input_is_one_error():
+    m = kvlab.random_model(seed=1, vocab_size=8)
+    with pytest.raises(kvlab.Error, match="outside the vocabulary"):
+        kvlab.Decoder(m).prefill([1, 8])
+    with pytest.raises(kvlab.Error, match="at least one token"):
+        kvlab.naive_logits(m, [])
+    with pytest.raises(kvlab.Error, match="unknown cache variant"):
+        kvlab.Decoder(m, "no-such-cache")
+    with pytest.raises(kvlab.Error):
+        kvlab.load("/no/such/checkpoint.bin")
+    with pytest.raises(kvlab.Error):
+        kvlab.random_model(dim=6, n_heads=4)
+    with pytest.raises(kvlab.Error, match="no step"):
+        kvlab.Decoder(m).attention()
+
+
+def test_stories260k_decodes_bit_for_bit():
+    models = os.environ.get("KVLAB_MODELS_DIR", "")
+    path, tok = os.path.join(models, "stories260K.bin"), os.path.join(models, "tok512.bin")
+    if not (os.path.exists(path) and os.path.exists(tok)):
+        pytest.skip("stories260K.bin or tok512.bin not found")
+    m = kvlab.load(path, tok)
+    assert m.config["dim"] == 64 and m.config["vocab_size"] == 512
+    tokens = m.encode("Once upon a time")
+    d = kvlab.Decoder(m)
+    logits = d.prefill(tokens)
+    for _ in range(12):
+        assert np.array_equal(bits(logits), bits(kvlab.naive_logits(m, tokens)))
+        tokens.append(int(np.argmax(logits)))
+        logits = d.decode(tokens[-1])
+
+
+def test_verify_passes_the_block_manager():
+    r = kvlab.verify(BlockManager)
+    assert r, r.counterexample
+    assert r.cases == 100 and r.name == "plugin BlockManager"
+    assert "prefix reuse" in r.parameters and "forks" in r.parameters
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_verify_catches_the_unchained_hash(seed):
+    r = kvlab.verify(UnchainedBlockManager, seed=seed)
+    assert not r
+    assert "attach_prefix(n=" in r.counterexample
+
+
+class FreeList:
+    """One slot a position, freed slots reused first: exact (no fork, no prefix reuse)."""
+
+    def __init__(self, config):
+        self.free = list(range(config.n_slots))
+
+    def create(self):
+        return []
+
+    def reserve(self, seq, length, tokens):
+        if len(tokens) > len(self.free):
+            raise MemoryError("full")
+        seq.extend(self.free.pop() for _ in tokens)
+
+    def slot(self, seq, pos):
+        return seq[pos]
+
+    def release(self, seq, n):
+        self.free.extend(seq[n:])
+        del seq[n:]
+
+
+class LeakyRollback(FreeList):
+    def release(self, seq, n):  # frees one slot too many: a held position's slot is given again
+        self.free.extend(seq[max(n - 1, 0):])
+        del seq[n:]
+
+
+class RaisingSlot(FreeList):
+    def slot(self, seq, pos):
+        if pos >= 1:
+            raise KeyError(pos)
+        return seq[pos]
+
+
+class NoPool(FreeList):
+    def __init__(self, config):
+        raise RuntimeError("no pool today")
+
+
+def test_verify_a_plain_free_list_and_its_leaky_copy():
+    assert kvlab.verify(FreeList, cases=50)
+    leaky = kvlab.verify(LeakyRollback)
+    assert not leaky and "which is still held" in leaky.counterexample
+
+
+def test_verify_names_what_a_python_cache_raised():
+    r = kvlab.verify(RaisingSlot)
+    assert not r and "slot(pos=1) raised KeyError: 1" in r.counterexample
+    r = kvlab.verify(NoPool, cases=5)
+    assert not r and "refused: RuntimeError: no pool today" in r.counterexample
+    with pytest.raises(kvlab.Error, match="no method reserve"):
+        kvlab.verify(type("Nothing", (), {"create": lambda self: None}))
+
+
+@pytest.mark.parametrize("answers,needle", [
+    ("", "closed the pipe instead of answering hello"),
+    ("not json\n", "not a JSON object"),
+    ('{"name": "x", "methods": []}\n{"pool": "one"}\n', 'no integer "pool"'),
+    ('{"name": "x", "methods": []}\n{"pool": 1}\n{"seq": 1}\n{"copies": [[0, 1]]}\n', "not [from, to, count]"),
+])
+def test_plugin_stdio_ends_a_broken_conversation_in_one_line(answers, needle):
+    # A server that breaks the protocol is an error of the run, not a verdict on a cache.
+    p = subprocess.run([os.environ.get("KVLAB_BINARY", "kvlab"), "verify", "--plugin-stdio", "--cases", "3"],
+                       input=answers, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert p.stderr.startswith("kvlab: error: ") and p.stderr.count("\n") == 1 and needle in p.stderr, p.stderr
+    assert '"op": "result"' not in p.stdout and '"op":"result"' not in p.stdout
