@@ -70,6 +70,45 @@ struct SpeculateOptions {
 };
 int run_speculate(const SpeculateOptions& o);
 
+// What kvlab trace records: a model (a checkpoint, or random of `shape` and `seed` when
+// `random`), a prompt, greedy steps, and where and how the cached decoder runs.
+struct TraceRun {
+    std::string model, tokenizer;  // "": the shared stories260K when present (unless random)
+    bool random = false;
+    Config shape = stories260k_shape();
+    std::uint64_t seed = 7;
+    std::string panel_cache = "auto";
+    std::string prompt, tokens;
+    int steps = 8;
+    std::string device = "cpu";
+    std::string cache = "contiguous-head";  // an exact variant, at its defaults
+    std::string kv_format = "fp32";
+    AttentionOptions attention;
+    bool weights = false;  // attention.npy too
+};
+struct TraceOptions {
+    TraceRun run;
+    std::string shape;  // --shape: a random model of this shape
+    std::string out;
+    bool json = false;
+};
+// Records a run into folder `dir` (cli/trace.h).
+void record_trace(const TraceRun& run, const std::string& dir);
+int run_trace(const TraceOptions& o);
+
+struct DiffTraceOptions {
+    std::string a, b;
+    bool json = false;
+};
+int run_diff_trace(const DiffTraceOptions& o);
+
+// kvlab golden (cli/golden.cpp): write the golden traces, or rerun and compare them.
+struct GoldenOptions {
+    std::string out, check;
+    std::string device = "cpu";  // --check: one device, or two (cpu,gpu-host)
+};
+int run_golden(const GoldenOptions& o);
+
 struct BenchOptions {
     std::string shape = "stories15M";
     std::uint64_t seed = 7;

@@ -55,7 +55,11 @@ struct Commands {
     VerifyCommandOptions ver;
     MemoryOptions mem;
     PoolOptions pool;
-    CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd;
+    TraceOptions trace;
+    DiffTraceOptions diff;
+    GoldenOptions golden;
+    CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd, *trace_cmd,
+        *diff_cmd, *golden_cmd;
 };
 
 constexpr const char* kKvCalibrateHelp =
@@ -203,6 +207,52 @@ CLI::App* add_export(CLI::App& app, ExportOptions& exp) {
     return export_cmd;
 }
 
+CLI::App* add_trace(CLI::App& app, TraceOptions& tr) {
+    auto* cmd = app.add_subcommand(
+        "trace", "write a greedy run (tokens, logits, K and V, attention weights) as .npy files and a JSON manifest");
+    TraceRun& run = tr.run;
+    add_model_options(cmd, run.model, run.tokenizer, run.seed, run.panel_cache);
+    cmd->add_option("--shape", tr.shape,
+                    "a random model of this shape (stories260K, stories15M, either with changes, or dim=..,...) "
+                    "instead of a checkpoint");
+    cmd->add_option("--prompt", run.prompt, "prompt text (needs a tokenizer)");
+    cmd->add_option("--tokens", run.tokens, "prompt as token ids, e.g. 1,403,407");
+    cmd->add_option("--steps", run.steps, "greedy decode steps after the prompt")->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--device", run.device, "cpu, gpu or gpu-host");
+    cmd->add_option("--cache", run.cache, "the exact cache variant the run decodes on, at its defaults");
+    cmd->add_option("--kv-format", run.kv_format,
+                    "store K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
+    add_attention_options(cmd, run.attention);
+    cmd->add_flag("--attention-weights", run.weights, "also write attention.npy: each step's weights, every head");
+    cmd->add_option("--out", tr.out, "the trace's folder (made if missing; its files are replaced whole)")->required();
+    cmd->add_flag("--json", tr.json, "print the manifest as JSON");
+    return cmd;
+}
+
+CLI::App* add_diff_trace(CLI::App& app, DiffTraceOptions& d) {
+    auto* cmd = app.add_subcommand(
+        "diff-trace",
+        "compare two traces: the first difference (step, layer, head, position, channel) in ULPs, and "
+        "whether the rest is bitwise equal; exit 0 when equal, 1 when not");
+    cmd->add_option("a", d.a, "a trace folder")->required();
+    cmd->add_option("b", d.b, "another")->required();
+    cmd->add_flag("--json", d.json, "machine-readable output");
+    return cmd;
+}
+
+CLI::App* add_golden(CLI::App& app, GoldenOptions& g) {
+    auto* cmd = app.add_subcommand("golden",
+                                   "write the golden traces (stories260K and random shapes), or rerun them "
+                                   "on each device and compare bit for bit");
+    auto* out = cmd->add_option("--out", g.out, "write the golden traces and golden.json into this folder");
+    auto* check = cmd->add_option("--check", g.check, "rerun the golden traces of this folder and diff each");
+    out->excludes(check);
+    cmd->add_option("--device", g.device,
+                    "--check: cpu, gpu, gpu-host, both, two joined by a comma, or all (cpu, gpu-host, and gpu where "
+                    "there is one)");
+    return cmd;
+}
+
 CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
@@ -263,6 +313,9 @@ void add_commands(CLI::App& app, Commands& c) {
     c.pool_cmd = app.add_subcommand(
         "pool", "a scripted session over one paged block pool: requests, prefix hits, forks, rollbacks");
     add_pool_options(c.pool_cmd, c.pool);
+    c.trace_cmd = add_trace(app, c.trace);
+    c.diff_cmd = add_diff_trace(app, c.diff);
+    c.golden_cmd = add_golden(app, c.golden);
 }
 
 // CLI11 would call a mistyped command "a missing subcommand"; name it instead. True when it did.
@@ -270,10 +323,10 @@ bool refused_unknown_command(int argc, char** argv) {
     const std::string first = argc > 1 ? argv[1] : "";
     if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "speculate" &&
         first != "bench" && first != "export" && first != "verify" && first != "memory" && first != "pool" &&
-        first != "view") {
+        first != "view" && first != "trace" && first != "diff-trace" && first != "golden") {
         fmt::print(stderr,
                    "kvlab: error: unknown command '{}' (commands: demo, generate, speculate, bench, verify, memory, "
-                   "pool, view, export)\n",
+                   "pool, view, export, trace, diff-trace, golden)\n",
                    kvlab::one_line(argv[1]));
         return true;
     }
@@ -294,6 +347,12 @@ int run_command(Commands& c, ViewCommand& view) {
         if (*c.verify_cmd) return run_verify(c.ver);
         if (*c.memory_cmd) return run_memory(c.mem);
         if (*c.pool_cmd) return run_pool(c.pool);
+        if (*c.trace_cmd) {
+            if (!c.trace.shape.empty()) c.trace.run.random = true, c.trace.run.shape = shape_from_string(c.trace.shape);
+            return run_trace(c.trace);
+        }
+        if (*c.diff_cmd) return run_diff_trace(c.diff);
+        if (*c.golden_cmd) return run_golden(c.golden);
         if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");

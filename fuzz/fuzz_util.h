@@ -24,6 +24,8 @@ namespace kvlab::fuzz {
 
 // The checkpoint whose panel cache fuzz_panel_cache feeds (make_seeds writes its seeds).
 inline Config panel_fuzz_shape() { return Config{16, 24, 2, 4, 2, 40, 8}; }
+// The random model of fuzz_trace's trace (make_seeds writes its files as seeds).
+inline Config trace_fuzz_shape() { return Config{8, 8, 2, 2, 1, 12, 8}; }
 
 // A broken property: print it on stderr (libFuzzer shows it above its report) and crash, so the
 // input is saved as a crash file.

@@ -26,6 +26,7 @@
 #include "fuzz_util.h"
 #include "panel_cache.h"
 #include "tokenizer.h"
+#include "trace.h"
 
 namespace fs = std::filesystem;
 using namespace kvlab;
@@ -186,6 +187,17 @@ int main(int argc, char** argv) {
         write(seeds / "plugin_stdio" / "refusals", "{\"name\": \"seed\", \"methods\": []}\n{\"refused\": \"no\"}\n");
         write(seeds / "plugin_stdio" / "errors",
               "{\"name\": \"seed\", \"methods\": []}\n{\"pool\": 1}\n{\"error\": \"x\"}\n");
+    }
+
+    // trace: each file of fuzz_trace's trace, behind the byte that chooses it.
+    {
+        const fs::path dir = seeds / "trace-work";
+        cli::TraceRun run;
+        run.random = true, run.shape = fuzz::trace_fuzz_shape(), run.seed = 3, run.tokens = "1,2,3", run.steps = 2;
+        cli::record_trace(run, dir.string());
+        const char* files[] = {"manifest.json", "tokens.npy", "logits.npy", "k.npy", "v.npy"};
+        for (int i = 0; i < 5; i++) write(seeds / "trace" / files[i], std::string(1, char(i)) + read(dir / files[i]));
+        fs::remove_all(dir);
     }
 
     // tokenizer: two small vocabularies, and the real one when it is there.

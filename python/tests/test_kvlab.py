@@ -1,6 +1,7 @@
 """The kvlab Python module under pytest: decode through numpy, bit for bit against naive decode,
 and kvlab.verify on caches written in Python (an exact block manager, a planted bug, caches that
 raise or answer wrongly). Run by ctest with PYTHONPATH=build/python."""
+import json
 import os
 import random
 import subprocess
@@ -196,3 +197,48 @@ def test_plugin_stdio_ends_a_broken_conversation_in_one_line(answers, needle):
     assert p.returncode == 1
     assert p.stderr.startswith("kvlab: error: ") and p.stderr.count("\n") == 1 and needle in p.stderr, p.stderr
     assert '"op": "result"' not in p.stdout and '"op":"result"' not in p.stdout
+
+
+def kvlab_cli(*args):
+    p = subprocess.run([os.environ.get("KVLAB_BINARY", "kvlab"), *map(str, args)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+SHAPE = dict(dim=16, hidden_dim=24, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=40, max_seq=16)
+SHAPE_TEXT = ",".join(f"{k}={v}" for k, v in SHAPE.items())
+
+
+def test_a_trace_is_numpy_arrays_equal_to_the_module_s_decode(tmp_path):
+    kvlab_cli("trace", "--shape", SHAPE_TEXT, "--model-seed", 9, "--tokens", "1,5,7,2", "--steps", 5,
+              "--attention-weights", "--out", tmp_path / "t")
+    manifest = json.load(open(tmp_path / "t" / "manifest.json"))
+    arrays = {name: np.load(tmp_path / "t" / entry["file"]) for name, entry in manifest["arrays"].items()}
+    assert arrays["k"].shape == (2, 2, 9, 4) and arrays["logits"].shape == (6, 40)
+    d = kvlab.Decoder(kvlab.random_model(**SHAPE, seed=9))
+    tokens = [int(t) for t in arrays["tokens"]]
+    assert tokens[:4] == [1, 5, 7, 2]
+    assert np.array_equal(bits(d.prefill(tokens[:4])), bits(arrays["logits"][0]))
+    for i, t in enumerate(tokens[4:]):
+        assert t == int(np.argmax(arrays["logits"][i]))  # greedy
+        got = d.decode(t)
+        assert np.array_equal(bits(got), bits(arrays["logits"][i + 1]))
+        assert np.array_equal(bits(d.attention()), bits(arrays["attention"][i + 1][..., :d.length]))
+    for layer in range(2):
+        assert np.array_equal(bits(d.keys(layer)), bits(arrays["k"][layer]))
+        assert np.array_equal(bits(d.values(layer)), bits(arrays["v"][layer]))
+
+
+def test_the_numpy_example_recomputes_step_0_and_sees_another_model(tmp_path):
+    example = os.path.join(EXAMPLES, "trace_numpy.py")
+    kvlab_cli("export", "--shape", SHAPE_TEXT, "--seed", 4, tmp_path / "m.bin")
+    kvlab_cli("export", "--shape", SHAPE_TEXT, "--seed", 5, tmp_path / "other.bin")
+    kvlab_cli("trace", "--model", tmp_path / "m.bin", "--tokens", "3,1,4,1,5,9,2,6", "--steps", 3, "--out", tmp_path / "t")
+    ok = subprocess.run([sys.executable, example, tmp_path / "t", tmp_path / "m.bin"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "logits[0]" in ok.stdout
+    # The counter-test: the same trace against another model's weights is far outside the tolerance.
+    bad = subprocess.run([sys.executable, example, tmp_path / "t", tmp_path / "other.bin"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
