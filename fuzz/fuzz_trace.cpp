@@ -50,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     bool same = false;
     try {
         same = read(which) == bytes && bytes == read_file_bytes(base.dir + "/" + which, std::int64_t(1) << 30);
-        const cli::Trace t = parse_trace(read("manifest.json"), read, "fuzzed trace");
+        const cli::Trace t = cli::parse_trace(read("manifest.json"), read, "fuzzed trace");
         const cli::TraceDiff d = cli::diff_traces(base.trace, t);
         FUZZ_CHECK(!same || d.equal, "fuzz_trace: an unchanged trace differs from itself");
     } catch (const Error&) {
