@@ -109,10 +109,21 @@ CachePlugin::CachePlugin(const std::string& path) : path_(path) {
     if (t2) {
         table_ = *t2;
     } else {
-        // The adapter's pool holds the version 1 table (create_pool below).
-        table_ = kvlab_cache_plugin_abi2{1,          name,    nullptr, nullptr,    v1_create, nullptr,   nullptr,
-                                         v1_reserve, v1_slot, nullptr, v1_release, v1_memory, v1_destroy};
-        table_.destroy_pool = v1_destroy_pool;
+        // The adapter's pool holds the version 1 table (create_pool below); no fork, prefix reuse
+        // or attended.
+        table_ = {.abi_version = 1,
+                  .name = name,
+                  .create_pool = nullptr,
+                  .destroy_pool = v1_destroy_pool,
+                  .create = v1_create,
+                  .attach_prefix = nullptr,
+                  .fork = nullptr,
+                  .reserve = v1_reserve,
+                  .slot = v1_slot,
+                  .attended = nullptr,
+                  .release = v1_release,
+                  .memory = v1_memory,
+                  .destroy = v1_destroy};
         v1_table_ = t1;
     }
 }

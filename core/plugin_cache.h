@@ -75,7 +75,7 @@ public:
     // least the header promises); block_size: the plugin's hint, 1..64, dividing n_slots.
     PluginPool(const Config& config, const CachePlugin& plugin, Memory& memory = host_memory(), int n_slots = 0,
                int max_sequences = 1, int block_size = 1);
-    ~PluginPool();  // its sequences are destroyed first (an Error in debug builds otherwise)
+    ~PluginPool();  // after its sequences (asserted)
     PluginPool(const PluginPool&) = delete;
     PluginPool& operator=(const PluginPool&) = delete;
 
