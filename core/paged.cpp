@@ -336,14 +336,21 @@ BlockKey PagedCache::key_of(int b) const {
     return pool().key(b > 0 ? hashes_[b - 1] : 0, model_, tokens().subspan(std::size_t(b) * bs, std::size_t(bs)));
 }
 
+int PagedCache::blocks_needed(int n) const {
+    const int bs = pool().block_size();
+    const int b = length() / bs;
+    const bool cow = length() % bs != 0 && b < int(table_.size()) && pool().needs_copy(table_[b]);
+    return std::max(0, (length() + n + bs - 1) / bs - int(table_.size())) + (cow ? 1 : 0);
+}
+
 void PagedCache::reserve(int new_length) {
     const int bs = pool().block_size();
     const int n_new = std::max(0, (new_length + bs - 1) / bs - int(table_.size()));
     // The block receiving the next row must be ours alone: shared (fork, prefix hit) or
-    // published blocks get a private copy first.
+    // published blocks get a private copy first (blocks_needed counts it).
     const int b = length() / bs;
     const bool cow = length() % bs != 0 && b < int(table_.size()) && pool().needs_copy(table_[b]);
-    const int needed = n_new + (cow ? 1 : 0);
+    const int needed = blocks_needed(new_length - length());
     if (needed > pool().available())
         throw Error(fmt::format("paged cache: sequence {} needs {} more blocks of {} positions, the pool has {} free",
                                 seq_id, needed, bs, pool().available()));

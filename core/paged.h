@@ -253,6 +253,9 @@ public:
     // this one's latest append that sit in a shared block can no longer be rewritten.
     std::unique_ptr<PagedCache> fork(int new_seq_id) const;
     const std::vector<int>& block_table() const { return table_; }
+    // Blocks appending n positions takes from the pool now: new ones, and a private copy of a
+    // shared or published block the next row would go into.
+    int blocks_needed(int n) const;
     BlockPool& pool() const;  // throws Error once the pool is gone
 
 protected:

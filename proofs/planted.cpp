@@ -467,4 +467,18 @@ void ProductBackend::causal_attention(Exec& ex, float* att, const float* q, cons
     kvlab::causal_attention(ex, mm_, config(), att, q, k, v, T, kv_head, scratch_);
 }
 
+SwapTransform planted_swap(Mutant m) {
+    if (m != Mutant::swap_in_shifted) return {};
+    // [n_layers, n_kv_heads, T, row_bytes]: every run of T rows moves down one, the first kept.
+    return [](std::vector<std::uint8_t>& k, std::vector<std::uint8_t>& v, int T, std::int64_t row_bytes) {
+        if (T < 2) return;
+        for (std::vector<std::uint8_t>* rows : {&k, &v}) {
+            const std::size_t row = std::size_t(row_bytes), run = row * std::size_t(T);
+            for (std::size_t at = 0; at + run <= rows->size(); at += run)
+                std::copy_backward(rows->begin() + std::ptrdiff_t(at), rows->begin() + std::ptrdiff_t(at + run - row),
+                                   rows->begin() + std::ptrdiff_t(at + run));
+        }
+    };
+}
+
 }  // namespace kvlab

@@ -14,6 +14,7 @@
 //   log-probability    (kernels.h: token_logprob) the rescoring path's: logprob-unfused
 //   pool override      (paged.h: BlockPool's slot, needs_copy, key, set_kv_format)
 //                      slot-wrong-block, cow-no-copy, hash-ignores-model, prefix-keeps-format
+//   swap transform     (scheduler.h: Scheduler::swap_transform) swap-in-shifted
 //
 // The verification suite (verify.h) runs each with the check named in kMutants, and the check
 // must fail: that is how we know it catches what it claims. A new planted bug is one entry in
@@ -32,6 +33,7 @@
 #include "forwarding.h"
 #include "model.h"
 #include "paged.h"
+#include "scheduler.h"
 
 namespace kvlab {
 
@@ -61,6 +63,7 @@ enum class Mutant {
     logprob_unfused,        // rescoring takes log(softmax(x)[token]); decode took the fused log-softmax
     norm_split_at_256,      // cached: rmsnorm of a step of 256 rows or more sums its squares in two halves
     split_from_batch,       // cached: a step of two or more sequences sums every product's k in two halves
+    swap_in_shifted,        // scheduler: a swapped-out request's rows come back one position late
 };
 
 struct MutantInfo {
@@ -71,7 +74,7 @@ struct MutantInfo {
     bool long_only = false;  // its threshold lies past the fast profile: `kvlab verify --profile long` catches it
 };
 
-inline constexpr std::array<MutantInfo, 24> kMutants{{
+inline constexpr std::array<MutantInfo, 25> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -109,6 +112,8 @@ inline constexpr std::array<MutantInfo, 24> kMutants{{
      "chunked-prefill", true},
     {Mutant::split_from_batch, "split-from-batch",
      "a product's reduction split chosen from the batch size: a sequence batched differs from it alone", "batch"},
+    {Mutant::swap_in_shifted, "swap-in-shifted",
+     "a preempted request's swapped rows are restored one position late (position t gets t - 1's rows)", "serve"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
@@ -133,6 +138,9 @@ LogprobFn planted_logprob(Mutant m);
 // BlockPool otherwise (the constructor's arguments are BlockPool's).
 std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int block_size, int n_blocks,
                                         bool prefix_caching = false, Memory& memory = host_memory());
+// The scheduler's swap transform (scheduler.h: Scheduler::swap_transform; swap-in-shifted), or
+// empty.
+SwapTransform planted_swap(Mutant m);
 
 // Products on `mm` instead of the backend's kernels: the weights' (on [in][out] copies of the model's
 // arrays), and with Products::all both of naive attention's too (cpu_backend.h: causal_attention;

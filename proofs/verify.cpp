@@ -22,6 +22,7 @@
 #include "plugin_cache.h"
 #include "property.h"
 #include "sampler.h"
+#include "scheduler.h"
 #include "speculative.h"
 
 namespace kvlab {
@@ -599,6 +600,83 @@ void batch_property(const Devices& devices, Mutant mutant) {
     }
 }
 
+// Continuous batching (scheduler.h): 1-6 requests arriving over a few steps, prompts fresh or
+// sharing another's prefix, any block size, a pool from one request's blocks to all of theirs
+// (so requests wait and are preempted), a step budget of 1 to 2 max_seq rows, prefix caching on
+// or off, preemption by recompute or by swap, any KV format. Every request's tokens and the
+// logits each was chosen from equal decoding it alone on a contiguous cache, bit for bit, and
+// its first and last logits equal naive decode.
+void serve_property(const Devices& devices, Mutant mutant) {
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const KVFormat format = draw_kv_format(devices);
+    Oracle oracle(m, devices, mutant);
+    oracle.set_kv_format(format, {});
+    SchedulerConfig sc;
+    sc.block_size = draw(1, c.max_seq);
+    const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size, n_requests = draw(1, 6);
+    // Half the time a pool of about one request's blocks: requests wait, and are preempted.
+    sc.n_blocks = *rc::gen::arbitrary<bool>() ? per_request + draw(0, 1) : draw(per_request, per_request * n_requests);
+    sc.max_batch_tokens = draw(1, 2 * c.max_seq);
+    sc.prefix_caching = *rc::gen::arbitrary<bool>();
+    sc.preemption = *rc::gen::arbitrary<bool>() ? Preemption::swap : Preemption::recompute;
+    sc.kv_format = format;
+    Scheduler s(oracle.backend(), m, sc);
+    s.swap_transform = planted_swap(mutant);
+    std::vector<ServeRequest> requests;
+    for (int i = 0, arrival = 0; i < n_requests; i++) {
+        ServeRequest r;
+        if (i > 0 && *rc::gen::arbitrary<bool>()) {  // a prefix of an earlier prompt, then fresh tokens
+            const std::vector<int>& p = requests[std::size_t(draw(0, i - 1))].prompt;
+            r.prompt.assign(p.begin(), p.begin() + draw(1, int(p.size())));
+        }
+        const int more = draw(r.prompt.empty() ? 1 : 0, c.max_seq - 1 - int(r.prompt.size()));
+        const std::vector<int> fresh = draw_tokens(c, more);
+        r.prompt.insert(r.prompt.end(), fresh.begin(), fresh.end());
+        r.max_new_tokens = draw(1, c.max_seq - int(r.prompt.size()));
+        r.arrival = arrival += draw(0, 2);
+        requests.push_back(r);
+        s.add(r);
+    }
+    std::string what = fmt::format("serve {} requests (prompts", n_requests);
+    for (const ServeRequest& r : requests)
+        what += fmt::format(" {}+{}@{}", r.prompt.size(), r.max_new_tokens, r.arrival);
+    what += fmt::format("), block_size {}, {} blocks, {} batch tokens, prefix caching {}, preemption by {}, {}, {}",
+                        sc.block_size, sc.n_blocks, sc.max_batch_tokens, sc.prefix_caching ? "on" : "off",
+                        sc.preemption == Preemption::swap ? "swap" : "recompute", kv_format_name(format), c.describe());
+    int preemptions = 0;
+    try {
+        while (s.step())
+            if (s.steps() > 100 * c.max_seq * n_requests)
+                fail(fmt::format("{}: no end after {} steps", what, s.steps()));
+    } catch (const Error& e) {
+        fail(fmt::format("{}: step {} refused: {}", what, s.steps(), e.what()));
+    }
+    for (int i = 0; i < n_requests; i++) preemptions += s.result(i).preemptions;
+    what += fmt::format(", {} steps, {} preemptions", s.steps(), preemptions);
+    // Each request alone: greedy decode on a contiguous cache of the same format.
+    CachedDecoder alone(oracle.backend());
+    alone.cache().set_kv_format(format);
+    const std::size_t V = std::size_t(c.vocab_size);
+    for (int i = 0; i < n_requests; i++) {
+        const ServeRequest& r = requests[std::size_t(i)];
+        const ServeResult& got = s.result(i);
+        const DecodeRun want = greedy_decode(alone, r.prompt, r.max_new_tokens);
+        for (int k = 0; k < r.max_new_tokens; k++) {
+            const auto a = std::span(want.logits).subspan(std::size_t(k) * V, V);
+            if (auto diff = first_difference(a, std::span(got.logits).subspan(std::size_t(k) * V, V)))
+                fail(
+                    fmt::format("{}: request {} ({} preemptions, prefix hit {}), token {}: logits differ from the "
+                                "request alone, {}",
+                                what, i, got.preemptions, got.prefix_hit, k, *diff));
+        }
+        std::vector<int> seq = r.prompt;
+        oracle.expect_naive(seq, std::span(got.logits).first(V), fmt::format("{}: request {}", what, i));
+        seq.insert(seq.end(), got.output.begin(), got.output.end() - 1);
+        oracle.expect_naive(seq, std::span(got.logits).last(V), fmt::format("{}: request {}", what, i));
+    }
+}
+
 // A cache continued with an edited prompt refuses; rolled back to the edit, it continues exactly.
 void stale_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_config(2, 2);
@@ -1169,6 +1247,11 @@ const std::vector<Check>& checks() {
                      std::nullopt, tiled_attention_property});
         v.push_back({"batch", "exact", "2-4 sequences (long profile: 2-300), mixed lengths, late joins; any KV format",
                      "sequences of different lengths stepped together over one pool", std::nullopt, batch_property});
+        v.push_back({"serve", "exact",
+                     "1-6 requests arriving over time, shared prefixes, a pool of 1..all their blocks, 1..2 max_seq "
+                     "batch tokens, prefix caching on/off, preemption by recompute or swap; any KV format",
+                     "continuous batching (scheduler.h): every request's logits equal decoding it alone", std::nullopt,
+                     serve_property});
         v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
                      "a cache continued with an edited prompt refuses; rolled back, it continues exactly", std::nullopt,
                      stale_property});

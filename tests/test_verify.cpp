@@ -145,6 +145,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"rescoring", "exact"},
                                                                     {"tiled-attention", "exact"},
                                                                     {"batch", "exact"},
+                                                                    {"serve", "exact"},
                                                                     {"stale", "exact"},
                                                                     {"speculate", "exact"},
                                                                     {"format-bf16", "exact"},
@@ -189,7 +190,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"extend-splits-prefix", "mutant"},
                                                                     {"logprob-unfused", "mutant"},
                                                                     {"norm-split-at-256", "mutant"},
-                                                                    {"split-from-batch", "mutant"}};
+                                                                    {"split-from-batch", "mutant"},
+                                                                    {"swap-in-shifted", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
