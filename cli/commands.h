@@ -109,6 +109,25 @@ struct GoldenOptions {
 };
 int run_golden(const GoldenOptions& o);
 
+// kvlab serve-sim (cli/serve_sim.cpp): a workload through the continuous-batching scheduler.
+struct ServeSimOptions {
+    ModelOptions m;
+    std::string trace;  // a JSON-lines request file; "": a generated workload
+    int requests = 200;
+    std::uint64_t workload_seed = 1;
+    double arrival_rate = 4.0;  // requests per step, Poisson (0: all at step 0)
+    double system_prompt_share = 0.5;
+    int system_prompt_len = 16;
+    std::string prompt_len = "8-48", output_len = "8-64";
+    int max_model_len = 0, block_size = 16, num_blocks = 0, max_batch_tokens = 256;
+    double memory_utilization = 0.9;
+    std::string device_memory = "2MiB";
+    std::string prefix_caching = "on", preemption = "recompute", kv_format = "fp32";
+    bool check = true;
+    bool json = false;
+};
+int run_serve_sim(const ServeSimOptions& o);
+
 struct BenchOptions {
     std::string shape = "stories15M";
     std::uint64_t seed = 7;

@@ -58,8 +58,9 @@ struct Commands {
     TraceOptions trace;
     DiffTraceOptions diff;
     GoldenOptions golden;
+    ServeSimOptions serve;
     CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd, *trace_cmd,
-        *diff_cmd, *golden_cmd;
+        *diff_cmd, *golden_cmd, *serve_cmd;
 };
 
 constexpr const char* kKvCalibrateHelp =
@@ -253,6 +254,45 @@ CLI::App* add_golden(CLI::App& app, GoldenOptions& g) {
     return cmd;
 }
 
+CLI::App* add_serve_sim(CLI::App& app, ServeSimOptions& o) {
+    auto* cmd = app.add_subcommand("serve-sim",
+                                   "serve a request workload by continuous batching under a memory "
+                                   "budget; every request checked against decoding it alone");
+    add_model_options(cmd, o.m.model, o.m.tokenizer, o.m.seed, o.m.panel_cache);
+    cmd->add_option("--trace", o.trace,
+                    "a JSON-lines request file ({\"tokens\": [...] or \"prompt\": \"...\", \"max_new_tokens\": N, "
+                    "\"arrival\": step}); default: a generated workload");
+    cmd->add_option("--requests", o.requests, "generated: requests (default 200)")->check(CLI::Range(1, 1000000));
+    cmd->add_option("--workload-seed", o.workload_seed, "generated: the workload's seed");
+    cmd->add_option("--arrival-rate", o.arrival_rate, "generated: requests per step, Poisson (0: all at step 0)")
+        ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--system-prompt-share", o.system_prompt_share,
+                    "generated: the share of requests that start with one system prompt (default 0.5)")
+        ->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--system-prompt-len", o.system_prompt_len, "generated: its tokens (default 16)")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--prompt-len", o.prompt_len, "generated: prompt tokens, N or MIN-MAX (default 8-48)");
+    cmd->add_option("--output-len", o.output_len, "generated: tokens to generate, N or MIN-MAX (default 8-64)");
+    cmd->add_option("--max-model-len", o.max_model_len, "a request's prompt plus output at most (default: max_seq)")
+        ->check(CLI::Range(0, 1 << 24));
+    cmd->add_option("--block-size", o.block_size, "positions per block (default 16)")->check(CLI::Range(1, 1 << 16));
+    cmd->add_option("--num-blocks", o.num_blocks, "blocks in the pool (overrides --memory-utilization)")
+        ->check(CLI::Range(0, 1 << 24));
+    cmd->add_option("--memory-utilization", o.memory_utilization,
+                    "the share of --device-memory for the weights and the KV blocks (default 0.9)");
+    cmd->add_option("--device-memory", o.device_memory,
+                    "the device's memory: bytes, or with KiB, MiB, GiB (default 2MiB)");
+    cmd->add_option("--max-batch-tokens", o.max_batch_tokens, "rows per step, prefill chunks and decode (default 256)")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--prefix-caching", o.prefix_caching, "on (default) or off");
+    cmd->add_option("--preemption", o.preemption, "recompute (default) or swap (to host memory)");
+    cmd->add_option("--kv-format", o.kv_format,
+                    "the pool's KV format: fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4");
+    cmd->add_flag("!--no-check", o.check, "skip decoding every request alone to compare bit for bit");
+    cmd->add_flag("--json", o.json, "machine-readable output");
+    return cmd;
+}
+
 CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
@@ -316,21 +356,21 @@ void add_commands(CLI::App& app, Commands& c) {
     c.trace_cmd = add_trace(app, c.trace);
     c.diff_cmd = add_diff_trace(app, c.diff);
     c.golden_cmd = add_golden(app, c.golden);
+    c.serve_cmd = add_serve_sim(app, c.serve);
 }
 
-// CLI11 would call a mistyped command "a missing subcommand"; name it instead. True when it did.
-bool refused_unknown_command(int argc, char** argv) {
+// CLI11 would call a mistyped command "a missing subcommand"; name it instead, with the commands
+// the app has. True when it did.
+bool refused_unknown_command(CLI::App& app, int argc, char** argv) {
     const std::string first = argc > 1 ? argv[1] : "";
-    if (!first.empty() && first[0] != '-' && first != "demo" && first != "generate" && first != "speculate" &&
-        first != "bench" && first != "export" && first != "verify" && first != "memory" && first != "pool" &&
-        first != "view" && first != "trace" && first != "diff-trace" && first != "golden") {
-        fmt::print(stderr,
-                   "kvlab: error: unknown command '{}' (commands: demo, generate, speculate, bench, verify, memory, "
-                   "pool, view, export, trace, diff-trace, golden)\n",
-                   kvlab::one_line(argv[1]));
-        return true;
+    if (first.empty() || first[0] == '-') return false;
+    std::string names;
+    for (const CLI::App* cmd : app.get_subcommands({})) {
+        if (cmd->get_name() == first) return false;
+        names += (names.empty() ? "" : ", ") + cmd->get_name();
     }
-    return false;
+    fmt::print(stderr, "kvlab: error: unknown command '{}' (commands: {})\n", kvlab::one_line(first), names);
+    return true;
 }
 
 // Runs the parsed command: its exit code, or 1 after one line on stderr for what it threw.
@@ -353,6 +393,7 @@ int run_command(Commands& c, ViewCommand& view) {
         }
         if (*c.diff_cmd) return run_diff_trace(c.diff);
         if (*c.golden_cmd) return run_golden(c.golden);
+        if (*c.serve_cmd) return run_serve_sim(c.serve);
         if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
@@ -376,7 +417,7 @@ int main(int argc, char** argv) {
     ViewCommand view(app);
     check_numbers(app);
 
-    if (refused_unknown_command(argc, argv)) return 2;
+    if (refused_unknown_command(app, argc, argv)) return 2;
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

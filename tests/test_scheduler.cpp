@@ -3,7 +3,9 @@
 // `kvlab verify serve` (tests/test_verify.cpp); here each case also checks every request against
 // greedy decode of it alone.
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "cpu_backend.h"
 #include "model.h"
 #include "scheduler.h"
@@ -100,4 +102,40 @@ TEST_CASE("scheduler: what can never run is refused in one line", "[scheduler]")
     while (s.step()) {
     }
     CHECK(s.result(0).first_token_step == 3);  // idle steps until it arrives
+}
+
+TEST_CASE("kvlab serve-sim: a generated workload and a trace file, every request bitwise equal alone",
+          "[scheduler][cli]") {
+    for (const char* knobs :
+         {"--requests 40", "--requests 30 --preemption swap --kv-format bf16 --num-blocks 12 --max-model-len 120",
+          "--requests 30 --prefix-caching off --max-batch-tokens 7 --block-size 5"}) {
+        const Run r = run_kvlab(std::string("serve-sim --json ") + knobs);
+        INFO(knobs << "\n" << r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        const nlohmann::json j = nlohmann::json::parse(r.out);
+        CHECK(j["ok"] == true);
+        CHECK(j["check"]["bitwise_equal_alone"] == j["requests"]);
+        CHECK(j["generated_tokens"].get<int>() > 0);
+    }
+    const fs::path trace = scratch() / "requests.jsonl";
+    std::ofstream(trace) << "{\"tokens\": [1, 2, 3], \"max_new_tokens\": 4, \"arrival\": 0}\n\n"
+                         << "{\"tokens\": [1, 2, 3, 9], \"max_new_tokens\": 2, \"arrival\": 3}\n";
+    const Run t = run_kvlab("serve-sim --trace " + trace.string());
+    INFO(t.out << t.err);
+    CHECK(t.exit_code == 0);
+    CHECK_THAT(t.out, Catch::Contains("2 requests") && Catch::Contains("2 of 2 requests bitwise equal"));
+}
+
+TEST_CASE("kvlab serve-sim: bad knobs and bad trace lines are one-line errors", "[scheduler][cli]") {
+    check_refused("serve-sim --prefix-caching maybe", "on or off");
+    check_refused("serve-sim --preemption drop", "recompute or swap");
+    check_refused("serve-sim --memory-utilization 0.3", "not one block");
+    check_refused("serve-sim --device-memory 12XB", "--device-memory '12XB'");
+    check_refused("serve-sim --prompt-len 9-3", "MIN-MAX");
+    check_refused("serve-sim --num-blocks 3", "cannot hold one request");
+    const fs::path trace = scratch() / "bad.jsonl";
+    std::ofstream(trace) << "{\"tokens\": [1], \"max_new_tokens\": 1}\nnot json\n";
+    check_refused("serve-sim --trace " + trace.string(), "line 2: not a JSON object");
+    std::ofstream(trace, std::ios::trunc) << "{\"tokens\": [1, 99999], \"max_new_tokens\": 1}\n";
+    check_refused("serve-sim --trace " + trace.string(), "outside the vocabulary");
 }

@@ -1,0 +1,274 @@
+// kvlab serve-sim: a request workload through the continuous-batching scheduler (core/scheduler.h)
+// with an engine's knobs, reporting throughput, latency, pool occupancy, preemptions and prefix
+// hits, and checking that every request's logits equal decoding it alone, bit for bit.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "commands.h"
+#include "common.h"
+#include "device.h"
+#include "scheduler.h"
+#include "speculative.h"
+
+namespace kvlab::cli {
+
+namespace {
+
+using nlohmann::json;
+
+// "8-48" or "32": a range of lengths.
+std::pair<int, int> length_range(const std::string& option, const std::string& text) {
+    const std::size_t dash = text.find('-');
+    const std::vector<int> v = dash == std::string::npos
+                                   ? parse_int_list(option, text)
+                                   : parse_int_list(option, text.substr(0, dash) + "," + text.substr(dash + 1));
+    if (v.empty() || v.size() > 2 || v.front() < 1 || v.back() < v.front())
+        throw Error(fmt::format("{} '{}': give N or MIN-MAX with 1 <= MIN <= MAX", option, one_line(text)));
+    return {v.front(), v.back()};
+}
+
+// "64MiB", "2GiB", "1000000": bytes.
+std::int64_t byte_size(const std::string& text) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+        v = std::stod(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    const std::string unit = text.substr(used);
+    const double scale = unit.empty() || unit == "B" ? 1
+                         : unit == "KiB"             ? 1024.0
+                         : unit == "MiB"             ? 1048576.0
+                         : unit == "GiB"             ? 1073741824.0
+                                                     : -1;
+    if (used == 0 || scale < 0 || !(v > 0) || v * scale > 1e15)
+        throw Error(fmt::format("--device-memory '{}': give bytes, or a number with KiB, MiB or GiB", one_line(text)));
+    return std::int64_t(v * scale);
+}
+
+// The generated workload: arrivals at --arrival-rate per step (Poisson), prompts of --prompt-len
+// tokens, a share of them starting with one system prompt, outputs of --output-len.
+std::vector<ServeRequest> generated(const ServeSimOptions& o, const Config& c, int max_len) {
+    std::mt19937_64 rng(o.workload_seed);
+    const auto [p_lo, p_hi] = length_range("--prompt-len", o.prompt_len);
+    const auto [o_lo, o_hi] = length_range("--output-len", o.output_len);
+    std::uniform_int_distribution<int> token(0, c.vocab_size - 1);
+    std::vector<int> system(std::size_t(o.system_prompt_len));
+    for (int& t : system) t = token(rng);
+    std::exponential_distribution<double> gap(o.arrival_rate > 0 ? o.arrival_rate : 1.0);
+    std::vector<ServeRequest> out;
+    double at = 0;
+    for (int i = 0; i < o.requests; i++) {
+        ServeRequest r;
+        if (std::bernoulli_distribution(o.system_prompt_share)(rng)) r.prompt = system;
+        const int P = std::uniform_int_distribution<int>(p_lo, p_hi)(rng);
+        while (int(r.prompt.size()) < P) r.prompt.push_back(token(rng));
+        r.max_new_tokens = std::uniform_int_distribution<int>(o_lo, o_hi)(rng);
+        if (int(r.prompt.size()) + r.max_new_tokens > max_len)
+            throw Error(
+                fmt::format("serve-sim: request {} needs {} positions (prompt {} + output {}), past max model "
+                            "len {}: shorten --prompt-len, --system-prompt-len or --output-len",
+                            i, r.prompt.size() + r.max_new_tokens, r.prompt.size(), r.max_new_tokens, max_len));
+        if (o.arrival_rate > 0) at += gap(rng);
+        r.arrival = int(at);
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+// A JSON-lines trace: {"tokens": [...] or "prompt": "text", "max_new_tokens": n, "arrival": step}.
+std::vector<ServeRequest> from_trace(const std::string& path, const LoadedModel& lm) {
+    std::ifstream in(path);
+    if (!in) throw Error(fmt::format("--trace '{}': cannot open for reading", one_line(path)));
+    std::vector<ServeRequest> out;
+    std::string line;
+    for (int n = 1; std::getline(in, line); n++) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const json j = json::parse(line, nullptr, false);
+        const auto bad = [&](const std::string& why) {
+            return Error(fmt::format("--trace '{}' line {}: {}", one_line(path), n, why));
+        };
+        if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+        ServeRequest r;
+        if (j.contains("tokens") && j["tokens"].is_array()) {
+            for (const json& t : j["tokens"]) {
+                if (!t.is_number_integer()) throw bad("a token that is not an integer");
+                r.prompt.push_back(int(std::clamp<std::int64_t>(t.get<std::int64_t>(), -1, INT32_MAX)));
+            }
+        } else if (j.contains("prompt") && j["prompt"].is_string()) {
+            if (!lm.tokenizer) throw bad("a text prompt needs a tokenizer (give --tokenizer, or \"tokens\")");
+            r.prompt = lm.tokenizer->encode(j["prompt"].get<std::string>(), true, false);
+        } else {
+            throw bad("no \"tokens\" list or \"prompt\" text");
+        }
+        if (!j.contains("max_new_tokens") || !j["max_new_tokens"].is_number_integer())
+            throw bad("no integer \"max_new_tokens\"");
+        r.max_new_tokens = int(std::clamp<std::int64_t>(j["max_new_tokens"].get<std::int64_t>(), -1, INT32_MAX));
+        if (j.contains("arrival") && !j["arrival"].is_number_integer())
+            throw bad("an \"arrival\" that is not an integer");
+        r.arrival = int(std::clamp<std::int64_t>(j.value("arrival", std::int64_t{0}), 0, INT32_MAX));
+        out.push_back(std::move(r));
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const ServeRequest& a, const ServeRequest& b) { return a.arrival < b.arrival; });
+    return out;
+}
+
+// The pool's block count: --num-blocks, or what --memory-utilization of --device-memory leaves
+// after the weights, in blocks of block_size positions in the KV format.
+int pool_blocks(const ServeSimOptions& o, const Config& c, KVFormat format, std::string& how) {
+    if (o.num_blocks > 0) {
+        how = "--num-blocks";
+        return o.num_blocks;
+    }
+    const std::int64_t memory = byte_size(o.device_memory);
+    const std::int64_t weights = c.n_params(true) * std::int64_t(sizeof(float));
+    const std::int64_t block = kv_bytes(c, o.block_size, format);
+    const std::int64_t left = std::int64_t(double(memory) * o.memory_utilization) - weights;
+    if (o.memory_utilization <= 0 || o.memory_utilization > 1)
+        throw Error(fmt::format("--memory-utilization {} is not in (0, 1]", o.memory_utilization));
+    if (left < block)
+        throw Error(
+            fmt::format("--memory-utilization {} of {} bytes leaves {} after {} bytes of weights: not one block "
+                        "of {} bytes",
+                        o.memory_utilization, memory, std::max<std::int64_t>(left, 0), weights, block));
+    how = fmt::format("{:.2f} of {} bytes, less {} bytes of weights, in blocks of {} bytes", o.memory_utilization,
+                      memory, weights, block);
+    return int(std::min<std::int64_t>(left / block, 1 << 24));
+}
+
+double percentile(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, std::size_t(p * double(v.size() - 1) + 0.5))];
+}
+
+// Every request alone (greedy decode on a contiguous cache in the pool's format): how many match
+// the scheduler's logits bit for bit, and the first that does not.
+std::pair<int, std::string> check_alone(const LoadedModel& lm, const Scheduler& s,
+                                        const std::vector<ServeRequest>& requests) {
+    CachedDecoder alone(lm.model);
+    alone.cache().set_kv_format(s.config().kv_format);
+    int equal = 0;
+    std::string first;
+    for (std::size_t i = 0; i < requests.size(); i++) {
+        const DecodeRun want = greedy_decode(alone, requests[i].prompt, requests[i].max_new_tokens);
+        if (want.logits == s.result(int(i)).logits)
+            equal++;
+        else if (first.empty())
+            first = fmt::format("request {} differs from decoding it alone", i);
+    }
+    return {equal, first};
+}
+
+int report_serve_sim(const ServeSimOptions& o, const LoadedModel& lm, const Scheduler& s,
+                     const std::vector<ServeRequest>& requests, double seconds, const std::string& blocks_from) {
+    const int n = int(requests.size());
+    std::vector<double> ttft, tpot;  // steps: arrival to first token; per token after the first
+    std::int64_t tokens = 0, prompt_positions = 0, hit_positions = 0, preemptions = 0;
+    for (int i = 0; i < n; i++) {
+        const ServeResult& r = s.result(i);
+        tokens += std::int64_t(r.output.size());
+        prompt_positions += std::int64_t(requests[std::size_t(i)].prompt.size());
+        hit_positions += r.prefix_hit;
+        preemptions += r.preemptions;
+        ttft.push_back(r.first_token_step - requests[std::size_t(i)].arrival + 1);
+        if (r.output.size() > 1)
+            tpot.push_back(double(r.finish_step - r.first_token_step) / double(r.output.size() - 1));
+    }
+    double occupancy = 0;
+    int peak = 0;
+    for (const ServeStep& st : s.history()) occupancy += st.blocks_used, peak = std::max(peak, st.blocks_used);
+    const int steps = std::max(1, s.steps());
+    occupancy /= steps * double(s.config().n_blocks);
+    const double step_s = seconds / steps;
+    const auto [equal, first] = o.check ? check_alone(lm, s, requests) : std::pair<int, std::string>{0, ""};
+    const bool ok = !o.check || equal == n;
+    const json j = {{"model", lm.source},
+                    {"requests", n},
+                    {"steps", s.steps()},
+                    {"seconds", seconds},
+                    {"generated_tokens", tokens},
+                    {"tokens_per_second", tokens / std::max(seconds, 1e-9)},
+                    {"tokens_per_step", double(tokens) / steps},
+                    {"ttft_steps", {{"p50", percentile(ttft, 0.5)}, {"p99", percentile(ttft, 0.99)}}},
+                    {"tpot_steps", {{"p50", percentile(tpot, 0.5)}, {"p99", percentile(tpot, 0.99)}}},
+                    {"seconds_per_step", step_s},
+                    {"pool",
+                     {{"blocks", s.config().n_blocks},
+                      {"block_size", s.config().block_size},
+                      {"from", blocks_from},
+                      {"mean_occupancy", occupancy},
+                      {"peak_blocks", peak}}},
+                    {"preemptions", preemptions},
+                    {"prefix_hit_rate", prompt_positions ? double(hit_positions) / double(prompt_positions) : 0.0},
+                    {"check", o.check ? json{{"bitwise_equal_alone", equal}, {"of", n}} : json(nullptr)},
+                    {"ok", ok}};
+    if (o.json) {
+        fmt::print("{}\n", j.dump(2));
+        return ok ? 0 : 1;
+    }
+    fmt::print("kvlab serve-sim: {} requests on {} ({}), {} steps in {:.2f} s\n", n, lm.source,
+               lm.model.config().describe(), s.steps(), seconds);
+    fmt::print("pool        {} blocks of {} positions ({}); occupancy mean {:.0f}%, peak {} blocks\n",
+               s.config().n_blocks, s.config().block_size, blocks_from, 100 * occupancy, peak);
+    fmt::print("knobs       max model len {}, max batch tokens {}, prefix caching {}, preemption by {}, KV {}\n",
+               s.config().max_model_len, s.config().max_batch_tokens, s.config().prefix_caching ? "on" : "off",
+               s.config().preemption == Preemption::swap ? "swap" : "recompute", kv_format_name(s.config().kv_format));
+    fmt::print("throughput  {} tokens: {:.0f} tokens/s, {:.2f} tokens/step\n", tokens, tokens / std::max(seconds, 1e-9),
+               double(tokens) / steps);
+    fmt::print(
+        "latency     time to first token p50 {:.0f} steps ({:.2f} ms), p99 {:.0f} steps; per output token p50 "
+        "{:.2f} steps ({:.2f} ms), p99 {:.2f}\n",
+        percentile(ttft, 0.5), 1e3 * step_s * percentile(ttft, 0.5), percentile(ttft, 0.99), percentile(tpot, 0.5),
+        1e3 * step_s * percentile(tpot, 0.5), percentile(tpot, 0.99));
+    fmt::print("cache       {} preemptions; prefix hits {:.1f}% of prompt positions\n", preemptions,
+               100.0 * (prompt_positions ? double(hit_positions) / double(prompt_positions) : 0.0));
+    if (o.check)
+        fmt::print("exactness   {} of {} requests bitwise equal to decoding them alone{}\n", equal, n,
+                   first.empty() ? "" : " (" + first + ")");
+    return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int run_serve_sim(const ServeSimOptions& o) {
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
+    const Config& c = lm.model.config();
+    SchedulerConfig sc;
+    sc.block_size = o.block_size;
+    sc.max_batch_tokens = o.max_batch_tokens;
+    sc.max_model_len = o.max_model_len;
+    sc.kv_format = parse_kv_format(o.kv_format);
+    if (o.prefix_caching != "on" && o.prefix_caching != "off")
+        throw Error(fmt::format("--prefix-caching '{}': on or off", one_line(o.prefix_caching)));
+    sc.prefix_caching = o.prefix_caching == "on";
+    if (o.preemption != "recompute" && o.preemption != "swap")
+        throw Error(fmt::format("--preemption '{}': recompute or swap", one_line(o.preemption)));
+    sc.preemption = o.preemption == "swap" ? Preemption::swap : Preemption::recompute;
+    std::string blocks_from;
+    sc.n_blocks = pool_blocks(o, c, sc.kv_format, blocks_from);
+    const std::unique_ptr<Backend> backend = make_backend("cpu", lm.model);
+    Scheduler s(*backend, lm.model, sc);
+    const int max_len = s.config().max_model_len;
+    const std::vector<ServeRequest> requests = o.trace.empty() ? generated(o, c, max_len) : from_trace(o.trace, lm);
+    for (const ServeRequest& r : requests) s.add(r);
+    const bool progress = !o.json && ::isatty(2);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (s.step())
+        if (progress && s.steps() % 16 == 0)
+            fmt::print(stderr, "\rstep {}: {} running, {} waiting", s.steps(), s.history().back().running,
+                       s.history().back().waiting);
+    const double seconds = seconds_since(t0);
+    if (progress) fmt::print(stderr, "\r\x1b[K");
+    return report_serve_sim(o, lm, s, requests, seconds, blocks_from);
+}
+
+}  // namespace kvlab::cli
