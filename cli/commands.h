@@ -128,6 +128,16 @@ struct ServeSimOptions {
 };
 int run_serve_sim(const ServeSimOptions& o);
 
+// kvlab beam (cli/beam.cpp): beam search on forked caches.
+struct BeamOptions {
+    ModelOptions m;
+    std::string prompt, tokens;
+    int width = 4, steps = 16, block_size = 4;
+    std::string kv_format = "fp32";
+    bool json = false;
+};
+int run_beam(const BeamOptions& o);
+
 struct BenchOptions {
     std::string shape = "stories15M";
     std::uint64_t seed = 7;

@@ -59,8 +59,9 @@ struct Commands {
     DiffTraceOptions diff;
     GoldenOptions golden;
     ServeSimOptions serve;
+    BeamOptions beam;
     CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd, *trace_cmd,
-        *diff_cmd, *golden_cmd, *serve_cmd;
+        *diff_cmd, *golden_cmd, *serve_cmd, *beam_cmd;
 };
 
 constexpr const char* kKvCalibrateHelp =
@@ -293,6 +294,22 @@ CLI::App* add_serve_sim(CLI::App& app, ServeSimOptions& o) {
     return cmd;
 }
 
+CLI::App* add_beam(CLI::App& app, BeamOptions& o) {
+    auto* cmd = app.add_subcommand("beam",
+                                   "beam search on forked caches: beams share their prefix's blocks, each "
+                                   "checked against naive decode");
+    add_model_options(cmd, o.m.model, o.m.tokenizer, o.m.seed, o.m.panel_cache);
+    cmd->add_option("--prompt", o.prompt, "prompt text (needs a tokenizer)");
+    cmd->add_option("--tokens", o.tokens, "prompt as token ids, e.g. 1,403,407");
+    cmd->add_option("--width", o.width, "beams kept (default 4)")->check(CLI::Range(1, 64));
+    cmd->add_option("--steps", o.steps, "tokens each beam adds (default 16)")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--block-size", o.block_size, "positions per block of the shared pool (default 4)")
+        ->check(CLI::Range(1, 1 << 16));
+    cmd->add_option("--kv-format", o.kv_format, "fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
+    cmd->add_flag("--json", o.json, "machine-readable output");
+    return cmd;
+}
+
 CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
@@ -357,6 +374,7 @@ void add_commands(CLI::App& app, Commands& c) {
     c.diff_cmd = add_diff_trace(app, c.diff);
     c.golden_cmd = add_golden(app, c.golden);
     c.serve_cmd = add_serve_sim(app, c.serve);
+    c.beam_cmd = add_beam(app, c.beam);
 }
 
 // CLI11 would call a mistyped command "a missing subcommand"; name it instead, with the commands
@@ -394,6 +412,7 @@ int run_command(Commands& c, ViewCommand& view) {
         if (*c.diff_cmd) return run_diff_trace(c.diff);
         if (*c.golden_cmd) return run_golden(c.golden);
         if (*c.serve_cmd) return run_serve_sim(c.serve);
+        if (*c.beam_cmd) return run_beam(c.beam);
         if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");

@@ -1,6 +1,8 @@
 // kvlab serve-sim: a request workload through the continuous-batching scheduler (core/scheduler.h)
 // with an engine's knobs, reporting throughput, latency, pool occupancy, preemptions and prefix
 // hits, and checking that every request's logits equal decoding it alone, bit for bit.
+#include "serve_sim.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -83,42 +85,12 @@ std::vector<ServeRequest> generated(const ServeSimOptions& o, const Config& c, i
     return out;
 }
 
-// A JSON-lines trace: {"tokens": [...] or "prompt": "text", "max_new_tokens": n, "arrival": step}.
 std::vector<ServeRequest> from_trace(const std::string& path, const LoadedModel& lm) {
-    std::ifstream in(path);
+    std::ifstream in(path, std::ios::binary);
     if (!in) throw Error(fmt::format("--trace '{}': cannot open for reading", one_line(path)));
-    std::vector<ServeRequest> out;
-    std::string line;
-    for (int n = 1; std::getline(in, line); n++) {
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        const json j = json::parse(line, nullptr, false);
-        const auto bad = [&](const std::string& why) {
-            return Error(fmt::format("--trace '{}' line {}: {}", one_line(path), n, why));
-        };
-        if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
-        ServeRequest r;
-        if (j.contains("tokens") && j["tokens"].is_array()) {
-            for (const json& t : j["tokens"]) {
-                if (!t.is_number_integer()) throw bad("a token that is not an integer");
-                r.prompt.push_back(int(std::clamp<std::int64_t>(t.get<std::int64_t>(), -1, INT32_MAX)));
-            }
-        } else if (j.contains("prompt") && j["prompt"].is_string()) {
-            if (!lm.tokenizer) throw bad("a text prompt needs a tokenizer (give --tokenizer, or \"tokens\")");
-            r.prompt = lm.tokenizer->encode(j["prompt"].get<std::string>(), true, false);
-        } else {
-            throw bad("no \"tokens\" list or \"prompt\" text");
-        }
-        if (!j.contains("max_new_tokens") || !j["max_new_tokens"].is_number_integer())
-            throw bad("no integer \"max_new_tokens\"");
-        r.max_new_tokens = int(std::clamp<std::int64_t>(j["max_new_tokens"].get<std::int64_t>(), -1, INT32_MAX));
-        if (j.contains("arrival") && !j["arrival"].is_number_integer())
-            throw bad("an \"arrival\" that is not an integer");
-        r.arrival = int(std::clamp<std::int64_t>(j.value("arrival", std::int64_t{0}), 0, INT32_MAX));
-        out.push_back(std::move(r));
-    }
-    std::stable_sort(out.begin(), out.end(),
-                     [](const ServeRequest& a, const ServeRequest& b) { return a.arrival < b.arrival; });
-    return out;
+    const std::string text{std::istreambuf_iterator<char>(in), {}};
+    return parse_serve_trace(text, lm.tokenizer ? &*lm.tokenizer : nullptr,
+                             fmt::format("--trace '{}'", one_line(path)));
 }
 
 // The pool's block count: --num-blocks, or what --memory-utilization of --device-memory leaves
@@ -269,6 +241,43 @@ int run_serve_sim(const ServeSimOptions& o) {
     const double seconds = seconds_since(t0);
     if (progress) fmt::print(stderr, "\r\x1b[K");
     return report_serve_sim(o, lm, s, requests, seconds, blocks_from);
+}
+
+std::vector<ServeRequest> parse_serve_trace(const std::string& text, const Tokenizer* tokenizer,
+                                            const std::string& what) {
+    std::vector<ServeRequest> out;
+    std::size_t at = 0;
+    for (int n = 1; at < text.size(); n++) {
+        const std::size_t end = std::min(text.find('\n', at), text.size());
+        const std::string line = text.substr(at, end - at);
+        at = end + 1;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const auto bad = [&](const std::string& why) { return Error(fmt::format("{} line {}: {}", what, n, why)); };
+        const json j = json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+        ServeRequest r;
+        if (j.contains("tokens") && j["tokens"].is_array()) {
+            for (const json& t : j["tokens"]) {
+                if (!t.is_number_integer()) throw bad("a token that is not an integer");
+                r.prompt.push_back(int(std::clamp<std::int64_t>(t.get<std::int64_t>(), -1, INT32_MAX)));
+            }
+        } else if (j.contains("prompt") && j["prompt"].is_string()) {
+            if (!tokenizer) throw bad("a text prompt needs a tokenizer (give --tokenizer, or \"tokens\")");
+            r.prompt = tokenizer->encode(j["prompt"].get<std::string>(), true, false);
+        } else {
+            throw bad("no \"tokens\" list or \"prompt\" text");
+        }
+        if (!j.contains("max_new_tokens") || !j["max_new_tokens"].is_number_integer())
+            throw bad("no integer \"max_new_tokens\"");
+        r.max_new_tokens = int(std::clamp<std::int64_t>(j["max_new_tokens"].get<std::int64_t>(), -1, INT32_MAX));
+        if (j.contains("arrival") && !j["arrival"].is_number_integer())
+            throw bad("an \"arrival\" that is not an integer");
+        r.arrival = int(std::clamp<std::int64_t>(j.value("arrival", std::int64_t{0}), 0, INT32_MAX));
+        out.push_back(std::move(r));
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const ServeRequest& a, const ServeRequest& b) { return a.arrival < b.arrival; });
+    return out;
 }
 
 }  // namespace kvlab::cli

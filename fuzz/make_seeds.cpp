@@ -200,6 +200,13 @@ int main(int argc, char** argv) {
         fs::remove_all(dir);
     }
 
+    // serve_trace: requests sharing a prompt, arriving late, and one the scheduler refuses.
+    write(seeds / "serve_trace" / "requests",
+          "{\"tokens\": [1, 2, 3], \"max_new_tokens\": 3, \"arrival\": 0}\n"
+          "{\"tokens\": [1, 2, 3, 4, 5], \"max_new_tokens\": 2, \"arrival\": 1}\n\n"
+          "{\"tokens\": [9], \"max_new_tokens\": 4, \"arrival\": 5}\n");
+    write(seeds / "serve_trace" / "refused", "{\"tokens\": [99], \"max_new_tokens\": 1}\n{\"prompt\": \"hi\"}\n");
+
     // tokenizer: two small vocabularies, and the real one when it is there.
     const std::vector<std::string> prompts = {"", "hello world", "Once upon a time", "héllo ✓ \xff\xfe", "a  b\n\tc"};
     const auto small1 = tokenizer_bytes(small_vocab({"he", "ll", "llo", "hello", " w", "or", "ld", " world", "▁"}));

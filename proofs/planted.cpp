@@ -481,4 +481,9 @@ SwapTransform planted_swap(Mutant m) {
     };
 }
 
+std::function<int(int, int)> planted_beam_parent(Mutant m) {
+    if (m != Mutant::beam_wrong_parent) return {};
+    return [](int parent, int n_beams) { return (parent + 1) % n_beams; };
+}
+
 }  // namespace kvlab

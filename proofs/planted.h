@@ -15,6 +15,7 @@
 //   pool override      (paged.h: BlockPool's slot, needs_copy, key, set_kv_format)
 //                      slot-wrong-block, cow-no-copy, hash-ignores-model, prefix-keeps-format
 //   swap transform     (scheduler.h: Scheduler::swap_transform) swap-in-shifted
+//   parent transform   (beam.h: BeamSearch::parent_transform) beam-wrong-parent
 //
 // The verification suite (verify.h) runs each with the check named in kMutants, and the check
 // must fail: that is how we know it catches what it claims. A new planted bug is one entry in
@@ -64,6 +65,7 @@ enum class Mutant {
     norm_split_at_256,      // cached: rmsnorm of a step of 256 rows or more sums its squares in two halves
     split_from_batch,       // cached: a step of two or more sequences sums every product's k in two halves
     swap_in_shifted,        // scheduler: a swapped-out request's rows come back one position late
+    beam_wrong_parent,      // beam search: a continuation forks the beam after its parent
 };
 
 struct MutantInfo {
@@ -74,7 +76,7 @@ struct MutantInfo {
     bool long_only = false;  // its threshold lies past the fast profile: `kvlab verify --profile long` catches it
 };
 
-inline constexpr std::array<MutantInfo, 25> kMutants{{
+inline constexpr std::array<MutantInfo, 26> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -114,6 +116,8 @@ inline constexpr std::array<MutantInfo, 25> kMutants{{
      "a product's reduction split chosen from the batch size: a sequence batched differs from it alone", "batch"},
     {Mutant::swap_in_shifted, "swap-in-shifted",
      "a preempted request's swapped rows are restored one position late (position t gets t - 1's rows)", "serve"},
+    {Mutant::beam_wrong_parent, "beam-wrong-parent",
+     "a beam's continuation forks the cache of the next beam instead of its own", "beam"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
@@ -141,6 +145,8 @@ std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int bloc
 // The scheduler's swap transform (scheduler.h: Scheduler::swap_transform; swap-in-shifted), or
 // empty.
 SwapTransform planted_swap(Mutant m);
+// Beam search's parent transform (beam.h: BeamSearch::parent_transform; beam-wrong-parent), or empty.
+std::function<int(int, int)> planted_beam_parent(Mutant m);
 
 // Products on `mm` instead of the backend's kernels: the weights' (on [in][out] copies of the model's
 // arrays), and with Products::all both of naive attention's too (cpu_backend.h: causal_attention;

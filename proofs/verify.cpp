@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "approx_metrics.h"
+#include "beam.h"
 #include "cache_factory.h"
 #include "compare.h"
 #include "decode.h"
@@ -677,6 +678,31 @@ void serve_property(const Devices& devices, Mutant mutant) {
     }
 }
 
+// Beam search on forked caches (beam.h): width 1-4, a prompt, steps to max_seq, any block size and
+// KV format. Every beam's logits after every step equal naive decode of its tokens.
+void beam_property(const Devices& devices, Mutant mutant) {
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const KVFormat format = draw_kv_format(devices);
+    Oracle oracle(m, devices, mutant);
+    oracle.set_kv_format(format, {});
+    BeamConfig bc;
+    bc.width = draw(1, 4);
+    bc.block_size = draw(1, c.max_seq);
+    bc.kv_format = format;
+    const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
+    bc.steps = draw(1, c.max_seq - int(prompt.size()));
+    BeamSearch search(oracle.backend(), m, bc);
+    search.parent_transform = planted_beam_parent(mutant);
+    const std::string what = fmt::format("beam width {} over {} steps, prompt {}, block_size {}, {}, {}", bc.width,
+                                         bc.steps, prompt.size(), bc.block_size, kv_format_name(format), c.describe());
+    const BeamRun run = search.run(prompt);
+    for (std::size_t s = 0; s < run.steps.size(); s++)
+        for (std::size_t b = 0; b < run.steps[s].size(); b++)
+            oracle.expect_naive(run.steps[s][b].tokens, run.steps[s][b].logits,
+                                fmt::format("{}: step {}, beam {}", what, s, b));
+}
+
 // A cache continued with an edited prompt refuses; rolled back to the edit, it continues exactly.
 void stale_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_config(2, 2);
@@ -1252,6 +1278,9 @@ const std::vector<Check>& checks() {
                      "batch tokens, prefix caching on/off, preemption by recompute or swap; any KV format",
                      "continuous batching (scheduler.h): every request's logits equal decoding it alone", std::nullopt,
                      serve_property});
+        v.push_back({"beam", "exact", "width 1-4, steps to max_seq, block_size 1..max_seq; any KV format",
+                     "beam search on forked caches: every beam's logits equal naive decode of its tokens", std::nullopt,
+                     beam_property});
         v.push_back({"stale", "exact", "prompt edited anywhere, then rolled back",
                      "a cache continued with an edited prompt refuses; rolled back, it continues exactly", std::nullopt,
                      stale_property});

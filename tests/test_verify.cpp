@@ -146,6 +146,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"tiled-attention", "exact"},
                                                                     {"batch", "exact"},
                                                                     {"serve", "exact"},
+                                                                    {"beam", "exact"},
                                                                     {"stale", "exact"},
                                                                     {"speculate", "exact"},
                                                                     {"format-bf16", "exact"},
@@ -191,7 +192,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"logprob-unfused", "mutant"},
                                                                     {"norm-split-at-256", "mutant"},
                                                                     {"split-from-batch", "mutant"},
-                                                                    {"swap-in-shifted", "mutant"}};
+                                                                    {"swap-in-shifted", "mutant"},
+                                                                    {"beam-wrong-parent", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
