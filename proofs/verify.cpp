@@ -601,6 +601,22 @@ void batch_property(const Devices& devices, Mutant mutant) {
     }
 }
 
+// A drawn model and KV format, and the oracle whose naive decode stores K and V in it: the start
+// of the serving scenarios.
+struct DrawnModel {
+    DrawnModel(const Devices& devices, Mutant mutant)
+        : c(draw_config(2)),
+          m(random_model(c, *rc::gen::arbitrary<std::uint64_t>())),
+          format(draw_kv_format(devices)),
+          oracle(m, devices, mutant) {
+        oracle.set_kv_format(format, {});
+    }
+    const Config c;
+    const Model m;
+    const KVFormat format;
+    Oracle oracle;
+};
+
 // Continuous batching (scheduler.h): 1-6 requests arriving over a few steps, prompts fresh or
 // sharing another's prefix, any block size, a pool from one request's blocks to all of theirs
 // (so requests wait and are preempted), a step budget of 1 to 2 max_seq rows, prefix caching on
@@ -608,11 +624,11 @@ void batch_property(const Devices& devices, Mutant mutant) {
 // logits each was chosen from equal decoding it alone on a contiguous cache, bit for bit, and
 // its first and last logits equal naive decode.
 void serve_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config(2);
-    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = draw_kv_format(devices);
-    Oracle oracle(m, devices, mutant);
-    oracle.set_kv_format(format, {});
+    DrawnModel run(devices, mutant);
+    const Config& c = run.c;
+    const Model& m = run.m;
+    const KVFormat format = run.format;
+    Oracle& oracle = run.oracle;
     SchedulerConfig sc;
     sc.block_size = draw(1, c.max_seq);
     const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size, n_requests = draw(1, 6);
@@ -681,11 +697,11 @@ void serve_property(const Devices& devices, Mutant mutant) {
 // Beam search on forked caches (beam.h): width 1-4, a prompt, steps to max_seq, any block size and
 // KV format. Every beam's logits after every step equal naive decode of its tokens.
 void beam_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config(2);
-    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const KVFormat format = draw_kv_format(devices);
-    Oracle oracle(m, devices, mutant);
-    oracle.set_kv_format(format, {});
+    DrawnModel drawn(devices, mutant);
+    const Config& c = drawn.c;
+    const Model& m = drawn.m;
+    const KVFormat format = drawn.format;
+    Oracle& oracle = drawn.oracle;
     BeamConfig bc;
     bc.width = draw(1, 4);
     bc.block_size = draw(1, c.max_seq);
