@@ -120,7 +120,7 @@ struct ServeSimOptions {
     int system_prompt_len = 16;
     std::string prompt_len = "8-48", output_len = "8-64";
     int max_model_len = 0, block_size = 16, num_blocks = 0, max_batch_tokens = 256;
-    double memory_utilization = 0.9;
+    double memory_utilization = 0.9, watermark = 0.01;
     std::string device_memory = "2MiB";
     std::string prefix_caching = "on", preemption = "recompute", kv_format = "fp32";
     bool check = true;

@@ -286,6 +286,9 @@ CLI::App* add_serve_sim(CLI::App& app, ServeSimOptions& o) {
     cmd->add_option("--max-batch-tokens", o.max_batch_tokens, "rows per step, prefill chunks and decode (default 256)")
         ->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--prefix-caching", o.prefix_caching, "on (default) or off");
+    cmd->add_option("--watermark", o.watermark,
+                    "the share of blocks (rounded up) admission leaves free while requests run (default 0.01)")
+        ->check(CLI::Range(0.0, 0.99));
     cmd->add_option("--preemption", o.preemption, "recompute (default) or swap (to host memory)");
     cmd->add_option("--kv-format", o.kv_format,
                     "the pool's KV format: fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4");

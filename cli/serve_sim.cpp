@@ -191,9 +191,12 @@ int report_serve_sim(const ServeSimOptions& o, const LoadedModel& lm, const Sche
                lm.model.config().describe(), s.steps(), seconds);
     fmt::print("pool        {} blocks of {} positions ({}); occupancy mean {:.0f}%, peak {} blocks\n",
                s.config().n_blocks, s.config().block_size, blocks_from, 100 * occupancy, peak);
-    fmt::print("knobs       max model len {}, max batch tokens {}, prefix caching {}, preemption by {}, KV {}\n",
-               s.config().max_model_len, s.config().max_batch_tokens, s.config().prefix_caching ? "on" : "off",
-               s.config().preemption == Preemption::swap ? "swap" : "recompute", kv_format_name(s.config().kv_format));
+    fmt::print(
+        "knobs       max model len {}, max batch tokens {}, prefix caching {}, preemption by {}, watermark {}, "
+        "KV {}\n",
+        s.config().max_model_len, s.config().max_batch_tokens, s.config().prefix_caching ? "on" : "off",
+        s.config().preemption == Preemption::swap ? "swap" : "recompute", s.config().watermark,
+        kv_format_name(s.config().kv_format));
     fmt::print("throughput  {} tokens: {:.0f} tokens/s, {:.2f} tokens/step\n", tokens, tokens / std::max(seconds, 1e-9),
                double(tokens) / steps);
     fmt::print(
@@ -218,6 +221,7 @@ int run_serve_sim(const ServeSimOptions& o) {
     sc.block_size = o.block_size;
     sc.max_batch_tokens = o.max_batch_tokens;
     sc.max_model_len = o.max_model_len;
+    sc.watermark = o.watermark;
     sc.kv_format = parse_kv_format(o.kv_format);
     if (o.prefix_caching != "on" && o.prefix_caching != "off")
         throw Error(fmt::format("--prefix-caching '{}': on or off", one_line(o.prefix_caching)));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 
 #include "sampler.h"
 
@@ -24,6 +25,8 @@ Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig
     const Config& c = model.config();
     if (config_.max_model_len == 0) config_.max_model_len = c.max_seq;
     const int bs = config_.block_size, per_request = (config_.max_model_len + bs - 1) / bs;
+    if (!(config_.watermark >= 0 && config_.watermark < 1))
+        throw Error(fmt::format("scheduler: watermark {} is not in [0, 1)", config_.watermark));
     if (bs < 1 || config_.max_batch_tokens < 1 || config_.max_model_len < 1 || config_.max_model_len > c.max_seq)
         throw Error(fmt::format("scheduler: block size {}, max batch tokens {} and max model len {} (1..max_seq = {})",
                                 bs, config_.max_batch_tokens, config_.max_model_len, c.max_seq));
@@ -137,16 +140,19 @@ void Scheduler::swap_in(Live& r) {
 void Scheduler::admit(int id, int& budget, std::vector<Cache*>& caches, std::vector<std::vector<int>>& rows,
                       std::vector<int>& who) {
     Live& r = live(id);
+    // The watermark, as vLLM keeps one: with requests running, that share of the pool (rounded up)
+    // stays free for their next decode rows, so that admitting this one does not preempt them at once.
+    const int headroom = running_.empty() ? 0 : int(std::ceil(config_.watermark * double(config_.n_blocks)));
     r.cache = std::make_unique<PagedCache>(*pool_, model_.w.fingerprint(), id);
     if (r.swapped > 0) {
-        if (r.cache->blocks_needed(r.swapped + 1) > pool_->available() - planned_) return r.cache.reset();
+        if (r.cache->blocks_needed(r.swapped + 1) > pool_->available() - planned_ - headroom) return r.cache.reset();
         swap_in(r);
     } else if (config_.prefix_caching) {
         results_[std::size_t(id)].prefix_hit = r.cache->attach_prefix(r.sequence);
     }
     // A prefix hit maps cached blocks the pool counted as free: the room is what is left after it.
     int n = std::min(r.pending(), budget);
-    while (n > 0 && r.cache->blocks_needed(n) > pool_->available() - planned_) n--;
+    while (n > 0 && r.cache->blocks_needed(n) > pool_->available() - planned_ - headroom) n--;
     if (n == 0) return r.cache.reset();  // no room for a row: it waits (a hit's blocks go back to the cache)
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
     running_.push_back(id);

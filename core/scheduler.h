@@ -47,6 +47,9 @@ struct SchedulerConfig {
     bool prefix_caching = true;
     Preemption preemption = Preemption::recompute;
     KVFormat kv_format = KVFormat::fp32;  // the pool's
+    // Admission leaves this share of the blocks (rounded up) free while requests run: fewer
+    // preemptions, less concurrency (vLLM's watermark, 0.01).
+    double watermark = 0.01;
 };
 
 struct ServeRequest {

@@ -638,6 +638,7 @@ void serve_property(const Devices& devices, Mutant mutant) {
     sc.prefix_caching = *rc::gen::arbitrary<bool>();
     sc.preemption = *rc::gen::arbitrary<bool>() ? Preemption::swap : Preemption::recompute;
     sc.kv_format = format;
+    sc.watermark = draw(0, 3) > 0 ? 0.0 : draw(0, 50) / 100.0;  // mostly none: more preemption
     Scheduler s(oracle.backend(), m, sc);
     s.swap_transform = planted_swap(mutant);
     std::vector<ServeRequest> requests;
