@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 

@@ -85,7 +85,6 @@ public:
     int n_slots() const { return n_slots_; }
     int max_sequences() const { return max_sequences_; }
     int block_size() const { return block_size_; }
-    int n_sequences() const { return live_; }
     // The KV format of every slot; changes only while no sequence holds a position.
     void set_kv_format(KVFormat format, std::span<const float> scales = {});
     std::int64_t bookkeeping_bytes() const;  // the plugin's memory() answer

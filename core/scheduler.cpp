@@ -40,7 +40,7 @@ Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig
     decoder_ = std::make_unique<CachedDecoder>(backend, nullptr);
 }
 
-Scheduler::~Scheduler() { live_.clear(); }  // the caches before the pool
+Scheduler::~Scheduler() = default;  // live_ is declared after pool_: the caches go first
 
 int Scheduler::add(const ServeRequest& r) {
     const Config& c = model_.config();
@@ -66,20 +66,38 @@ const ServeResult& Scheduler::result(int id) const { return results_.at(std::siz
 
 Scheduler::Live& Scheduler::live(int id) { return *live_.at(id); }
 
-// Running requests with one row left (their next decode row), in admission order, preempting the
-// last admitted until the pool has their blocks; returns the blocks they take.
-int Scheduler::decode_budget(std::vector<int>& decoding) {
+// Running requests with one row left (their next decode row), in admission order, at most a
+// step's budget, preempting the last admitted until the pool has their blocks.
+std::vector<int> Scheduler::decoding() {
     for (;;) {
-        decoding.clear();
+        std::vector<int> ids;
         int need = 0;
         for (int id : running_)
-            if (live(id).pending() == 1 && int(decoding.size()) < config_.max_batch_tokens) {
-                decoding.push_back(id);
+            if (live(id).pending() == 1 && int(ids.size()) < config_.max_batch_tokens) {
+                ids.push_back(id);
                 need += live(id).cache->blocks_needed(1);
             }
-        if (need <= pool_->available()) return need;
+        if (need <= pool_->available()) return ids;
         preempt(running_.back());
     }
+}
+
+// The most of r's next rows, up to `want`, whose blocks the pool has beside the step's planned
+// ones and `headroom` more.
+int Scheduler::room(const Live& r, int want, int headroom) const {
+    int n = want;
+    while (n > 0 && r.cache->blocks_needed(n) > pool_->available() - planned_ - headroom) n--;
+    return n;
+}
+
+// Request id's next n rows into the step.
+void Scheduler::take(int id, int n, Batch& batch) {
+    Live& r = live(id);
+    planned_ += r.cache->blocks_needed(n);
+    batch.caches.push_back(r.cache.get());
+    batch.rows.emplace_back(r.sequence.begin() + r.cache->length(), r.sequence.begin() + r.cache->length() + n);
+    batch.who.push_back(id);
+    batch.budget -= n;
 }
 
 void Scheduler::preempt(int id) {
@@ -137,8 +155,7 @@ void Scheduler::swap_in(Live& r) {
 
 // Admits waiting request `id` if the pool and the budget allow a row of it: a cache, the prefix
 // the pool has cached (or its swapped rows), and a first chunk. Removes it from waiting when it is.
-void Scheduler::admit(int id, int& budget, std::vector<Cache*>& caches, std::vector<std::vector<int>>& rows,
-                      std::vector<int>& who) {
+void Scheduler::admit(int id, Batch& batch) {
     Live& r = live(id);
     // The watermark, as vLLM keeps one: with requests running, that share of the pool (rounded up)
     // stays free for their next decode rows, so that admitting this one does not preempt them at once.
@@ -151,17 +168,12 @@ void Scheduler::admit(int id, int& budget, std::vector<Cache*>& caches, std::vec
         results_[std::size_t(id)].prefix_hit = r.cache->attach_prefix(r.sequence);
     }
     // A prefix hit maps cached blocks the pool counted as free: the room is what is left after it.
-    int n = std::min(r.pending(), budget);
-    while (n > 0 && r.cache->blocks_needed(n) > pool_->available() - planned_ - headroom) n--;
+    const int n = room(r, std::min(r.pending(), batch.budget), headroom);
     if (n == 0) return r.cache.reset();  // no room for a row: it waits (a hit's blocks go back to the cache)
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
     running_.push_back(id);
     history_.back().admitted++;
-    planned_ += r.cache->blocks_needed(n);
-    caches.push_back(r.cache.get());
-    rows.emplace_back(r.sequence.begin() + r.cache->length(), r.sequence.begin() + r.cache->length() + n);
-    who.push_back(id);
-    budget -= n;
+    take(id, n, batch);
 }
 
 // After the step: each request whose rows reached the end of its sequence takes its next token.
@@ -196,39 +208,23 @@ bool Scheduler::step() {
         waiting_.push_back(next_arrival_++);
     }
     history_.push_back({step_});
-    std::vector<Cache*> caches;
-    std::vector<std::vector<int>> rows;
-    std::vector<int> who, decoding;
-    planned_ = decode_budget(decoding);
-    int budget = config_.max_batch_tokens;
-    for (int id : decoding) {
-        caches.push_back(live(id).cache.get());
-        rows.push_back({live(id).sequence.back()});
-        who.push_back(id);
-        budget--;
-    }
-    history_.back().decode_rows = int(who.size());
+    Batch batch;
+    batch.budget = config_.max_batch_tokens;
+    planned_ = 0;
+    for (int id : decoding()) take(id, 1, batch);
+    history_.back().decode_rows = int(batch.who.size());
     // Requests still prefilling, in admission order: a chunk each.
-    for (int id : running_) {
-        Live& r = live(id);
-        int n = std::min(r.pending(), budget);
-        if (r.pending() <= 1) continue;
-        while (n > 0 && r.cache->blocks_needed(n) > pool_->available() - planned_) n--;
-        if (n == 0) continue;
-        planned_ += r.cache->blocks_needed(n);
-        caches.push_back(r.cache.get());
-        rows.emplace_back(r.sequence.begin() + r.cache->length(), r.sequence.begin() + r.cache->length() + n);
-        who.push_back(id);
-        budget -= n;
-    }
+    for (int id : running_)
+        if (const Live& r = live(id); r.pending() > 1)
+            if (const int n = room(r, std::min(r.pending(), batch.budget), 0); n > 0) take(id, n, batch);
     // Waiting requests, first come first served: the first that does not fit stops admission.
-    while (budget > 0 && !waiting_.empty()) {
+    while (batch.budget > 0 && !waiting_.empty()) {
         const std::size_t before = waiting_.size();
-        admit(waiting_.front(), budget, caches, rows, who);
+        admit(waiting_.front(), batch);
         if (waiting_.size() == before) break;
     }
-    history_.back().prefill_rows = config_.max_batch_tokens - budget - history_.back().decode_rows;
-    if (!caches.empty()) finish_rows(who, decoder_->step(caches, rows));
+    history_.back().prefill_rows = config_.max_batch_tokens - batch.budget - history_.back().decode_rows;
+    if (!batch.caches.empty()) finish_rows(batch.who, decoder_->step(batch.caches, batch.rows));
     ServeStep& s = history_.back();
     s.running = int(running_.size()), s.waiting = int(waiting_.size());
     s.blocks_used = pool_->n_used();

@@ -95,7 +95,6 @@ public:
     int steps() const { return step_; }
     const ServeResult& result(int id) const;
     const std::vector<ServeStep>& history() const { return history_; }
-    const BlockPool& pool() const { return *pool_; }
     const SchedulerConfig& config() const { return config_; }
 
     // Applied to a swapped-out request's saved rows before they are restored; empty in kvlab
@@ -104,13 +103,20 @@ public:
 
 private:
     struct Live;
+    struct Batch {  // the rows planned for one step
+        std::vector<Cache*> caches;
+        std::vector<std::vector<int>> rows;
+        std::vector<int> who;  // the request of each entry
+        int budget = 0;        // rows the step may still take
+    };
     Live& live(int id);
-    int decode_budget(std::vector<int>& decoding);
+    std::vector<int> decoding();
+    int room(const Live& r, int want, int headroom) const;
+    void take(int id, int n, Batch& batch);
     void preempt(int id);
     void swap_out(Live& r);
     void swap_in(Live& r);
-    void admit(int id, int& budget, std::vector<Cache*>& caches, std::vector<std::vector<int>>& rows,
-               std::vector<int>& who);
+    void admit(int id, Batch& batch);
     void finish_rows(std::span<const int> who, const std::vector<float>& logits);
 
     Backend& backend_;

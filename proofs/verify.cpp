@@ -624,11 +624,8 @@ struct DrawnModel {
 // logits each was chosen from equal decoding it alone on a contiguous cache, bit for bit, and
 // its first and last logits equal naive decode.
 void serve_property(const Devices& devices, Mutant mutant) {
-    DrawnModel run(devices, mutant);
-    const Config& c = run.c;
-    const Model& m = run.m;
-    const KVFormat format = run.format;
-    Oracle& oracle = run.oracle;
+    DrawnModel drawn(devices, mutant);
+    auto& [c, m, format, oracle] = drawn;  // all but the oracle const
     SchedulerConfig sc;
     sc.block_size = draw(1, c.max_seq);
     const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size, n_requests = draw(1, 6);
@@ -699,10 +696,7 @@ void serve_property(const Devices& devices, Mutant mutant) {
 // KV format. Every beam's logits after every step equal naive decode of its tokens.
 void beam_property(const Devices& devices, Mutant mutant) {
     DrawnModel drawn(devices, mutant);
-    const Config& c = drawn.c;
-    const Model& m = drawn.m;
-    const KVFormat format = drawn.format;
-    Oracle& oracle = drawn.oracle;
+    auto& [c, m, format, oracle] = drawn;  // all but the oracle const
     BeamConfig bc;
     bc.width = draw(1, 4);
     bc.block_size = draw(1, c.max_seq);
