@@ -123,6 +123,8 @@ struct ServeSimOptions {
     double memory_utilization = 0.9, watermark = 0.01;
     std::string device_memory = "2MiB";
     std::string prefix_caching = "on", preemption = "recompute", kv_format = "fp32";
+    std::string store;          // the tier below the pool (open_block_store); "": none
+    std::string role = "both";  // both, or disaggregated: prefill (into the store) or decode (from it)
     bool check = true;
     bool json = false;
 };

@@ -292,6 +292,13 @@ CLI::App* add_serve_sim(CLI::App& app, ServeSimOptions& o) {
     cmd->add_option("--preemption", o.preemption, "recompute (default) or swap (to host memory)");
     cmd->add_option("--kv-format", o.kv_format,
                     "the pool's KV format: fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4");
+    cmd->add_option("--store", o.store,
+                    "prefix blocks below the pool: host[:SIZE], dir:PATH, redis:HOST:PORT or redis:unix:PATH; "
+                    "evicted blocks go there, later prefixes come back from it, and the pool's blocks are put "
+                    "there at the end");
+    cmd->add_option("--role", o.role,
+                    "both (default); or disaggregated prefill: prefill (each prompt and its first token, blocks "
+                    "into --store) or decode (the workload, prompt blocks fetched from --store)");
     cmd->add_flag("!--no-check", o.check, "skip decoding every request alone to compare bit for bit");
     cmd->add_flag("--json", o.json, "machine-readable output");
     return cmd;

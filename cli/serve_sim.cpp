@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "device.h"
+#include "npy.h"
 #include "scheduler.h"
 #include "speculative.h"
 
@@ -33,26 +34,6 @@ std::pair<int, int> length_range(const std::string& option, const std::string& t
     if (v.empty() || v.size() > 2 || v.front() < 1 || v.back() < v.front())
         throw Error(fmt::format("{} '{}': give N or MIN-MAX with 1 <= MIN <= MAX", option, one_line(text)));
     return {v.front(), v.back()};
-}
-
-// "64MiB", "2GiB", "1000000": bytes.
-std::int64_t byte_size(const std::string& text) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-        v = std::stod(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    const std::string unit = text.substr(used);
-    const double scale = unit.empty() || unit == "B" ? 1
-                         : unit == "KiB"             ? 1024.0
-                         : unit == "MiB"             ? 1048576.0
-                         : unit == "GiB"             ? 1073741824.0
-                                                     : -1;
-    if (used == 0 || scale < 0 || !(v > 0) || v * scale > 1e15)
-        throw Error(fmt::format("--device-memory '{}': give bytes, or a number with KiB, MiB or GiB", one_line(text)));
-    return std::int64_t(v * scale);
 }
 
 // The generated workload: arrivals at --arrival-rate per step (Poisson), prompts of --prompt-len
@@ -100,7 +81,7 @@ int pool_blocks(const ServeSimOptions& o, const Config& c, KVFormat format, std:
         how = "--num-blocks";
         return o.num_blocks;
     }
-    const std::int64_t memory = byte_size(o.device_memory);
+    const std::int64_t memory = parse_bytes("--device-memory", o.device_memory);
     const std::int64_t weights = c.n_params(true) * std::int64_t(sizeof(float));
     const std::int64_t block = kv_bytes(c, o.block_size, format);
     const std::int64_t left = std::int64_t(double(memory) * o.memory_utilization) - weights;
@@ -140,16 +121,59 @@ std::pair<int, std::string> check_alone(const LoadedModel& lm, const Scheduler& 
     return {equal, first};
 }
 
-int report_serve_sim(const ServeSimOptions& o, const LoadedModel& lm, const Scheduler& s,
-                     const std::vector<ServeRequest>& requests, double seconds, const std::string& blocks_from) {
+// SHA-256 of every request's logits, in request order: two runs that agree on it agree bit for bit.
+std::string logits_digest(const Scheduler& s, int n) {
+    std::string bytes;
+    for (int i = 0; i < n; i++) {
+        const std::vector<float>& l = s.result(i).logits;
+        bytes.append(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float));
+    }
+    return sha256_hex(bytes);
+}
+
+// The store's traffic (null without one): what went in, came back, was missing or refused.
+json store_report(const Scheduler& s, const std::string& role, int flushed, double hit_rate) {
+    const BlockStore* store = s.config().store;
+    if (!store) return nullptr;
+    const BlockPool::StoreStats& st = s.pool().store_stats();
+    return {{"store", store->describe()},
+            {"role", role},
+            {"fetched_blocks", st.fetched},
+            {"hit_rate", hit_rate},
+            {"offloaded_blocks", st.offloaded - flushed},
+            {"flushed_blocks", flushed},
+            {"missed", st.missed},
+            {"rejected", st.rejected},
+            {"errors", store->errors()}};
+}
+
+void print_store(const json& j) {
+    std::string rejected;
+    for (const auto& [why, count] : j["rejected"].items())
+        rejected += fmt::format("{}{} {}", rejected.empty() ? "" : ", ", count.get<std::int64_t>(), why);
+    fmt::print(
+        "store       {} ({}): {} blocks fetched ({:.1f}% of prompt positions), {} put on eviction, {} at the end; "
+        "{} missing, {} refused{}{}\n",
+        j["store"].get<std::string>(), j["role"].get<std::string>(), j["fetched_blocks"].get<std::int64_t>(),
+        100 * j["hit_rate"].get<double>(), j["offloaded_blocks"].get<std::int64_t>(),
+        j["flushed_blocks"].get<std::int64_t>(), j["missed"].get<std::int64_t>(), j["rejected"].size() ? "" : "0",
+        rejected.empty() ? "" : " (" + rejected + ")",
+        j["errors"].get<std::int64_t>() ? fmt::format("; {} store errors", j["errors"].get<std::int64_t>()) : "");
+}
+
+// The run's figures as JSON: throughput, latency, the pool, the store, and the exactness check.
+json serve_report(const ServeSimOptions& o, const LoadedModel& lm, const Scheduler& s,
+                  const std::vector<ServeRequest>& requests, double seconds, const std::string& blocks_from,
+                  int flushed) {
     const int n = int(requests.size());
     std::vector<double> ttft, tpot;  // steps: arrival to first token; per token after the first
-    std::int64_t tokens = 0, prompt_positions = 0, hit_positions = 0, preemptions = 0;
+    std::int64_t tokens = 0, prompt_positions = 0, hit_positions = 0, store_positions = 0, preemptions = 0;
     for (int i = 0; i < n; i++) {
         const ServeResult& r = s.result(i);
         tokens += std::int64_t(r.output.size());
         prompt_positions += std::int64_t(requests[std::size_t(i)].prompt.size());
         hit_positions += r.prefix_hit;
+        store_positions += r.store_hit;
         preemptions += r.preemptions;
         ttft.push_back(r.first_token_step - requests[std::size_t(i)].arrival + 1);
         if (r.output.size() > 1)
@@ -160,63 +184,69 @@ int report_serve_sim(const ServeSimOptions& o, const LoadedModel& lm, const Sche
     for (const ServeStep& st : s.history()) occupancy += st.blocks_used, peak = std::max(peak, st.blocks_used);
     const int steps = std::max(1, s.steps());
     occupancy /= steps * double(s.config().n_blocks);
-    const double step_s = seconds / steps;
     const auto [equal, first] = o.check ? check_alone(lm, s, requests) : std::pair<int, std::string>{0, ""};
-    const bool ok = !o.check || equal == n;
-    const json j = {{"model", lm.source},
-                    {"requests", n},
-                    {"steps", s.steps()},
-                    {"seconds", seconds},
-                    {"generated_tokens", tokens},
-                    {"tokens_per_second", tokens / std::max(seconds, 1e-9)},
-                    {"tokens_per_step", double(tokens) / steps},
-                    {"ttft_steps", {{"p50", percentile(ttft, 0.5)}, {"p99", percentile(ttft, 0.99)}}},
-                    {"tpot_steps", {{"p50", percentile(tpot, 0.5)}, {"p99", percentile(tpot, 0.99)}}},
-                    {"seconds_per_step", step_s},
-                    {"pool",
-                     {{"blocks", s.config().n_blocks},
-                      {"block_size", s.config().block_size},
-                      {"from", blocks_from},
-                      {"mean_occupancy", occupancy},
-                      {"peak_blocks", peak}}},
-                    {"preemptions", preemptions},
-                    {"prefix_hit_rate", prompt_positions ? double(hit_positions) / double(prompt_positions) : 0.0},
-                    {"check", o.check ? json{{"bitwise_equal_alone", equal}, {"of", n}} : json(nullptr)},
-                    {"ok", ok}};
-    if (o.json) {
-        fmt::print("{}\n", j.dump(2));
-        return ok ? 0 : 1;
-    }
-    fmt::print("kvlab serve-sim: {} requests on {} ({}), {} steps in {:.2f} s\n", n, lm.source,
-               lm.model.config().describe(), s.steps(), seconds);
-    fmt::print("pool        {} blocks of {} positions ({}); occupancy mean {:.0f}%, peak {} blocks\n",
-               s.config().n_blocks, s.config().block_size, blocks_from, 100 * occupancy, peak);
+    const auto rate = [&](std::int64_t positions) {
+        return prompt_positions ? double(positions) / double(prompt_positions) : 0.0;
+    };
+    return {{"model", lm.source},
+            {"requests", n},
+            {"steps", s.steps()},
+            {"seconds", seconds},
+            {"generated_tokens", tokens},
+            {"tokens_per_second", double(tokens) / std::max(seconds, 1e-9)},
+            {"tokens_per_step", double(tokens) / steps},
+            {"ttft_steps", {{"p50", percentile(ttft, 0.5)}, {"p99", percentile(ttft, 0.99)}}},
+            {"tpot_steps", {{"p50", percentile(tpot, 0.5)}, {"p99", percentile(tpot, 0.99)}}},
+            {"seconds_per_step", seconds / steps},
+            {"pool",
+             {{"blocks", s.config().n_blocks},
+              {"block_size", s.config().block_size},
+              {"from", blocks_from},
+              {"mean_occupancy", occupancy},
+              {"peak_blocks", peak}}},
+            {"preemptions", preemptions},
+            {"prefix_hit_rate", rate(hit_positions)},
+            {"store", store_report(s, o.role, flushed, rate(store_positions))},
+            {"logits_sha256", logits_digest(s, n)},
+            {"check",
+             o.check ? json{{"bitwise_equal_alone", equal}, {"of", n}, {"first_difference", first}} : json(nullptr)},
+            {"ok", !o.check || equal == n}};
+}
+
+void print_serve_report(const json& j, const LoadedModel& lm, const SchedulerConfig& c) {
+    const double step_ms = 1e3 * j["seconds_per_step"].get<double>();
+    const json &ttft = j["ttft_steps"], &tpot = j["tpot_steps"], &pool = j["pool"];
+    fmt::print("kvlab serve-sim: {} requests on {} ({}), {} steps in {:.2f} s\n", j["requests"].get<int>(), lm.source,
+               lm.model.config().describe(), j["steps"].get<int>(), j["seconds"].get<double>());
+    fmt::print("pool        {} blocks of {} positions ({}); occupancy mean {:.0f}%, peak {} blocks\n", c.n_blocks,
+               c.block_size, pool["from"].get<std::string>(), 100 * pool["mean_occupancy"].get<double>(),
+               pool["peak_blocks"].get<int>());
     fmt::print(
         "knobs       max model len {}, max batch tokens {}, prefix caching {}, preemption by {}, watermark {}, "
         "KV {}\n",
-        s.config().max_model_len, s.config().max_batch_tokens, s.config().prefix_caching ? "on" : "off",
-        s.config().preemption == Preemption::swap ? "swap" : "recompute", s.config().watermark,
-        kv_format_name(s.config().kv_format));
-    fmt::print("throughput  {} tokens: {:.0f} tokens/s, {:.2f} tokens/step\n", tokens, tokens / std::max(seconds, 1e-9),
-               double(tokens) / steps);
+        c.max_model_len, c.max_batch_tokens, c.prefix_caching ? "on" : "off",
+        c.preemption == Preemption::swap ? "swap" : "recompute", c.watermark, kv_format_name(c.kv_format));
+    fmt::print("throughput  {} tokens: {:.0f} tokens/s, {:.2f} tokens/step\n",
+               j["generated_tokens"].get<std::int64_t>(), j["tokens_per_second"].get<double>(),
+               j["tokens_per_step"].get<double>());
     fmt::print(
         "latency     time to first token p50 {:.0f} steps ({:.2f} ms), p99 {:.0f} steps; per output token p50 "
         "{:.2f} steps ({:.2f} ms), p99 {:.2f}\n",
-        percentile(ttft, 0.5), 1e3 * step_s * percentile(ttft, 0.5), percentile(ttft, 0.99), percentile(tpot, 0.5),
-        1e3 * step_s * percentile(tpot, 0.5), percentile(tpot, 0.99));
-    fmt::print("cache       {} preemptions; prefix hits {:.1f}% of prompt positions\n", preemptions,
-               100.0 * (prompt_positions ? double(hit_positions) / double(prompt_positions) : 0.0));
-    if (o.check)
-        fmt::print("exactness   {} of {} requests bitwise equal to decoding them alone{}\n", equal, n,
-                   first.empty() ? "" : " (" + first + ")");
-    return ok ? 0 : 1;
+        ttft["p50"].get<double>(), step_ms * ttft["p50"].get<double>(), ttft["p99"].get<double>(),
+        tpot["p50"].get<double>(), step_ms * tpot["p50"].get<double>(), tpot["p99"].get<double>());
+    fmt::print("cache       {} preemptions; prefix hits {:.1f}% of prompt positions\n",
+               j["preemptions"].get<std::int64_t>(), 100 * j["prefix_hit_rate"].get<double>());
+    if (!j["store"].is_null()) print_store(j["store"]);
+    if (const json& check = j["check"]; !check.is_null()) {
+        const std::string first = check["first_difference"].get<std::string>();
+        fmt::print("exactness   {} of {} requests bitwise equal to decoding them alone{}; logits sha256 {}\n",
+                   check["bitwise_equal_alone"].get<int>(), check["of"].get<int>(),
+                   first.empty() ? "" : " (" + first + ")", j["logits_sha256"].get<std::string>().substr(0, 16));
+    }
 }
 
-}  // namespace
-
-int run_serve_sim(const ServeSimOptions& o) {
-    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
-    const Config& c = lm.model.config();
+// The scheduler's knobs from the options (one-line Errors for bad ones).
+SchedulerConfig scheduler_config(const ServeSimOptions& o, const Config& c, std::string& blocks_from) {
     SchedulerConfig sc;
     sc.block_size = o.block_size;
     sc.max_batch_tokens = o.max_batch_tokens;
@@ -229,12 +259,32 @@ int run_serve_sim(const ServeSimOptions& o) {
     if (o.preemption != "recompute" && o.preemption != "swap")
         throw Error(fmt::format("--preemption '{}': recompute or swap", one_line(o.preemption)));
     sc.preemption = o.preemption == "swap" ? Preemption::swap : Preemption::recompute;
-    std::string blocks_from;
+    if (o.role != "both" && o.role != "prefill" && o.role != "decode")
+        throw Error(fmt::format("--role '{}': both, prefill or decode", one_line(o.role)));
+    if (o.role != "both" && o.store.empty())
+        throw Error(fmt::format("--role {} needs --store: the blocks travel through it", o.role));
+    if (!o.store.empty() && !sc.prefix_caching)
+        throw Error("--store needs --prefix-caching on: blocks are stored and found by their prefix");
     sc.n_blocks = pool_blocks(o, c, sc.kv_format, blocks_from);
+    return sc;
+}
+
+}  // namespace
+
+int run_serve_sim(const ServeSimOptions& o) {
+    const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
+    const Config& c = lm.model.config();
+    std::string blocks_from;
+    SchedulerConfig sc = scheduler_config(o, c, blocks_from);
+    const std::unique_ptr<BlockStore> store = o.store.empty() ? nullptr : open_block_store(o.store);
+    sc.store = store.get();
     const std::unique_ptr<Backend> backend = make_backend("cpu", lm.model);
     Scheduler s(*backend, lm.model, sc);
     const int max_len = s.config().max_model_len;
-    const std::vector<ServeRequest> requests = o.trace.empty() ? generated(o, c, max_len) : from_trace(o.trace, lm);
+    std::vector<ServeRequest> requests = o.trace.empty() ? generated(o, c, max_len) : from_trace(o.trace, lm);
+    // Disaggregated prefill: this process runs each prompt and its first token, and leaves the blocks in the store.
+    if (o.role == "prefill")
+        for (ServeRequest& r : requests) r.max_new_tokens = 1;
     for (const ServeRequest& r : requests) s.add(r);
     const bool progress = !o.json && ::isatty(2);
     const auto t0 = std::chrono::steady_clock::now();
@@ -244,7 +294,14 @@ int run_serve_sim(const ServeSimOptions& o) {
                        s.history().back().waiting);
     const double seconds = seconds_since(t0);
     if (progress) fmt::print(stderr, "\r\x1b[K");
-    return report_serve_sim(o, lm, s, requests, seconds, blocks_from);
+    // What the pool still holds goes to the store too, for the next process.
+    const int flushed = store ? s.pool().flush_to_store() : 0;
+    const json j = serve_report(o, lm, s, requests, seconds, blocks_from, flushed);
+    if (o.json)
+        fmt::print("{}\n", j.dump(2));
+    else
+        print_serve_report(j, lm, s.config());
+    return j["ok"].get<bool>() ? 0 : 1;
 }
 
 std::vector<ServeRequest> parse_serve_trace(const std::string& text, const Tokenizer* tokenizer,

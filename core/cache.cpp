@@ -21,6 +21,8 @@ std::string_view to_string(EventKind kind) {
         case EventKind::freed: return "freed";
         case EventKind::prefix_hit: return "prefix_hit";
         case EventKind::grown: return "grown";
+        case EventKind::stored: return "stored";
+        case EventKind::fetched: return "fetched";
     }
     return "?";
 }
@@ -42,6 +44,8 @@ std::string describe(const CacheEvent& e, std::string_view who) {
         case EventKind::prefix_hit:
             return fmt::format("{} prefix_hit: {} positions served from the prefix cache", who, e.count);
         case EventKind::grown: return fmt::format("{} grown: capacity {} positions", who, e.count);
+        case EventKind::stored: return fmt::format("{} stored: block {} put into the store", who, e.block);
+        case EventKind::fetched: return fmt::format("{} fetched: block {} restored from the store", who, e.block);
     }
     return fmt::format("{} event", who);
 }

@@ -41,6 +41,8 @@ enum class EventKind {
     freed,            // block: back on the free list
     prefix_hit,       // pos 0, count: tokens served from the prefix cache
     grown,            // count: the new capacity in positions
+    stored,           // block: its record put into the pool's store (block_store.h)
+    fetched,          // block: restored from the store's record
 };
 std::string_view to_string(EventKind kind);
 

@@ -69,6 +69,25 @@ std::vector<int> parse_int_list(const std::string& option, const std::string& te
     return out;
 }
 
+std::int64_t parse_bytes(const std::string& option, const std::string& text) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+        v = std::stod(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    const std::string unit = text.substr(used);
+    const double scale = unit.empty() || unit == "B" ? 1
+                         : unit == "KiB"             ? 1024.0
+                         : unit == "MiB"             ? 1048576.0
+                         : unit == "GiB"             ? 1073741824.0
+                                                     : -1;
+    if (used == 0 || scale < 0 || !(v > 0) || v * scale > 1e15)
+        throw Error(fmt::format("{} '{}': give bytes, or a number with KiB, MiB or GiB", option, one_line(text)));
+    return std::int64_t(v * scale);
+}
+
 namespace {
 // Every field by its glossary name, in llama2.c's header order.
 constexpr std::pair<const char*, int Config::*> kFields[] = {

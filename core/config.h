@@ -33,6 +33,9 @@ std::string one_line(const std::string& text);
 int parse_int(const std::string& option, const std::string& text, const std::string& hint = "");
 // "1,2,3" -> {1, 2, 3}; anything else is an Error naming `option`.
 std::vector<int> parse_int_list(const std::string& option, const std::string& text);
+// "64MiB", "2GiB", "1000000": bytes (B, KiB, MiB, GiB; at most 10^15); anything else is an Error
+// naming `option`.
+std::int64_t parse_bytes(const std::string& option, const std::string& text);
 
 struct Config {
     int dim = 0;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cstring>
 #include <limits>
@@ -179,6 +180,8 @@ int BlockPool::allocate(int owner, int seq) {
         throw Error(fmt::format("block manager: allocate() gave block {}, which {} sequence(s) still map", block,
                                 holders_[std::size_t(block)].size()));
     if (evicted) {
+        offload(block);  // its rows are intact until the poison below
+        keys_.erase(block);
         poison(block, 0);
         event(EventKind::evicted, seq, block);
     }
@@ -217,9 +220,88 @@ void BlockPool::release(int block, int owner, int seq) {
     }
 }
 
+void BlockPool::publish(int block, const BlockKey& key) {
+    manager_->publish(block, key);
+    if (manager_->published(block) && manager_->lookup(key) == block) keys_[block] = key;
+}
+
+// ----------------------------------------------------------------------------------------------
+// The tier below
+
+BlockShape BlockPool::block_shape() const {
+    BlockShape s;
+    s.block_size = block_size_, s.n_layers = config_.n_layers, s.n_kv_heads = config_.n_kv_heads;
+    s.head_size = config_.head_size(), s.row_bytes = storage_.row_bytes();
+    // The format's identity: its code, its integer group, and the bits of its scales.
+    BlockKey id{std::uint64_t(storage_.format), std::uint64_t(storage_.group()), {}};
+    for (float x : storage_.host_scales) id.tokens.push_back(int(std::bit_cast<std::uint32_t>(x)));
+    s.format_id = id.hash();
+    return s;
+}
+
+std::int64_t BlockPool::StoreStats::n_rejected() const {
+    std::int64_t n = 0;
+    for (const auto& [why, count] : rejected) n += count;
+    return n;
+}
+
+std::string BlockPool::check_record(std::span<const std::uint8_t> record, const BlockKey& key) const {
+    return check_block_record(record, key, block_shape());
+}
+
+void BlockPool::offload(int block) {
+    const auto it = keys_.find(block);
+    if (!store_ || it == keys_.end()) return;
+    const BlockShape shape = block_shape();
+    const std::string name = store_key(it->second, shape);
+    if (store_->contains(name)) return;
+    const std::int64_t half = shape.half_bytes();  // [n_layers, n_kv_heads, block_size, row_bytes]
+    assert(2 * half == block_bytes());
+    std::vector<std::uint8_t> k(std::size_t(half), 0), v(std::size_t(half), 0);
+    storage_.memory().download(k.data(), storage_.k_row(first_slot(block)), half);
+    storage_.memory().download(v.data(), storage_.v_row(first_slot(block)), half);
+    if (store_->put(name, encode_block_record(it->second, shape, k, v))) {
+        store_stats_.offloaded++;
+        event(EventKind::stored, -1, block);
+    }
+}
+
+int BlockPool::flush_to_store() {
+    const std::int64_t before = store_stats_.offloaded;
+    for (int b = 0; b < n_blocks_; b++)
+        if (published(b)) offload(b);
+    return int(store_stats_.offloaded - before);
+}
+
+int BlockPool::fetch(const BlockKey& key, int owner, int seq) {
+    if (!store_ || available() == 0) return -1;
+    const BlockShape shape = block_shape();
+    const std::string name = store_key(key, shape);
+    const std::optional<std::vector<std::uint8_t>> record = store_->get(name);
+    if (!record) {
+        store_stats_.missed++;
+        return -1;
+    }
+    if (const std::string why = check_record(*record, key); !why.empty()) {
+        store_stats_.rejected[why]++;
+        store_->erase(name);
+        return -1;
+    }
+    const std::span<const std::uint8_t> rows = record_rows(*record, shape);  // K then V, each half_bytes
+    const int block = allocate(owner, seq);
+    storage_.memory().upload(storage_.k_row(first_slot(block)), rows.data(), shape.half_bytes());
+    storage_.memory().upload(storage_.v_row(first_slot(block)), rows.data() + shape.half_bytes(), shape.half_bytes());
+    hold(block, owner, block_size_);
+    publish(block, key);
+    store_stats_.fetched++;
+    event(EventKind::fetched, seq, block);
+    return block;
+}
+
 void BlockPool::set_kv_format(KVFormat format, std::span<const float> scales) {
     if (n_used() != 0) throw Error("paged cache: a pool's KV format changes only while no block is used");
     drop_cached();
+    keys_.clear();  // no block is used or cached now
     remake_storage(format, scales);
 }
 
@@ -415,29 +497,30 @@ void PagedCache::release(int n) {
     if (n % bs != 0 && keep <= int(table_.size())) pool().hold(table_[keep - 1], owner_, n % bs);
 }
 
-int PagedCache::attach_prefix(std::span<const int> tokens) {
+int PagedCache::attach_prefix(std::span<const int> tokens, int keep_available) {
     if (length() != 0) throw Error("paged cache: a prefix attaches only to an empty sequence");
     if (!pool().prefix_caching() || tokens.empty()) return 0;
-    const int bs = pool().block_size();
+    BlockPool& pool = this->pool();
+    const int bs = pool.block_size();
     // At most tokens.size() - 1 positions: the last token always runs, for its logits.
     const int max_blocks = int((tokens.size() - 1) / bs);
-    std::vector<int> blocks;
-    std::vector<std::uint64_t> hashes;
     for (int b = 0; b < max_blocks; b++) {
         const BlockKey key =
-            pool().key(b > 0 ? hashes.back() : 0, model_, tokens.subspan(std::size_t(b) * bs, std::size_t(bs)));
-        const int block = pool().lookup(key);
+            pool.key(b > 0 ? hashes_.back() : 0, model_, tokens.subspan(std::size_t(b) * bs, std::size_t(bs)));
+        // A block the pool has is mapped at once, so that a fetch for a later one cannot evict it.
+        int block = pool.lookup(key);
+        if (block >= 0)
+            pool.retain(block, owner_, seq_id, bs);
+        else if (pool.available() > keep_available)
+            block = pool.fetch(key, owner_, seq_id);
         if (block < 0) break;
-        blocks.push_back(block);
-        hashes.push_back(pool().hash(key));
+        table_.push_back(block);
+        hashes_.push_back(pool.hash(key));
     }
-    const int hit = int(blocks.size()) * bs;
+    const int hit = int(table_.size()) * bs;
     if (hit == 0) return 0;
-    for (int block : blocks) pool().retain(block, owner_, seq_id, bs);
-    table_ = std::move(blocks);
-    hashes_ = std::move(hashes);
     adopt(tokens.first(hit));
-    pool().count_prefix_hit(hit);
+    pool.count_prefix_hit(hit);
     record(EventKind::prefix_hit, 0, hit);
     return hit;
 }

@@ -33,11 +33,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "block_store.h"
 #include "cache.h"
 
 namespace kvlab {
@@ -177,6 +179,30 @@ public:
 
     std::vector<CacheEvent>* trace = nullptr;
 
+    // ---- The tier below (block_store.h). With a store, a published block the pool evicts is put
+    // there first, and a prefix lookup the pool misses asks the store (fetch).
+    void set_store(BlockStore* store) { store_ = store; }  // not owned; null: none
+    BlockStore* store() const { return store_; }
+    // What this pool's records must name beside their key: its format (and scales) and shape.
+    BlockShape block_shape() const;
+    struct StoreStats {
+        std::int64_t offloaded = 0;                    // records put: evicted blocks, and flushes
+        std::int64_t fetched = 0;                      // blocks restored from records
+        std::int64_t missed = 0;                       // lookups the store had no record for
+        std::map<std::string, std::int64_t> rejected;  // records refused, by check_block_record's reason
+        std::int64_t n_rejected() const;
+    };
+    const StoreStats& store_stats() const { return store_stats_; }
+    // Puts every published block the store lacks (a process that ends leaves its prefixes behind);
+    // returns how many.
+    int flush_to_store();
+    // A new block for `owner` holding the rows of the store's record for `key`, published; -1 when
+    // the store has no record that checks out (a rejected one is erased), or no block is available.
+    int fetch(const BlockKey& key, int owner, int seq);
+    // Why a record is not the block `key` names, or empty (check_block_record). Virtual so that the
+    // verification suite can plant a bug in it from outside (proofs/planted.h).
+    virtual std::string check_record(std::span<const std::uint8_t> record, const BlockKey& key) const;
+
     // ---- What a sequence asks of its pool. A sequence is an owner number, never a pointer; `seq`
     // only names it in events. Callers check available() before allocating: check, then act.
     int join() { return next_owner_++; }  // a new owner number
@@ -196,7 +222,7 @@ public:
     void release(int block, int owner, int seq);
     std::uint64_t hash(const BlockKey& key) const { return manager_->hash(key); }
     int lookup(const BlockKey& key) const { return manager_->lookup(key); }  // the published block, or -1
-    void publish(int block, const BlockKey& key) { manager_->publish(block, key); }
+    void publish(int block, const BlockKey& key);
     void poison(int block, int from_slot);  // NaN in slots from_slot..block_size-1, every layer and head
     // The whole of block `from` (every layer and head) into block `to`: a copy-on-write, on the device.
     void copy_block(int to, int from);
@@ -225,6 +251,10 @@ private:
     int next_owner_ = 0;
     std::int64_t shared_writes_ = 0, hit_positions_ = 0;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    BlockStore* store_ = nullptr;
+    StoreStats store_stats_;
+    std::unordered_map<int, BlockKey> keys_;  // the key of each published block, to name its record
+    void offload(int block);                  // block's record into the store, unless it has one
     Holder& holder(int block, int owner);
     int max_rows(int block) const;               // the most rows any holder holds (0 with none)
     void poison_unheld(int block, int old_max);  // NaN from max_rows() when it fell below old_max
@@ -243,7 +273,10 @@ public:
     const KVStorage& storage() const override { return pool().storage(); }
     // The pool's format: BlockPool::set_kv_format.
     void set_kv_format(KVFormat format, std::span<const float> scales = {}) override;
-    int attach_prefix(std::span<const int> tokens) override;
+    int attach_prefix(std::span<const int> tokens) override { return attach_prefix(tokens, 0); }
+    // The same, fetching blocks the pool lacks from its store while it leaves more than
+    // keep_available blocks available (a scheduler keeps its step's planned blocks).
+    int attach_prefix(std::span<const int> tokens, int keep_available);
     // Publishes the blocks the request completed (prefix caching): a failed request publishes none.
     void committed() override;
     MemoryStats memory() const override;

@@ -37,6 +37,7 @@ Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig
                         config_.n_blocks, bs, config_.max_model_len, per_request));
     pool_ = std::make_unique<BlockPool>(c, bs, config_.n_blocks, config_.prefix_caching, backend.memory());
     pool_->set_kv_format(config_.kv_format);
+    pool_->set_store(config_.store);
     decoder_ = std::make_unique<CachedDecoder>(backend, nullptr);
 }
 
@@ -165,7 +166,10 @@ void Scheduler::admit(int id, Batch& batch) {
         if (r.cache->blocks_needed(r.swapped + 1) > pool_->available() - planned_ - headroom) return r.cache.reset();
         swap_in(r);
     } else if (config_.prefix_caching) {
-        results_[std::size_t(id)].prefix_hit = r.cache->attach_prefix(r.sequence);
+        // Fetches from the store leave the step's planned blocks and the watermark available.
+        const std::int64_t fetched = pool_->store_stats().fetched;
+        results_[std::size_t(id)].prefix_hit = r.cache->attach_prefix(r.sequence, planned_ + headroom);
+        results_[std::size_t(id)].store_hit = int(pool_->store_stats().fetched - fetched) * config_.block_size;
     }
     // A prefix hit maps cached blocks the pool counted as free: the room is what is left after it.
     const int n = room(r, std::min(r.pending(), batch.budget), headroom);

@@ -50,6 +50,9 @@ struct SchedulerConfig {
     // Admission leaves this share of the blocks (rounded up) free while requests run: fewer
     // preemptions, less concurrency (vLLM's watermark, 0.01).
     double watermark = 0.01;
+    // The tier below the pool (block_store.h), not owned, outliving the scheduler; null: none.
+    // Evicted published blocks go there, and admission fetches prefix blocks the pool lacks.
+    BlockStore* store = nullptr;
 };
 
 struct ServeRequest {
@@ -66,6 +69,7 @@ struct ServeResult {
     int finish_step = -1;
     int preemptions = 0;
     int prefix_hit = 0;  // positions its (last) admission mapped from the prefix cache
+    int store_hit = 0;   // of those, positions restored from the store
 };
 
 // What one step did.
@@ -96,6 +100,8 @@ public:
     const ServeResult& result(int id) const;
     const std::vector<ServeStep>& history() const { return history_; }
     const SchedulerConfig& config() const { return config_; }
+    BlockPool& pool() { return *pool_; }
+    const BlockPool& pool() const { return *pool_; }
 
     // Applied to a swapped-out request's saved rows before they are restored; empty in kvlab
     // itself. The verification suite plants a bug this way (proofs/planted.h), from outside.
