@@ -9,6 +9,8 @@
 
 #ifdef KVLAB_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <signal.h>
 #endif
 
 namespace kvlab {
@@ -16,6 +18,33 @@ namespace kvlab {
 #ifdef KVLAB_HAVE_HIREDIS
 
 namespace {
+
+// hiredis writes with write(): a Redis that closed the socket raises SIGPIPE, which would end the
+// process. Each call blocks it on this thread, and takes away one that it raised.
+class NoSigpipe {
+public:
+    NoSigpipe() {
+        sigemptyset(&pipe_);
+        sigaddset(&pipe_, SIGPIPE);
+        sigset_t pending;
+        sigpending(&pending);
+        was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+        pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+    }
+    ~NoSigpipe() {
+        sigset_t pending;
+        sigpending(&pending);
+        if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+            const timespec now{0, 0};
+            sigtimedwait(&pipe_, nullptr, &now);
+        }
+        pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    }
+
+private:
+    sigset_t pipe_, old_;
+    bool was_pending_ = false;
+};
 
 // A record store in Redis: SET, GET, EXISTS and DEL on the record's key. A dropped connection
 // (Redis restarted) is made again once per call; a call that still fails is a miss.
@@ -80,6 +109,7 @@ private:
     // One command with the key and an optional value as binary strings; null after a failure,
     // counted in errors() (an error reply too, such as Redis refusing a write when out of memory).
     Reply command(const char* format, const std::string& key, std::span<const std::uint8_t> value) {
+        const NoSigpipe guard;
         for (int attempt = 0; attempt < 2; attempt++) {
             std::string why;
             if (!c_ && !connect(why)) break;
