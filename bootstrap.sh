@@ -18,6 +18,9 @@ packages=(cmake ninja-build g++ pkg-config coreutils
           libimgui-dev libglfw3-dev libgl-dev libstb-dev xvfb xauth libgl1-mesa-dri libglx-mesa0
           # the Python module (python/) and its tests: pybind11, numpy and pytest for Debian's python3
           python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+          # the Redis prefix store (`--store redis:...`): the hiredis client, and the server its
+          # tests start on a Unix socket of their own
+          libhiredis-dev redis-server
           # the sanitized build and the fuzz targets (build-san): clang with its sanitizer and
           # libFuzzer runtimes, and its OpenMP
           clang libclang-rt-14-dev libomp-dev)

@@ -100,12 +100,25 @@ std::span<const std::uint8_t> record_rows(std::span<const std::uint8_t> record, 
 
 HostStore::HostStore(std::int64_t capacity) : capacity_(capacity) {}
 
+HostStore::HostStore(const HostStore& other) : capacity_(other.capacity_), bytes_(other.bytes_), lru_(other.lru_) {
+    for (auto it = lru_.begin(); it != lru_.end(); ++it) map_[it->first] = it;
+}
+
+HostStore& HostStore::operator=(HostStore other) {
+    std::swap(capacity_, other.capacity_);
+    std::swap(bytes_, other.bytes_);
+    lru_.swap(other.lru_);  // list iterators stay valid across a swap: the index moves with them
+    map_.swap(other.map_);
+    return *this;
+}
+
 std::string HostStore::describe() const { return fmt::format("host memory, {} bytes", capacity_); }
 
 bool HostStore::put(const std::string& key, std::span<const std::uint8_t> record) {
     if (std::int64_t(record.size()) > capacity_) return false;
     erase(key);
-    while (bytes_ + std::int64_t(record.size()) > capacity_) erase(lru_.back().first);
+    while (bytes_ + std::int64_t(record.size()) > capacity_)
+        erase(std::string(lru_.back().first));  // a copy: erase frees it
     lru_.emplace_front(key, std::vector<std::uint8_t>(record.begin(), record.end()));
     map_[key] = lru_.begin();
     bytes_ += std::int64_t(record.size());

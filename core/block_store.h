@@ -71,6 +71,8 @@ protected:
 class HostStore final : public BlockStore {
 public:
     explicit HostStore(std::int64_t capacity = std::int64_t(1) << 30);
+    HostStore(const HostStore& other);  // its own index, into its own list
+    HostStore& operator=(HostStore other);
     std::string describe() const override;
     bool contains(const std::string& key) override { return map_.count(key) != 0; }
     bool put(const std::string& key, std::span<const std::uint8_t> record) override;

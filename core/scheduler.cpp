@@ -20,7 +20,7 @@ struct Scheduler::Live {
     int pending() const { return int(sequence.size()) - (cache ? cache->length() : 0); }
 };
 
-Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig& config)
+Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig& config, const PoolFactory& make_pool)
     : backend_(backend), model_(model), config_(config) {
     const Config& c = model.config();
     if (config_.max_model_len == 0) config_.max_model_len = c.max_seq;
@@ -35,7 +35,8 @@ Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig
             fmt::format("scheduler: {} blocks of {} positions cannot hold one request of max model len {} "
                         "(it needs {})",
                         config_.n_blocks, bs, config_.max_model_len, per_request));
-    pool_ = std::make_unique<BlockPool>(c, bs, config_.n_blocks, config_.prefix_caching, backend.memory());
+    pool_ = make_pool ? make_pool(c, bs, config_.n_blocks, config_.prefix_caching, backend.memory())
+                      : std::make_unique<BlockPool>(c, bs, config_.n_blocks, config_.prefix_caching, backend.memory());
     pool_->set_kv_format(config_.kv_format);
     pool_->set_store(config_.store);
     decoder_ = std::make_unique<CachedDecoder>(backend, nullptr);

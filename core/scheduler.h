@@ -83,9 +83,12 @@ struct ServeStep {
 
 class Scheduler {
 public:
+    // Makes the pool (config, block_size, n_blocks, prefix_caching, memory): the verification suite
+    // plants a bug in a pool this way, from outside (proofs/planted.h). Empty: a BlockPool.
+    using PoolFactory = std::function<std::unique_ptr<BlockPool>(const Config&, int, int, bool, Memory&)>;
     // Runs on `backend` (the model's, which must outlive the scheduler). Throws Error for a
     // configuration that cannot serve one request of max_model_len.
-    Scheduler(Backend& backend, const Model& model, const SchedulerConfig& config);
+    Scheduler(Backend& backend, const Model& model, const SchedulerConfig& config, const PoolFactory& make_pool = {});
     ~Scheduler();
     Scheduler(const Scheduler&) = delete;
     Scheduler& operator=(const Scheduler&) = delete;

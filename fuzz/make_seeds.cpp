@@ -207,6 +207,11 @@ int main(int argc, char** argv) {
           "{\"tokens\": [9], \"max_new_tokens\": 4, \"arrival\": 5}\n");
     write(seeds / "serve_trace" / "refused", "{\"tokens\": [99], \"max_new_tokens\": 1}\n{\"prompt\": \"hi\"}\n");
 
+    // block_store: the valid record (nothing XOR-ed onto it), one byte of it changed, and raw bytes.
+    write(seeds / "block_store" / "valid", std::string(1, '\0'));
+    write(seeds / "block_store" / "one-byte", std::string("\0\0\0\0\0\0\0\0\0\x01", 10));
+    write(seeds / "block_store" / "raw", std::string("\x01KVLBLK01", 9));
+
     // tokenizer: two small vocabularies, and the real one when it is there.
     const std::vector<std::string> prompts = {"", "hello world", "Once upon a time", "héllo ✓ \xff\xfe", "a  b\n\tc"};
     const auto small1 = tokenizer_bytes(small_vocab({"he", "ll", "llo", "hello", " w", "or", "ld", " world", "▁"}));

@@ -430,6 +430,18 @@ std::unique_ptr<Cache> planted_cache(Mutant m, Cache& inner) {
     }
 }
 
+// store-unchecked: a record is used when its length is right (so its rows can be read), whatever
+// its checksum and header say.
+class StoreUnchecked final : public BlockPool {
+public:
+    using BlockPool::BlockPool;
+    std::string check_record(std::span<const std::uint8_t> record, const BlockKey& key) const override {
+        const BlockShape s = block_shape();
+        const std::size_t whole = 128 + 4 * std::size_t(s.block_size) + 2 * std::size_t(s.half_bytes());
+        return record.size() == whole ? "" : BlockPool::check_record(record, key);
+    }
+};
+
 std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int block_size, int n_blocks,
                                         bool prefix_caching, Memory& memory) {
     switch (m) {
@@ -441,6 +453,8 @@ std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int bloc
             return std::make_unique<HashIgnoresModel>(config, block_size, n_blocks, prefix_caching, memory);
         case Mutant::prefix_keeps_format:
             return std::make_unique<FormatKeepsPrefix>(config, block_size, n_blocks, prefix_caching, memory);
+        case Mutant::store_unchecked:
+            return std::make_unique<StoreUnchecked>(config, block_size, n_blocks, prefix_caching, memory);
         default: return std::make_unique<BlockPool>(config, block_size, n_blocks, prefix_caching, memory);
     }
 }

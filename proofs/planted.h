@@ -12,8 +12,9 @@
 //   cache wrapper      (forwarding.h: ForwardingCache) stale-prefix, rollback-keeps-length,
 //                      spec-rollback-short
 //   log-probability    (kernels.h: token_logprob) the rescoring path's: logprob-unfused
-//   pool override      (paged.h: BlockPool's slot, needs_copy, key, set_kv_format)
-//                      slot-wrong-block, cow-no-copy, hash-ignores-model, prefix-keeps-format
+//   pool override      (paged.h: BlockPool's slot, needs_copy, key, set_kv_format, check_record)
+//                      slot-wrong-block, cow-no-copy, hash-ignores-model, prefix-keeps-format,
+//                      store-unchecked
 //   swap transform     (scheduler.h: Scheduler::swap_transform) swap-in-shifted
 //   parent transform   (beam.h: BeamSearch::parent_transform) beam-wrong-parent
 //
@@ -66,6 +67,7 @@ enum class Mutant {
     split_from_batch,       // cached: a step of two or more sequences sums every product's k in two halves
     swap_in_shifted,        // scheduler: a swapped-out request's rows come back one position late
     beam_wrong_parent,      // beam search: a continuation forks the beam after its parent
+    store_unchecked,        // prefix store: a record of the right length is used without its checksum or identity
 };
 
 struct MutantInfo {
@@ -76,7 +78,7 @@ struct MutantInfo {
     bool long_only = false;  // its threshold lies past the fast profile: `kvlab verify --profile long` catches it
 };
 
-inline constexpr std::array<MutantInfo, 26> kMutants{{
+inline constexpr std::array<MutantInfo, 27> kMutants{{
     {Mutant::mask_off_by_one, "mask-off-by-one", "causal mask lets row i see position i+1", "contiguous-head"},
     {Mutant::read_before_write, "read-before-write", "attention reads before the step's K/V is written",
      "contiguous-head"},
@@ -118,6 +120,10 @@ inline constexpr std::array<MutantInfo, 26> kMutants{{
      "a preempted request's swapped rows are restored one position late (position t gets t - 1's rows)", "serve"},
     {Mutant::beam_wrong_parent, "beam-wrong-parent",
      "a beam's continuation forks the cache of the next beam instead of its own", "beam"},
+    {Mutant::store_unchecked, "store-unchecked",
+     "the pool restores a store's record of the right length without checking its checksum, model, format or "
+     "block",
+     "store"},
 }};
 
 // The decorators. Each returns nullptr (or an empty function) when the bug is not of its kind,
@@ -137,9 +143,8 @@ std::unique_ptr<Cache> planted_cache(Mutant m, Cache& inner);
 // logprob-unfused the log of the rounded probability).
 using LogprobFn = float (*)(const float* logits, int n, int token);
 LogprobFn planted_logprob(Mutant m);
-// A block pool: planted for slot-wrong-block, cow-no-copy, hash-ignores-model and
-// prefix-keeps-format, a correct
-// BlockPool otherwise (the constructor's arguments are BlockPool's).
+// A block pool: planted for slot-wrong-block, cow-no-copy, hash-ignores-model, prefix-keeps-format
+// and store-unchecked, a correct BlockPool otherwise (the constructor's arguments are BlockPool's).
 std::unique_ptr<BlockPool> planted_pool(Mutant m, const Config& config, int block_size, int n_blocks,
                                         bool prefix_caching = false, Memory& memory = host_memory());
 // The scheduler's swap transform (scheduler.h: Scheduler::swap_transform; swap-in-shifted), or

@@ -18,6 +18,7 @@
 #include "decode.h"
 #include "device.h"
 #include "generators.h"
+#include "hostile_store.h"
 #include "model.h"
 #include "planted.h"
 #include "plugin_cache.h"
@@ -617,6 +618,71 @@ struct DrawnModel {
     Oracle oracle;
 };
 
+// 1..n_requests requests arriving over a few steps, each prompt fresh or an earlier one's prefix
+// followed by fresh tokens, prompt and output within max_seq.
+std::vector<ServeRequest> draw_requests(const Config& c, int n_requests) {
+    std::vector<ServeRequest> requests;
+    for (int i = 0, arrival = 0; i < n_requests; i++) {
+        ServeRequest r;
+        if (i > 0 && *rc::gen::arbitrary<bool>()) {  // a prefix of an earlier prompt, then fresh tokens
+            const std::vector<int>& p = requests[std::size_t(draw(0, i - 1))].prompt;
+            r.prompt.assign(p.begin(), p.begin() + draw(1, int(p.size())));
+        }
+        const int more = draw(r.prompt.empty() ? 1 : 0, c.max_seq - 1 - int(r.prompt.size()));
+        const std::vector<int> fresh = draw_tokens(c, more);
+        r.prompt.insert(r.prompt.end(), fresh.begin(), fresh.end());
+        r.max_new_tokens = draw(1, c.max_seq - int(r.prompt.size()));
+        r.arrival = arrival += draw(0, 2);
+        requests.push_back(r);
+    }
+    return requests;
+}
+
+std::string describe_requests(const std::vector<ServeRequest>& requests) {
+    std::string what = fmt::format("serve {} requests (prompts", requests.size());
+    for (const ServeRequest& r : requests)
+        what += fmt::format(" {}+{}@{}", r.prompt.size(), r.max_new_tokens, r.arrival);
+    return what + ")";
+}
+
+// Runs every request to its end; a step that refuses, or no end, fails the check.
+void serve_all(Scheduler& s, const std::vector<ServeRequest>& requests, const Config& c, const std::string& what) {
+    for (const ServeRequest& r : requests) s.add(r);
+    try {
+        while (s.step())
+            if (s.steps() > 100 * c.max_seq * int(requests.size()))
+                fail(fmt::format("{}: no end after {} steps", what, s.steps()));
+    } catch (const Error& e) {
+        fail(fmt::format("{}: step {} refused: {}", what, s.steps(), e.what()));
+    }
+}
+
+// Each request's tokens and the logits each was chosen from equal greedy decode of it alone on a
+// contiguous cache of the same format, bit for bit; its first and last logits equal naive decode.
+void expect_served_alone(const Scheduler& s, const std::vector<ServeRequest>& requests, Oracle& oracle,
+                         const std::string& what) {
+    const std::size_t V = std::size_t(s.pool().config().vocab_size);
+    CachedDecoder alone(oracle.backend());
+    alone.cache().set_kv_format(s.config().kv_format);
+    for (std::size_t i = 0; i < requests.size(); i++) {
+        const ServeRequest& r = requests[i];
+        const ServeResult& got = s.result(int(i));
+        const DecodeRun want = greedy_decode(alone, r.prompt, r.max_new_tokens);
+        for (int k = 0; k < r.max_new_tokens; k++) {
+            const auto a = std::span(want.logits).subspan(std::size_t(k) * V, V);
+            if (auto diff = first_difference(a, std::span(got.logits).subspan(std::size_t(k) * V, V)))
+                fail(
+                    fmt::format("{}: request {} ({} preemptions, prefix hit {}, {} from the store), token {}: logits "
+                                "differ from the request alone, {}",
+                                what, i, got.preemptions, got.prefix_hit, got.store_hit, k, *diff));
+        }
+        std::vector<int> seq = r.prompt;
+        oracle.expect_naive(seq, std::span(got.logits).first(V), fmt::format("{}: request {}", what, i));
+        seq.insert(seq.end(), got.output.begin(), got.output.end() - 1);
+        oracle.expect_naive(seq, std::span(got.logits).last(V), fmt::format("{}: request {}", what, i));
+    }
+}
+
 // Continuous batching (scheduler.h): 1-6 requests arriving over a few steps, prompts fresh or
 // sharing another's prefix, any block size, a pool from one request's blocks to all of theirs
 // (so requests wait and are preempted), a step budget of 1 to 2 max_seq rows, prefix caching on
@@ -638,57 +704,53 @@ void serve_property(const Devices& devices, Mutant mutant) {
     sc.watermark = draw(0, 3) > 0 ? 0.0 : draw(0, 50) / 100.0;  // mostly none: more preemption
     Scheduler s(oracle.backend(), m, sc);
     s.swap_transform = planted_swap(mutant);
-    std::vector<ServeRequest> requests;
-    for (int i = 0, arrival = 0; i < n_requests; i++) {
-        ServeRequest r;
-        if (i > 0 && *rc::gen::arbitrary<bool>()) {  // a prefix of an earlier prompt, then fresh tokens
-            const std::vector<int>& p = requests[std::size_t(draw(0, i - 1))].prompt;
-            r.prompt.assign(p.begin(), p.begin() + draw(1, int(p.size())));
-        }
-        const int more = draw(r.prompt.empty() ? 1 : 0, c.max_seq - 1 - int(r.prompt.size()));
-        const std::vector<int> fresh = draw_tokens(c, more);
-        r.prompt.insert(r.prompt.end(), fresh.begin(), fresh.end());
-        r.max_new_tokens = draw(1, c.max_seq - int(r.prompt.size()));
-        r.arrival = arrival += draw(0, 2);
-        requests.push_back(r);
-        s.add(r);
-    }
-    std::string what = fmt::format("serve {} requests (prompts", n_requests);
-    for (const ServeRequest& r : requests)
-        what += fmt::format(" {}+{}@{}", r.prompt.size(), r.max_new_tokens, r.arrival);
-    what += fmt::format("), block_size {}, {} blocks, {} batch tokens, prefix caching {}, preemption by {}, {}, {}",
+    const std::vector<ServeRequest> requests = draw_requests(c, n_requests);
+    std::string what = describe_requests(requests);
+    what += fmt::format(", block_size {}, {} blocks, {} batch tokens, prefix caching {}, preemption by {}, {}, {}",
                         sc.block_size, sc.n_blocks, sc.max_batch_tokens, sc.prefix_caching ? "on" : "off",
                         sc.preemption == Preemption::swap ? "swap" : "recompute", kv_format_name(format), c.describe());
+    serve_all(s, requests, c, what);
     int preemptions = 0;
-    try {
-        while (s.step())
-            if (s.steps() > 100 * c.max_seq * n_requests)
-                fail(fmt::format("{}: no end after {} steps", what, s.steps()));
-    } catch (const Error& e) {
-        fail(fmt::format("{}: step {} refused: {}", what, s.steps(), e.what()));
-    }
     for (int i = 0; i < n_requests; i++) preemptions += s.result(i).preemptions;
-    what += fmt::format(", {} steps, {} preemptions", s.steps(), preemptions);
-    // Each request alone: greedy decode on a contiguous cache of the same format.
-    CachedDecoder alone(oracle.backend());
-    alone.cache().set_kv_format(format);
-    const std::size_t V = std::size_t(c.vocab_size);
-    for (int i = 0; i < n_requests; i++) {
-        const ServeRequest& r = requests[std::size_t(i)];
-        const ServeResult& got = s.result(i);
-        const DecodeRun want = greedy_decode(alone, r.prompt, r.max_new_tokens);
-        for (int k = 0; k < r.max_new_tokens; k++) {
-            const auto a = std::span(want.logits).subspan(std::size_t(k) * V, V);
-            if (auto diff = first_difference(a, std::span(got.logits).subspan(std::size_t(k) * V, V)))
-                fail(
-                    fmt::format("{}: request {} ({} preemptions, prefix hit {}), token {}: logits differ from the "
-                                "request alone, {}",
-                                what, i, got.preemptions, got.prefix_hit, k, *diff));
-        }
-        std::vector<int> seq = r.prompt;
-        oracle.expect_naive(seq, std::span(got.logits).first(V), fmt::format("{}: request {}", what, i));
-        seq.insert(seq.end(), got.output.begin(), got.output.end() - 1);
-        oracle.expect_naive(seq, std::span(got.logits).last(V), fmt::format("{}: request {}", what, i));
+    expect_served_alone(s, requests, oracle, what + fmt::format(", {} steps, {} preemptions", s.steps(), preemptions));
+}
+
+// Prefix blocks below the pool (block_store.h): the requests served twice over one store, the
+// second time by a fresh pool (as a later process would), a pool of about one request's blocks so
+// that blocks are evicted into the store and fetched back; the store damages a drawn share of the
+// records it hands out, one drawn way (none, flipped bits, truncated, another model's, format's or
+// block's, another key's record, gone). Every request of both passes equals decoding it alone and
+// naive decode: a damaged record is refused and recomputed, never used.
+void store_property(const Devices& devices, Mutant mutant) {
+    DrawnModel drawn(devices, mutant);
+    auto& [c, m, format, oracle] = drawn;  // all but the oracle const
+    SchedulerConfig sc;
+    sc.block_size = draw(1, std::max(1, c.max_seq / 2));
+    const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size;
+    sc.n_blocks = per_request + draw(0, per_request);
+    sc.max_batch_tokens = draw(1, 2 * c.max_seq);
+    sc.preemption = *rc::gen::arbitrary<bool>() ? Preemption::swap : Preemption::recompute;
+    sc.kv_format = format;
+    const StoreDamage damage = *rc::gen::element(
+        StoreDamage::none, StoreDamage::flip, StoreDamage::flip_rows, StoreDamage::truncate, StoreDamage::other_model,
+        StoreDamage::other_format, StoreDamage::other_block, StoreDamage::swapped, StoreDamage::gone);
+    HostileStore store(damage, draw(1, 4) / 4.0, *rc::gen::arbitrary<std::uint64_t>());
+    sc.store = &store;
+    const std::vector<ServeRequest> requests = draw_requests(c, draw(1, 6));
+    const auto make_pool = [mutant](const Config& config, int bs, int n, bool caching, Memory& memory) {
+        return planted_pool(mutant, config, bs, n, caching, memory);
+    };
+    for (int pass = 1; pass <= 2; pass++) {
+        Scheduler s(oracle.backend(), m, sc, make_pool);
+        std::string what = fmt::format("{}, pass {} over a store that hands out records {}",
+                                       describe_requests(requests), pass, store.describe());
+        what += fmt::format(", block_size {}, {} blocks, {} batch tokens, {}, {}", sc.block_size, sc.n_blocks,
+                            sc.max_batch_tokens, kv_format_name(format), c.describe());
+        serve_all(s, requests, c, what);
+        s.pool().flush_to_store();
+        const BlockPool::StoreStats& st = s.pool().store_stats();
+        expect_served_alone(s, requests, oracle,
+                            what + fmt::format(": {} blocks fetched, {} refused", st.fetched, st.n_rejected()));
     }
 }
 
@@ -1289,6 +1351,13 @@ const std::vector<Check>& checks() {
                      "batch tokens, prefix caching on/off, preemption by recompute or swap; any KV format",
                      "continuous batching (scheduler.h): every request's logits equal decoding it alone", std::nullopt,
                      serve_property});
+        v.push_back({"store", "exact",
+                     "1-6 requests served twice by fresh pools over one store, a pool of 1..2 requests' blocks; "
+                     "records damaged (bits, truncation, another model's, format's, block's or key's, gone) at "
+                     "0..100%; any KV format",
+                     "prefix blocks evicted into a store and fetched back: every request equals decoding it alone, "
+                     "a damaged record never used",
+                     std::nullopt, store_property});
         v.push_back({"beam", "exact", "width 1-4, steps to max_seq, block_size 1..max_seq; any KV format",
                      "beam search on forked caches: every beam's logits equal naive decode of its tokens", std::nullopt,
                      beam_property});

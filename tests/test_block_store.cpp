@@ -19,6 +19,7 @@
 #include "block_store.h"
 #include "cli_util.h"
 #include "cpu_backend.h"
+#include "hostile_store.h"
 #include "model.h"
 #include "npy.h"
 #include "scheduler.h"
@@ -84,46 +85,6 @@ std::vector<std::vector<float>> alone(const Model& m, KVFormat format, const std
 
 // The smallest pool that serves one request of max_seq, and a few blocks more: evictions happen.
 int tight_pool(int block_size) { return (kConfig.max_seq + block_size - 1) / block_size + 3; }
-
-// A record rewritten so that its checksum holds again (the layout of block_store.h).
-void reseal(std::vector<std::uint8_t>& record) {
-    const std::size_t body = record.size() - 64;
-    const std::string sum = sha256_hex(std::string_view(reinterpret_cast<const char*>(record.data()), body));
-    std::copy(sum.begin(), sum.end(), record.begin() + std::ptrdiff_t(body));
-}
-
-enum class Damage { flip, truncate, other_model, other_format, other_block, gone };
-constexpr const char* kDamage[] = {"flip", "truncate", "other model", "other format", "other block", "gone"};
-
-// Host memory whose every record comes back damaged one way: what a store outside kvlab may do.
-class DamagingStore final : public BlockStore {
-public:
-    DamagingStore(Damage damage, std::uint64_t seed) : damage_(damage), rng_(seed) {}
-    HostStore inner;
-    std::string describe() const override { return "damaging " + inner.describe(); }
-    bool contains(const std::string& key) override { return inner.contains(key); }
-    bool put(const std::string& key, std::span<const std::uint8_t> record) override { return inner.put(key, record); }
-    void erase(const std::string& key) override { inner.erase(key); }
-    std::optional<std::vector<std::uint8_t>> get(const std::string& key) override {
-        std::optional<std::vector<std::uint8_t>> r = inner.get(key);
-        if (!r || damage_ == Damage::gone) return std::nullopt;
-        std::vector<std::uint8_t>& b = *r;
-        const auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng_); };
-        switch (damage_) {
-            case Damage::flip: b[pick(b.size())] ^= std::uint8_t(1u << pick(8)); break;
-            case Damage::truncate: b.resize(pick(b.size())); break;
-            case Damage::other_model: b[8] ^= 1, reseal(b); break;    // the model's identity
-            case Damage::other_format: b[16] ^= 1, reseal(b); break;  // the format's identity
-            case Damage::other_block: b[64] ^= 1, reseal(b); break;   // the first token
-            case Damage::gone: break;
-        }
-        return r;
-    }
-
-private:
-    Damage damage_;
-    std::mt19937_64 rng_;
-};
 
 KVFormat gen_format() {
     return *rc::gen::elementOf(std::vector<KVFormat>(std::begin(kKVFormats), std::end(kKVFormats)));
@@ -202,30 +163,35 @@ TEST_CASE("store: a fresh pool over the store restores the prefix and decodes bi
 TEST_CASE("store: corrupt, truncated, other-model, other-format, other-block and gone records are recomputed",
           "[store]") {
     rc::prop("each damage, drawn formats and workloads", [] {
-        const auto damage = *rc::gen::element(Damage::flip, Damage::truncate, Damage::other_model, Damage::other_format,
-                                              Damage::other_block, Damage::gone);
-        RC_TAG(kDamage[int(damage)]);
+        const auto damage = *rc::gen::element(StoreDamage::flip, StoreDamage::flip_rows, StoreDamage::truncate,
+                                              StoreDamage::other_model, StoreDamage::other_format,
+                                              StoreDamage::other_block, StoreDamage::swapped, StoreDamage::gone);
+        RC_TAG(std::string(to_string(damage)));
         const KVFormat format = gen_format();
         const int bs = *rc::gen::inRange(2, 6);
         const Model m = random_model(kConfig, *rc::gen::inRange<std::uint64_t>(0, 1000));
         const auto requests = shared_prefix_workload(*rc::gen::arbitrary<std::uint64_t>(), 4, *rc::gen::inRange(8, 20));
-        DamagingStore store(damage, *rc::gen::arbitrary<std::uint64_t>());
+        HostileStore store(damage, 1.0, *rc::gen::arbitrary<std::uint64_t>());
         serve(m, format, &store, requests, bs, tight_pool(bs));
         const std::size_t stored = store.inner.size();
+        const std::int64_t damaged = store.damaged(), clean = store.clean();  // the first pass's
         const Served second = serve(m, format, &store, requests, bs, tight_pool(bs));
         RC_ASSERT(second.logits == alone(m, format, requests));
-        RC_ASSERT(second.stats.fetched == 0);
-        if (damage == Damage::gone) {
-            RC_ASSERT(second.stats.missed > 0);
+        // Only whole records are used (`swapped` hands one out when it has no other key to give).
+        RC_ASSERT(second.stats.fetched == store.clean() - clean);
+        RC_ASSERT(store.damaged() > damaged);
+        if (damage == StoreDamage::gone) {
+            RC_ASSERT(second.stats.missed >= store.damaged() - damaged);
             RC_ASSERT(second.stats.n_rejected() == 0);
             return;
         }
-        RC_ASSERT(second.stats.n_rejected() > 0);
-        const std::map<Damage, std::vector<std::string>> reasons{
-            {Damage::truncate, {"truncated", "not a block record"}},
-            {Damage::other_model, {"other model"}},
-            {Damage::other_format, {"other KV format"}},
-            {Damage::other_block, {"other block"}}};
+        RC_ASSERT(second.stats.n_rejected() == store.damaged() - damaged);
+        const std::map<StoreDamage, std::vector<std::string>> reasons{
+            {StoreDamage::flip_rows, {"corrupt"}},
+            {StoreDamage::truncate, {"truncated", "not a block record"}},
+            {StoreDamage::other_model, {"other model"}},
+            {StoreDamage::other_format, {"other KV format"}},
+            {StoreDamage::other_block, {"other block"}}};
         if (const auto it = reasons.find(damage); it != reasons.end())
             for (const auto& [why, count] : second.stats.rejected)
                 RC_ASSERT(std::find(it->second.begin(), it->second.end(), why) != it->second.end());
@@ -439,4 +405,27 @@ TEST_CASE("kvlab serve-sim --store: a second process, and disaggregated prefill,
     check_refused("serve-sim --store memcached:1", "redis:unix:PATH");
     check_refused("serve-sim --store redis:unix:" + (scratch() / "no.sock").string(), "cannot connect");
     check_refused("serve-sim --store redis:localhost:99999", "port in 1..65535");
+}
+
+TEST_CASE("host store: least recently used records go first, and a copy is a store of its own", "[store]") {
+    HostStore store(300);
+    const std::vector<std::uint8_t> a(100, 1), b(100, 2), c(100, 3), d(250, 4);
+    CHECK(store.put("a", a));
+    CHECK(store.put("b", b));
+    CHECK(store.put("c", c));
+    CHECK(store.get("a") == a);  // a is now the most recent: b goes first
+    CHECK(store.put("d1", std::vector<std::uint8_t>(100, 5)));
+    CHECK(!store.contains("b"));
+    CHECK(store.contains("a"));
+    CHECK(store.bytes() == 300);
+    HostStore copy = store;
+    copy.erase("a");
+    CHECK(store.get("a") == a);  // the original keeps it
+    CHECK(copy.put("d", d));     // 250 bytes: everything else in the copy goes
+    CHECK(copy.size() == 1);
+    CHECK(store.size() == 3);
+    CHECK(!store.put("huge", std::vector<std::uint8_t>(301, 0)));  // more than the whole store: refused
+    store = copy;
+    CHECK(store.get("d") == d);
+    CHECK(store.bytes() == 250);
 }

@@ -146,6 +146,7 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"tiled-attention", "exact"},
                                                                     {"batch", "exact"},
                                                                     {"serve", "exact"},
+                                                                    {"store", "exact"},
                                                                     {"beam", "exact"},
                                                                     {"stale", "exact"},
                                                                     {"speculate", "exact"},
@@ -193,7 +194,8 @@ TEST_CASE("verify runs exactly these checks and planted bugs, each as promised",
                                                                     {"norm-split-at-256", "mutant"},
                                                                     {"split-from-batch", "mutant"},
                                                                     {"swap-in-shifted", "mutant"},
-                                                                    {"beam-wrong-parent", "mutant"}};
+                                                                    {"beam-wrong-parent", "mutant"},
+                                                                    {"store-unchecked", "mutant"}};
     const std::vector<VerifyRow> rows = verify("all", {100, 20261125});
     REQUIRE(rows.size() == expected.size());
     for (std::size_t i = 0; i < rows.size(); i++) {
