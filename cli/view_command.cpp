@@ -58,6 +58,13 @@ ViewCommand::ViewCommand(CLI::App& app)
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--free-at", s.free_fork_at, "prefix-shared: C is freed after this decode step (0: never)")
         ->check(CLI::Range(0, 1 << 20));
+    cmd->add_flag("--serve", s.serve,
+                  "the serving view: a workload through the continuous-batching scheduler, the pool under load");
+    cmd->add_option("--requests", s.serve_requests, "--serve: requests in the workload (default 24)")
+        ->check(CLI::Range(1, 4096));
+    cmd->add_option("--beam", s.beam_width,
+                    "the same view of beam search: this many beams over the prompt for --steps, sharing blocks")
+        ->check(CLI::Range(1, 64));
     cmd->add_flag("--headless", v.headless, "render offscreen (starts Xvfb when there is no display)");
     cmd->add_option("--frames", v.frames, "render this many frames, then exit")->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--size", o_->size, "window size, WIDTHxHEIGHT (default 1600x1000)");

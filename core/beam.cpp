@@ -58,7 +58,8 @@ BeamRun BeamSearch::run(const std::vector<int>& prompt) {
     BeamRun run;
     std::vector<Cache*> step_caches{caches[0].get()};
     const std::vector<float>& first = dec.step(step_caches, std::vector<std::vector<int>>{prompt});
-    run.steps.push_back({{prompt, 0.0, first}});
+    run.steps.push_back({{prompt, 0.0, first, caches[0]->block_table()}});
+    run.n_blocks = pool.n_blocks();
     const auto note_blocks = [&] {
         int unshared = 0;
         for (const auto& cache : caches) unshared += (cache->length() + bs - 1) / bs;
@@ -86,9 +87,11 @@ BeamRun BeamSearch::run(const std::vector<int>& prompt) {
         for (const auto& cache : caches) step_caches.push_back(cache.get());
         const std::vector<float>& logits = dec.step(step_caches, rows);
         const std::size_t V = std::size_t(c.vocab_size);
-        for (std::size_t b = 0; b < states.size(); b++)
+        for (std::size_t b = 0; b < states.size(); b++) {
             states[b].logits.assign(logits.begin() + std::ptrdiff_t(b * V),
                                     logits.begin() + std::ptrdiff_t((b + 1) * V));
+            states[b].table = caches[b]->block_table();
+        }
         run.steps.push_back(std::move(states));
         note_blocks();
     }

@@ -25,12 +25,14 @@ struct BeamState {
     std::vector<int> tokens;    // the prompt, then the beam's tokens
     double logprob = 0;         // the sum of its tokens' log-probabilities
     std::vector<float> logits;  // [vocab_size] the logits after its last token
+    std::vector<int> table;     // [ceil(tokens / block_size)] its cache's block table (the viewer draws it)
 };
 
 struct BeamRun {
     std::vector<std::vector<BeamState>> steps;  // [steps + 1] the beams after the prompt, then after each step
     int peak_blocks = 0;                        // the pool's blocks in use, at most
     int peak_unshared_blocks = 0;               // what the same beams would hold in caches of their own, at most
+    int n_blocks = 0;                           // the pool's
 };
 
 class BeamSearch {

@@ -68,6 +68,13 @@ const ServeResult& Scheduler::result(int id) const { return results_.at(std::siz
 
 Scheduler::Live& Scheduler::live(int id) { return *live_.at(id); }
 
+std::vector<std::pair<int, std::vector<int>>> Scheduler::block_tables() const {
+    std::vector<std::pair<int, std::vector<int>>> out;
+    for (const auto& [id, r] : live_)
+        if (r->cache) out.emplace_back(id, r->cache->block_table());
+    return out;
+}
+
 // Running requests with one row left (their next decode row), in admission order, at most a
 // step's budget, preempting the last admitted until the pool has their blocks.
 std::vector<int> Scheduler::decoding() {

@@ -103,6 +103,8 @@ public:
     const ServeResult& result(int id) const;
     const std::vector<ServeStep>& history() const { return history_; }
     const SchedulerConfig& config() const { return config_; }
+    // The block table of every request holding blocks now, by id (the viewer draws them).
+    std::vector<std::pair<int, std::vector<int>>> block_tables() const;
     BlockPool& pool() { return *pool_; }
     const BlockPool& pool() const { return *pool_; }
 

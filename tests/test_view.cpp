@@ -305,6 +305,50 @@ TEST_CASE("paged panel: it shows as many owned blocks as the pool reports in use
     }
 }
 
+TEST_CASE("serving panel: at every step the pool shows as many request-owned blocks as the scheduler has in use") {
+    SKIP_WITHOUT_DISPLAY();
+    const std::string serve = "--shape n_layers=2,n_heads=4,n_kv_heads=2 --serve --requests 16 --block-size 4";
+    const Shot first = headless(serve + " --step 0", "serving_0");
+    const json& st = first.layout["state"]["serving"];
+    CHECK(st["exact"] == st["requests"]);  // every request bitwise equal to decoding it alone
+    const int steps = st["steps"];
+    REQUIRE(steps > 4);
+    int shared_step = -1, busiest = 0;
+    for (int k = 0; k < steps; k++) {
+        const Shot s = headless(serve + " --step " + std::to_string(k), "serving");
+        const json& sk = s.layout["state"]["serving"];
+        INFO("step " << k);
+        CHECK(sk["step"] == k);
+        CHECK(s.cells("serving.pool", owner_colours(s)) == sk["blocks_used"]);
+        CHECK(s.count("serving.timeline", {s.colour("marker")}) > 0);  // the step shown is marked
+        if (sk["shared"] > 0 && shared_step < 0) shared_step = k;
+        busiest = std::max(busiest, int(sk["blocks_used"]));
+    }
+    CHECK(busiest > 0);
+    REQUIRE(shared_step >= 0);  // the workload's system prompt is a prefix hit at some step
+    const Shot planted =
+        headless(serve + " --step " + std::to_string(shared_step) + " --plant serving-hides-shared", "serving_planted");
+    CHECK(planted.cells("serving.pool", owner_colours(planted)) != planted.layout["state"]["serving"]["blocks_used"]);
+}
+
+TEST_CASE("beam view: the beams' blocks are drawn once however many beams share them, fewer than caches of their own") {
+    SKIP_WITHOUT_DISPLAY();
+    const std::string beam =
+        "--shape n_layers=2,n_heads=4,n_kv_heads=2 --prompt abcdefg --beam 4 --steps 10 --block-size 2";
+    int saved_somewhere = 0;
+    for (int k = 0; k <= 10; k += 2) {
+        const Shot s = headless(beam + " --step " + std::to_string(k), "beam");
+        const json& st = s.layout["state"]["serving"];
+        INFO("step " << k);
+        CHECK(st["exact"] == st["checked"]);  // every beam step equal to naive decode of its tokens
+        CHECK(s.cells("serving.pool", owner_colours(s)) == st["blocks_used"]);
+        CHECK(st["blocks_used"] <= st["unshared"]);
+        saved_somewhere += st["blocks_used"] < st["unshared"];
+    }
+    CHECK(saved_somewhere > 0);
+    check_refused("view --serve --beam 2 --headless --frames 1", "two views");
+}
+
 TEST_CASE("the viewer's decoders: every exact variant is bitwise equal to naive decode at every step") {
     SKIP_WITHOUT_DISPLAY();
     for (const std::string v : {"contiguous", "paged", "prefix-shared"}) {

@@ -44,13 +44,25 @@ App::App(const Settings& settings) : session_(std::make_unique<Session>(settings
     edited_.prompt.copy(prompt_.data(), prompt_.size() - 1);
 }
 
+int App::total_steps() const {
+    const ServeRun* serving = session_->serving();
+    return serving ? int(serving->steps.size()) : session_->info().total_steps;
+}
+
+int App::published() const {
+    const ServeRun* serving = session_->serving();
+    return serving ? int(serving->steps.size()) : session_->n_steps();
+}
+
 void App::seek(int step) {
     playing_ = false;
-    const int last = std::max(0, session_->n_steps() - 1);
+    const int last = std::max(0, published() - 1);
     cursor_ = float(std::clamp(step, 0, last));
 }
 
 int App::upcoming(float dt) const {
+    // The serving view's steps are all there: a scripted run waits for the session's first only.
+    if (session_->serving()) return 0;
     return int(advanced(cursor_, playing_ ? speed_ : 0.0f, dt, session_->info().total_steps - 1));
 }
 
@@ -76,10 +88,11 @@ void App::frame(float dt, int width, int height, Report* report) {
     }
     frame_.info = &session_->info();
     frame_.steps = session_->steps();
-    const int n = int(frame_.steps.size());
+    frame_.serving = session_->serving();
+    const int n = published();
     // Playback never runs ahead of the decoder; at the end it stops on the last step.
     cursor_ = advanced(cursor_, playing_ ? speed_ : 0.0f, dt, n - 1);
-    if (playing_ && session_->done() && int(cursor_) >= n - 1) cursor_ = float(std::max(0, n - 1));
+    if (playing_ && (session_->done() || frame_.serving) && int(cursor_) >= n - 1) cursor_ = float(std::max(0, n - 1));
     frame_.cursor = int(cursor_);
     frame_.progress = cursor_ - std::floor(cursor_);
     if (!playing_ || frame_.cursor == n - 1) frame_.progress = 1.0f;  // a still picture shows every read
@@ -88,6 +101,7 @@ void App::frame(float dt, int width, int height, Report* report) {
 
     // Fixed places: controls and exactness on the left, the timeline across the top, then the
     // cache's growth beside its paged memory, and layouts, attention and cost along the bottom.
+    if (frame_.serving) return layout_serving(float(width), float(height));
     const float W = float(width), H = float(height), left = std::floor(W * 0.21f);
     const float right_w = W - left, top_h = std::floor(H * 0.17f), mid_h = std::floor(H * 0.44f);
     auto place = [](float x, float y, float w, float h) {
@@ -116,10 +130,21 @@ void App::frame(float dt, int width, int height, Report* report) {
     draw_cost(frame_);
 }
 
+// The serving view: the controls on the left, the serving panel over the rest.
+void App::layout_serving(float W, float H) {
+    const float left = std::floor(W * 0.21f);
+    ImGui::SetNextWindowPos(ImVec2(0, 0), ImGuiCond_Always);
+    ImGui::SetNextWindowSize(ImVec2(left, H), ImGuiCond_Always);
+    draw_controls();
+    ImGui::SetNextWindowPos(ImVec2(left, 0), ImGuiCond_Always);
+    ImGui::SetNextWindowSize(ImVec2(W - left, H), ImGuiCond_Always);
+    draw_serving(frame_);
+}
+
 void App::draw_controls() {
     ImGui::Begin("kvlab", nullptr, ImGuiWindowFlags_NoCollapse);
     const SessionInfo& info = session_->info();
-    const int n = int(frame_.steps.size());
+    const int n = published();
 
     // Playback.
     if (ImGui::Button(playing_ ? "Pause" : "Play")) playing_ = !playing_;
@@ -141,7 +166,8 @@ void App::draw_controls() {
     int shown = int(cursor_);
     ImGui::SetNextItemWidth(-80);
     if (ImGui::SliderInt("step", &shown, 0, std::max(0, n - 1))) seek(shown);
-    ImGui::Text("computed %d of %d steps%s", n, info.total_steps, session_->done() ? "" : " (decoding...)");
+    ImGui::Text("computed %d of %d steps%s", n, total_steps(),
+                session_->done() || frame_.serving ? "" : " (decoding...)");
     if (const std::string f = session_->failure(); !f.empty())
         ImGui::TextColored(ImVec4(1, .4f, .4f, 1), "%s", f.c_str());
     ImGui::SetNextItemWidth(-80);

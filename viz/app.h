@@ -33,11 +33,15 @@ public:
     // The step playback will show after advancing dt seconds (headless runs wait for it).
     int upcoming(float dt) const;
     int shown() const { return int(cursor_); }
+    // Steps playback runs through: the serving view's (all computed up front), or the session's.
+    int total_steps() const;
     Session& session() { return *session_; }
     const Frame& last_frame() const { return frame_; }
 
 private:
     void draw_controls();
+    int published() const;  // steps ready to show
+    void layout_serving(float W, float H);
 
     std::unique_ptr<Session> session_;
     Settings edited_;                 // what the controls show; applied by Restart

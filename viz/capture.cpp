@@ -104,6 +104,22 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
         for (int i = 0; i <= f.cursor; i++)
             for (const Exactness& e : f.steps[std::size_t(i)]->exact) all_equal = all_equal && e.equal();
         st["all_equal"] = all_equal;
+        if (f.serving) {
+            const ServeSnapshot& sv = f.serving->steps.at(std::size_t(f.cursor));
+            int shared = 0;
+            for (char c : sv.shared) shared += c;
+            st["serving"] = {{"step", sv.step},
+                             {"steps", f.serving->steps.size()},
+                             {"n_blocks", f.serving->n_blocks},
+                             {"blocks_used", sv.blocks_used},
+                             {"shared", shared},
+                             {"preempted", sv.preempted},
+                             {"exact", f.serving->exact},
+                             {"requests", f.serving->n_requests}};
+            if (f.serving->beams)
+                st["serving"]["unshared"] = f.serving->unshared.at(std::size_t(f.cursor)),
+                st["serving"]["checked"] = f.serving->checked;
+        }
         if (s.pool)
             st["pool"] = {{"n_blocks", s.pool->n_blocks},
                           {"n_used", s.pool->n_used},

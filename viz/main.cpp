@@ -32,7 +32,8 @@ void glfw_error(int code, const char* text) { glfw_message = fmt::format("GLFW e
 
 void check_options(const ViewOptions& o) {
     if (!o.plant.empty() && o.plant != "growth-skips-newest" && o.plant != "marker-stuck" &&
-        o.plant != "pool-hides-shared" && o.plant != "bits-fp32-fields" && o.plant != "tiles-follow-rows")
+        o.plant != "pool-hides-shared" && o.plant != "bits-fp32-fields" && o.plant != "tiles-follow-rows" &&
+        o.plant != "serving-hides-shared")
         throw Error(fmt::format("unknown planted bug '{}'", one_line(o.plant)));
     // Below 1280x800 the panels' grids no longer fit their windows (the viewer tests check it).
     if (o.width < 1280 || o.height < 800 || o.width > 8192 || o.height > 8192)
@@ -57,11 +58,10 @@ int run_view(const ViewOptions& o) {
     app.set_speed(o.speed);
     app.set_plant(o.plant);
     if (o.step >= 0 || o.step == -1) {
-        const int target = o.step == -1 ? app.session().info().total_steps - 1 : o.step;
-        if (target >= app.session().info().total_steps)
-            throw Error(fmt::format("--step {} is past the session's last step {}", target,
-                                    app.session().info().total_steps - 1));
-        app.session().wait_for(target);
+        const int target = o.step == -1 ? app.total_steps() - 1 : o.step;
+        if (target >= app.total_steps())
+            throw Error(fmt::format("--step {} is past the session's last step {}", target, app.total_steps() - 1));
+        if (!app.session().serving()) app.session().wait_for(target);
         app.seek(target);
     }
 

@@ -10,6 +10,7 @@
 //   attention  the newest row's attention weights per head over the positions it attended
 //   exactness  naive against cached logits, every step: bitwise equal, or the ULP distance
 //   bits       a K row's bits in fp32 and in the cache's KV format, and the cache's bytes per format
+//   serving    (`--serve`, instead of the others) the pool under a continuous-batching load
 //
 // Panels report where they drew what the tests look for (Report): the pixel tests find the
 // cache cells, the phase marker and the pool's blocks by colour inside those rectangles.
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "serving.h"
 #include "state.h"
 
 namespace kvlab::viz {
@@ -53,7 +55,9 @@ struct Frame {
     //   pool-hides-shared    the paged panel draws shared blocks as free
     //   bits-fp32-fields     the bits panel draws a format's code with fp32's field widths
     //   tiles-follow-rows    the key tiles of a prefill step are drawn twice as wide
+    //   serving-hides-shared the serving panel draws blocks that several requests map as free
     std::string plant;
+    const ServeRun* serving = nullptr;  // the serving view's run, or null: the cursor is its step then
 
     const Step& step() const { return *steps[cursor]; }
     bool empty() const { return steps.empty(); }
@@ -99,5 +103,6 @@ void draw_cost(const Frame& f);
 void draw_attention(const Frame& f);
 void draw_exactness(const Frame& f);
 void draw_bits(const Frame& f);
+void draw_serving(const Frame& f);  // f.serving must be set
 
 }  // namespace kvlab::viz

@@ -108,6 +108,10 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     if (P + s.steps > c.max_seq)
         throw Error(fmt::format("the prompt ({} tokens) plus {} steps needs {} positions, but max_seq is {}", P,
                                 s.steps, P + s.steps, c.max_seq));
+    // The serving view's run, whole, before any thread starts: bad settings are errors here too.
+    if (s.serve && s.beam_width > 0) throw Error("--serve and --beam are two views: give one");
+    if (s.serve) serving_ = run_serving(m.lm().model, s);
+    if (s.beam_width > 0) serving_ = run_beam_view(m.lm().model, s, info_.prompt);
     const int T = P + s.steps;
 
     // A's cache (with its pool when paged), checked here so that bad settings fail before the

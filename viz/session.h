@@ -9,9 +9,11 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "serving.h"
 #include "state.h"
 
 namespace kvlab::viz {
@@ -34,6 +36,8 @@ public:
     bool wait_for(int k) const;
     // An error that ended the session early ("" if none).
     std::string failure() const;
+    // The serving view's run (settings.serve), computed by the constructor; null otherwise.
+    const ServeRun* serving() const { return serving_ ? &*serving_ : nullptr; }
 
 private:
     struct Impl;
@@ -42,6 +46,7 @@ private:
 
     SessionInfo info_;
     std::unique_ptr<Impl> impl_;
+    std::optional<ServeRun> serving_;
     mutable std::mutex mu_;
     mutable std::condition_variable cv_;
     std::vector<std::shared_ptr<const Step>> steps_;

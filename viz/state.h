@@ -47,6 +47,11 @@ struct Settings {
     AttentionSpec attention;              // what the cached and naive decoders run (--attention)
     int fork_at = 8;       // prefix_shared: decode step after which A forks into C
     int free_fork_at = 0;  // prefix_shared: decode step after which C is freed (0 = never)
+    // The serving view (serving.h): a workload of serve_requests requests through the
+    // continuous-batching scheduler, shown instead of the single-sequence panels.
+    bool serve = false;
+    int serve_requests = 24;
+    int beam_width = 0;  // > 0: the same view of beam search with this many beams over the prompt
     // Builds the device's backend; empty: make_backend (gpu/device.h). Tests plant a wrong
     // kernel behind a device name with it, to show the CPU comparison catches it.
     std::function<std::unique_ptr<Backend>(std::string_view device, const Model& model)> make_backend = nullptr;

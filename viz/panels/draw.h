@@ -63,6 +63,13 @@ inline void fill(ImDrawList* dl, float x0, float y0, float x1, float y1, ImU32 c
     dl->AddRectFilled(ImVec2(x0, y0), ImVec2(x1, y1), colour, 0.0f);
 }
 
+// A ring of width w just outside [x0, x1) x [y0, y1): it lies in the gap, never on the cell.
+inline void ring(ImDrawList* dl, float x0, float y0, float x1, float y1, float w, ImU32 colour) {
+    fill(dl, x0 - w, y0 - w, x1 + w, y0, colour);
+    fill(dl, x0 - w, y1, x1 + w, y1 + w, colour);
+    fill(dl, x0 - w, y0, x0, y1, colour);
+    fill(dl, x1, y0, x1 + w, y1, colour);
+}
 inline ImVec4 colour4(ImU32 c) { return ImGui::ColorConvertU32ToFloat4(c); }
 
 // Sequence A (id 0): the sequence the growth, layouts and attention panels follow. Else the first

@@ -21,14 +21,6 @@ constexpr ImU32 kEvictedText = kEvictedRing;
 constexpr ImU32 kChipText = IM_COL32(12, 14, 20, 255);
 constexpr ImU32 kUsedNoOwner = palette::formula;  // refcount > 0 but in no live table: should not happen
 
-// A ring of width w just outside [x0, x1) x [y0, y1): it lies in the gap, never on the cell.
-void ring(ImDrawList* dl, float x0, float y0, float x1, float y1, float w, ImU32 colour) {
-    fill(dl, x0 - w, y0 - w, x1 + w, y0, colour);
-    fill(dl, x0 - w, y1, x1 + w, y1 + w, colour);
-    fill(dl, x0 - w, y0, x0, y1, colour);
-    fill(dl, x1, y0, x1 + w, y1, colour);
-}
-
 // A legend item; as_ring draws the colour as the grid draws its rings, around a free block.
 void swatch(ImU32 colour, const char* text, bool as_ring = false) {
     ImDrawList* dl = ImGui::GetWindowDrawList();
