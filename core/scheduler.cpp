@@ -21,7 +21,7 @@ struct Scheduler::Live {
 };
 
 Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig& config, const PoolFactory& make_pool)
-    : backend_(backend), model_(model), config_(config) {
+    : model_(model), config_(config) {
     const Config& c = model.config();
     if (config_.max_model_len == 0) config_.max_model_len = c.max_seq;
     const int bs = config_.block_size, per_request = (config_.max_model_len + bs - 1) / bs;

@@ -130,7 +130,6 @@ private:
     void admit(int id, Batch& batch);
     void finish_rows(std::span<const int> who, const std::vector<float>& logits);
 
-    Backend& backend_;
     const Model& model_;
     SchedulerConfig config_;
     std::unique_ptr<BlockPool> pool_;
