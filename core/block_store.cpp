@@ -37,14 +37,15 @@ std::uint32_t get_u32(std::span<const std::uint8_t> in, std::size_t at) {
     for (int i = 0; i < 4; i++) x |= std::uint32_t(in[at + std::size_t(i)]) << (8 * i);
     return x;
 }
-std::size_t record_bytes(const BlockShape& s) {
-    return kHeader + 4 * std::size_t(s.block_size) + 2 * std::size_t(s.half_bytes()) + kChecksum;
-}
 std::string checksum(std::span<const std::uint8_t> bytes) {
     return sha256_hex(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 }  // namespace
+
+std::size_t block_record_bytes(const BlockShape& s) {
+    return kHeader + 4 * std::size_t(s.block_size) + 2 * std::size_t(s.half_bytes()) + kChecksum;
+}
 
 std::string store_key(const BlockKey& key, const BlockShape& shape) {
     return fmt::format("kvlab/{:016x}/{:016x}/{}/{:016x}", key.model, shape.format_id, shape.block_size, key.hash());
@@ -55,7 +56,7 @@ std::vector<std::uint8_t> encode_block_record(const BlockKey& key, const BlockSh
     assert(k.size() == std::size_t(shape.half_bytes()) && v.size() == k.size());
     assert(key.tokens.size() == std::size_t(shape.block_size));
     std::vector<std::uint8_t> out(kMagic, kMagic + 8);
-    out.reserve(record_bytes(shape));
+    out.reserve(block_record_bytes(shape));
     put_u64(out, key.model);
     put_u64(out, shape.format_id);
     for (int x : {shape.block_size, shape.n_layers, shape.n_kv_heads, shape.head_size}) put_u32(out, std::uint32_t(x));
@@ -67,7 +68,7 @@ std::vector<std::uint8_t> encode_block_record(const BlockKey& key, const BlockSh
     out.insert(out.end(), v.begin(), v.end());
     const std::string sum = checksum(out);
     out.insert(out.end(), sum.begin(), sum.end());
-    assert(out.size() == record_bytes(shape));
+    assert(out.size() == block_record_bytes(shape));
     return out;
 }
 
@@ -77,7 +78,7 @@ std::string check_block_record(std::span<const std::uint8_t> record, const Block
     for (int i = 0; i < 4; i++)
         if (get_u32(record, 24 + 4 * std::size_t(i)) != std::uint32_t(fields[i])) return "other shape";
     if (get_u64(record, 40) != std::uint64_t(shape.row_bytes)) return "other shape";
-    const std::size_t n = record_bytes(shape);
+    const std::size_t n = block_record_bytes(shape);
     if (record.size() < n) return "truncated";
     if (record.size() > n) return "corrupt";
     const std::string sum(reinterpret_cast<const char*>(record.data()) + n - kChecksum, kChecksum);
@@ -91,7 +92,7 @@ std::string check_block_record(std::span<const std::uint8_t> record, const Block
 }
 
 std::span<const std::uint8_t> record_rows(std::span<const std::uint8_t> record, const BlockShape& shape) {
-    assert(record.size() == record_bytes(shape));
+    assert(record.size() == block_record_bytes(shape));
     return record.subspan(kHeader + 4 * std::size_t(shape.block_size), 2 * std::size_t(shape.half_bytes()));
 }
 

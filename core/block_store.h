@@ -40,6 +40,8 @@ struct BlockShape {
 
 // The store's name for a block: "kvlab/<model>/<format>/<block_size>/<hash>", in hex.
 std::string store_key(const BlockKey& key, const BlockShape& shape);
+// The bytes of a whole record of a block of this shape.
+std::size_t block_record_bytes(const BlockShape& shape);
 // The record of a block: header, rows (k and v, each shape.half_bytes()), checksum.
 std::vector<std::uint8_t> encode_block_record(const BlockKey& key, const BlockShape& shape,
                                               std::span<const std::uint8_t> k, std::span<const std::uint8_t> v);

@@ -436,9 +436,7 @@ class StoreUnchecked final : public BlockPool {
 public:
     using BlockPool::BlockPool;
     std::string check_record(std::span<const std::uint8_t> record, const BlockKey& key) const override {
-        const BlockShape s = block_shape();
-        const std::size_t whole = 128 + 4 * std::size_t(s.block_size) + 2 * std::size_t(s.half_bytes());
-        return record.size() == whole ? "" : BlockPool::check_record(record, key);
+        return record.size() == block_record_bytes(block_shape()) ? "" : BlockPool::check_record(record, key);
     }
 };
 

@@ -4,7 +4,6 @@
 // another model's or format's, another block's, gone) refused and recomputed, never used.
 // `kvlab verify store` (tests/test_verify.cpp) runs the same claim over drawn models and
 // workloads, with its planted store-unchecked.
-#include <fmt/format.h>
 #include <rapidcheck/catch.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,7 +20,6 @@
 #include "cpu_backend.h"
 #include "hostile_store.h"
 #include "model.h"
-#include "npy.h"
 #include "scheduler.h"
 #include "speculative.h"
 
