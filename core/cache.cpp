@@ -285,7 +285,7 @@ const float* decoded_row(const KVStorage& st, const std::uint8_t* row, float sca
 const float* Cache::key(int l, int h, int t) const {
     check_head(l, h);
     const KVStorage& st = storage();
-    const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
+    const std::int64_t s = t >= 0 && t < length() ? head_slot(l, h, t) : -1;
     if (s < 0) return nan_row_.data();
     return decoded_row(st, host_row(st, st.k_row(st.row(l, h, s)), row_bytes_), st.scale(l, 0), key_row_);
 }
@@ -293,7 +293,7 @@ const float* Cache::key(int l, int h, int t) const {
 const float* Cache::value(int l, int h, int t) const {
     check_head(l, h);
     const KVStorage& st = storage();
-    const std::int64_t s = t >= 0 && t < length() ? slot(t) : -1;
+    const std::int64_t s = t >= 0 && t < length() ? head_slot(l, h, t) : -1;
     if (s < 0) return nan_row_.data();
     return decoded_row(st, host_row(st, st.v_row(st.row(l, h, s)), row_bytes_), st.scale(l, 1), value_row_);
 }

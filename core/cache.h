@@ -170,13 +170,18 @@ public:
     // storage (downloaded from a device) and decoded as attention decodes them (the pointer is
     // valid until the next call); throws Error for a layer or head out of range.
     virtual const float* key(int l, int h, int t) const;
-    const float* value(int l, int h, int t) const;
+    virtual const float* value(int l, int h, int t) const;
     // The most positions one append() may add (a window's ring needs its rows read before they
     // are overwritten); the decoder splits a longer prefill into chunks of this size.
     virtual int max_append() const { return config_.max_seq; }
     // The most positions a decoder's step adds: max_append(), or fewer where what a query reads
     // depends on which positions one step holds (a quantized cache's per-channel keys: 1).
     virtual int max_step() const { return max_append(); }
+    // A cache that chooses what to keep by attention (H2O, h2o_cache.h) reads its query's softmax
+    // weights: the decoder runs its steps one row at a time, alone, and after layer l's attention
+    // hands it the weights w [n_heads, n] of that row, over the n slots attended() listed.
+    virtual bool reads_attention() const { return false; }
+    virtual void attention_weights(int l, std::span<const float> w) { (void)l, (void)w; }
 
     virtual int length() const { return int(tokens_.size()); }
     virtual std::span<const int> tokens() const { return tokens_; }
@@ -223,6 +228,12 @@ protected:
     // For restore: the cache's tokens are these again (its rows put back by the variant).
     void set_tokens(std::span<const int> tokens);
     void check_head(int l, int h) const;  // throws Error for a layer or KV head out of range
+    // The slot holding layer l's, KV head h's row of position t, or -1 (key(), value()): slot(t),
+    // unless the variant keeps other positions per layer and head (H2O).
+    virtual std::int64_t head_slot(int l, int h, int t) const {
+        (void)l, (void)h;
+        return slot(t);
+    }
 
     Config config_;
 

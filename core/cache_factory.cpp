@@ -6,6 +6,7 @@
 #include <charconv>
 #include <numeric>
 
+#include "h2o_cache.h"
 #include "window_cache.h"
 
 namespace kvlab {
@@ -180,6 +181,42 @@ constexpr VariantParam kWindowParams[] = {
      .property_text = "0..3"},
 };
 
+constexpr VariantParam kFifoParams[] = {
+    {.name = "window",
+     .meaning = "latest positions kept",
+     .get = [](const CacheSpec& s) { return s.window; },
+     .set = [](CacheSpec& s, int v) { s.window = v; },
+     .default_value = constant<16>,
+     .default_text = "16",
+     .valid = bounds<1>,
+     .valid_text = "1 or more",
+     .property = each_of<1, 4>,
+     .property_text = "1..4"},
+};
+
+constexpr VariantParam kH2OParams[] = {
+    {.name = "recent",
+     .meaning = "latest positions always kept (the query's own included)",
+     .get = [](const CacheSpec& s) { return s.recent; },
+     .set = [](CacheSpec& s, int v) { s.recent = v; },
+     .default_value = constant<8>,
+     .default_text = "8",
+     .valid = bounds<1>,
+     .valid_text = "1 or more",
+     .property = each_of<1, 4>,
+     .property_text = "1..4"},
+    {.name = "heavy",
+     .meaning = "older positions kept by accumulated attention, per layer and KV head",
+     .get = [](const CacheSpec& s) { return s.heavy; },
+     .set = [](CacheSpec& s, int v) { s.heavy = v; },
+     .default_value = constant<8>,
+     .default_text = "8",
+     .valid = bounds<0>,
+     .valid_text = "0 or more",
+     .property = each_of<0, 4>,
+     .property_text = "0..4"},
+};
+
 // ----------------------------------------------------------------------------------------------
 // Building
 
@@ -273,6 +310,31 @@ constexpr VariantInfo kVariantTable[] = {
      .kv_formats = true,
      .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker&,
                  CacheAndPool& out) { out.cache = std::make_unique<WindowCache>(c, s.sinks, s.window, s.chunk, m); }},
+    {.id = Variant::fifo,
+     .name = "fifo",
+     .summary = "the last window positions only, the oldest dropped first (a window without sinks)",
+     .exact = false,
+     .regime = "exact while T <= window; approximate beyond (every older position is evicted)",
+     .exact_up_to = [](const CacheSpec& s) { return std::int64_t{s.window}; },
+     .exact_limit = "window",
+     .params = kFifoParams,
+     .viewer = "one sequence; evicted rows shown in red",
+     .kv_formats = true,
+     .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker&,
+                 CacheAndPool& out) { out.cache = std::make_unique<FifoCache>(c, s.window, m); }},
+    {.id = Variant::h2o,
+     .name = "h2o",
+     .summary = "heavy hitters: per layer and KV head, the recent positions plus the heavy ones with the most "
+                "accumulated attention (lowest evicted, oldest on a tie)",
+     .exact = false,
+     .regime = "exact while T <= recent + heavy; approximate beyond (each layer and head evicts its lightest)",
+     .exact_up_to = [](const CacheSpec& s) { return std::int64_t{s.recent} + s.heavy; },
+     .exact_limit = "recent + heavy",
+     .params = kH2OParams,
+     .viewer = "one sequence; the positions each layer and KV head keeps, step by step",
+     .kv_formats = true,
+     .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker&,
+                 CacheAndPool& out) { out.cache = std::make_unique<H2OCache>(c, s.recent, s.heavy, m); }},
 };
 
 constexpr bool in_variant_order() {

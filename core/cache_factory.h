@@ -31,7 +31,7 @@
 namespace kvlab {
 
 // One per registry entry, in its order (a test checks both).
-enum class Variant { contiguous_head, contiguous_seq, growing, paged, prefix_shared, quantized, window };
+enum class Variant { contiguous_head, contiguous_seq, growing, paged, prefix_shared, quantized, window, fifo, h2o };
 
 // Each variant reads the fields it needs (its parameters in the registry).
 struct CacheSpec {
@@ -40,7 +40,8 @@ struct CacheSpec {
     int block_size = 16;                    // paged, prefix-shared: positions per block
     int n_blocks = 0;                       // paged, prefix-shared: blocks in the pool; 0 = one sequence's (registry)
     QuantSpec quant;                        // quantized
-    int sinks = 4, window = 16, chunk = 0;  // window (window_cache.h)
+    int sinks = 4, window = 16, chunk = 0;  // window (window_cache.h); fifo: window
+    int recent = 8, heavy = 8;              // h2o (h2o_cache.h)
     std::uint64_t model_identity = 0;       // paged, prefix-shared: the model's fingerprint (prefix hashes)
     int seq_id = 0;                         // names the sequence in events
     // Variants with kv_formats (VariantInfo): the format K and V are stored in, and its scales

@@ -505,7 +505,8 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
     const Config& c = b.config();
     p.check(c);
     const int n = p.rows(), n_out = int(p.out_rows.size()), dim = c.dim;
-    const bool capture = b.capturing() && !observer;
+    const int fed = fed_row(p);  // the row whose weights its cache reads (H2O), or -1
+    const bool capture = b.capturing() && !observer && fed < 0;
     upload(tokens_, memory, std::span<const int>(p.tokens));
     upload(positions_, memory, std::span<const int>(p.positions));
     upload(kv_, memory, std::span<const RowKV>(p.kv));
@@ -515,8 +516,11 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
     ensure(out_x_, memory, std::int64_t(n_out) * dim);
     ensure(normed_, memory, std::int64_t(n_out) * dim);
     ensure(logits_dev_, memory, std::int64_t(n_out) * c.vocab_size);
-    const int watched = observer ? observer->watch(p) : -1;  // the row whose weights the observer sees
+    const int watched = observer ? observer->watch(p) : fed;  // the row whose weights are probed
     assert(watched < n);
+    if (fed >= 0 && watched != fed)
+        throw Error(fmt::format("{}: the viewer's probe watches row {}, its cache's weights are row {}'s",
+                                p.seqs[0].cache->name(), watched, fed));
     if (watched >= 0) ensure(probe_dev_, memory, std::int64_t(c.n_heads) * p.max_n);
     // Layer l's rows are in storage: each cache's hook (host bookkeeping: quantize, publish).
     auto stored = [&](int l) {
@@ -533,7 +537,8 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
             if (!capture) stored(l);
             b.attention(exec, act_.att.data(), act_.q.data(), kv_.data(), n, l, slots_.data(), p.max_n, kv_head_.data(),
                         watched, watched >= 0 ? probe_dev_.data() : nullptr);
-            if (watched >= 0) observe_layer(l, p.max_n, p.kv[std::size_t(watched)].n);
+            if (watched >= 0)
+                observe_layer(l, p.max_n, p.kv[std::size_t(watched)].n, fed >= 0 ? p.seqs[0].cache : nullptr);
             attention_output_and_ffn(b, exec, l, act_);
         }
         // logits[o] = rmsnorm(x[out_rows[o]]) · wcls, every output row in one product.
@@ -564,13 +569,30 @@ const std::vector<float>& CachedDecoder::execute(const StepPlan& p) {
     return logits_;
 }
 
-void CachedDecoder::observe_layer(int l, int max_n, int n) {
+void CachedDecoder::observe_layer(int l, int max_n, int n, Cache* fed) {
     const int n_heads = backend_->config().n_heads;
     probe_host_.resize(std::size_t(n_heads) * n);  // [n_heads, n]
+    assert(probe_host_.size() == std::size_t(n_heads) * std::size_t(n));
     for (int h = 0; h < n_heads; h++)
         backend_->memory().download(probe_host_.data() + std::size_t(h) * n,
                                     probe_dev_.data() + std::int64_t(h) * max_n, std::int64_t(sizeof(float)) * n);
-    observer->attention_weights(l, n, probe_host_);
+    if (observer) observer->attention_weights(l, n, probe_host_);
+    if (fed) fed->attention_weights(l, probe_host_);
+}
+
+// The backends probe one row per step: a cache that reads its weights steps one row, alone.
+int CachedDecoder::fed_row(const StepPlan& p) {
+    int fed = -1;
+    for (const StepPlan::Sequence& seq : p.seqs) {
+        if (!seq.cache->reads_attention()) continue;
+        if (p.seqs.size() != 1 || seq.n_rows != 1)
+            throw Error(
+                fmt::format("{} reads its query's attention weights: it steps one row alone, not {} rows of {} "
+                            "sequences",
+                            seq.cache->name(), p.rows(), p.seqs.size()));
+        fed = seq.first_row;
+    }
+    return fed;
 }
 
 int AttentionProbe::watch(const StepPlan& plan) {

@@ -207,8 +207,12 @@ private:
     void run_chunks(std::span<const int> tokens, bool all_rows);
     // Runs a plan: the layer loop, then the logits of its out_rows ([n_out, vocab_size]).
     const std::vector<float>& execute(const StepPlan& plan);
-    // Hands layer l's weights of the watched row (n positions) to the observer.
-    void observe_layer(int l, int max_n, int n);
+    // Hands layer l's weights of the watched row (n positions) to the observer, and to `fed`,
+    // the cache that reads them (H2O), when there is one.
+    void observe_layer(int l, int max_n, int n, Cache* fed);
+    // The row of the step whose cache reads its attention weights, or -1; throws Error when such a
+    // cache shares its step or steps several rows.
+    static int fed_row(const StepPlan& p);
     std::unique_ptr<Backend> own_backend_;
     Backend* backend_;
     std::unique_ptr<Cache> own_cache_;  // the default cache, when none was given

@@ -87,6 +87,9 @@ public:
     const KVStorage& storage() const override { return inner_.storage(); }
     RowKV row_kv() const override { return inner_.row_kv(); }
     const float* key(int l, int h, int t) const override { return inner_.key(l, h, t); }
+    const float* value(int l, int h, int t) const override { return inner_.value(l, h, t); }
+    bool reads_attention() const override { return inner_.reads_attention(); }
+    void attention_weights(int l, std::span<const float> w) override { inner_.attention_weights(l, w); }
     void set_kv_format(KVFormat format, std::span<const float> scales = {}) override {
         inner_.set_kv_format(format, scales);
     }

@@ -142,4 +142,6 @@ MemoryStats WindowCache::memory() const {
 
 std::string WindowCache::name() const { return fmt::format("window(sinks={},window={})", sinks_, window_); }
 
+std::string FifoCache::name() const { return fmt::format("fifo(window={})", window()); }
+
 }  // namespace kvlab

@@ -64,4 +64,13 @@ private:
     std::vector<int> owner_;      // [ring_size]: the position whose rows a slot holds, or -1
 };
 
+// FIFO: the last `window` positions and nothing else, the oldest dropped first; a window cache
+// without sinks, named for what it is. Exact while T <= window.
+class FifoCache : public WindowCache {
+public:
+    FifoCache(const Config& config, int window, Memory& memory = host_memory())
+        : WindowCache(config, 0, window, 0, memory) {}
+    std::string name() const override;  // "fifo(window=W)"
+};
+
 }  // namespace kvlab
