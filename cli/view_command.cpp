@@ -53,7 +53,11 @@ ViewCommand::ViewCommand(CLI::App& app)
         "K and V stored in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4 (variants that take a format)");
     add_attention_options(cmd, o_->attention);
     cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
-    cmd->add_option("--window", s.window, "window: positions in the sliding window")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--window", s.window, "window, fifo: positions in the sliding window")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--recent", s.recent, "h2o: latest positions always kept")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--heavy", s.heavy, "h2o: older positions kept by accumulated attention")
+        ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--fork-at", s.fork_at, "prefix-shared: A forks into C after this decode step")
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--free-at", s.free_fork_at, "prefix-shared: C is freed after this decode step (0: never)")

@@ -55,11 +55,22 @@ TEST_CASE("session: every variant publishes one step per prefill and decode step
             // The attention snapshot: [n_layers, n_heads, n_attended], over A's newest row.
             CHECK(s->weights.size() == std::size_t(info.config.n_layers) * info.config.n_heads * s->attended.size());
             CHECK(s->attended.back() == s->length - 1);
-            // A window row attends the sinks, then the last `window` positions (StreamingLLM).
+            // A window row attends the sinks, then the last `window` positions (StreamingLLM); FIFO
+            // has no sinks; H2O's layer 0 KV head 0 attends its budget, the latest `recent` included.
             std::vector<int> expect;
-            const int pos = s->length - 1, sinks = info.settings.sinks, window = info.settings.window;
+            const int pos = s->length - 1, window = info.settings.window, recent = info.settings.recent;
+            const int sinks = v == Variant::window ? info.settings.sinks : 0;
+            if (v == Variant::h2o) {
+                CHECK(int(s->attended.size()) == std::min(pos + 1, recent + info.settings.heavy));
+                REQUIRE(s->kept.size() >= s->attended.size());
+                CHECK(std::equal(s->attended.begin(), s->attended.end(), s->kept.begin()));
+                for (int t = std::max(0, pos - recent + 1); t <= pos; t++)
+                    CHECK(std::find(s->attended.begin(), s->attended.end(), t) != s->attended.end());
+                continue;
+            }
+            const bool evicts = v == Variant::window || v == Variant::fifo;
             for (int t = 0; t <= pos; t++)
-                if (v != Variant::window || t < sinks || t > pos - window) expect.push_back(t);
+                if (!evicts || t < sinks || t > pos - window) expect.push_back(t);
             CHECK(s->attended == expect);
         }
         const Step& last = *steps.back();

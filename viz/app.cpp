@@ -242,6 +242,16 @@ void App::draw_controls() {
             ImGui::SetNextItemWidth(-80);
             ImGui::SliderInt("window", &edited_.window, 1, 64);
             break;
+        case Variant::fifo:
+            ImGui::SetNextItemWidth(-80);
+            ImGui::SliderInt("window", &edited_.window, 1, 64);
+            break;
+        case Variant::h2o:
+            ImGui::SetNextItemWidth(-80);
+            ImGui::SliderInt("recent", &edited_.recent, 1, 64);
+            ImGui::SetNextItemWidth(-80);
+            ImGui::SliderInt("heavy", &edited_.heavy, 0, 64);
+            break;
         default: break;
     }
 

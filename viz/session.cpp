@@ -12,6 +12,7 @@
 #include "compare.h"
 #include "decode.h"
 #include "device.h"
+#include "h2o_cache.h"
 #include "model_loader.h"
 #include "paged.h"
 #include "sampler.h"
@@ -49,6 +50,19 @@ std::vector<TopToken> top5(const SessionInfo& info, std::span<const float> logit
     std::vector<TopToken> out;
     for (std::size_t i = 0; i < k; i++) out.push_back({ids[i], logits[std::size_t(ids[i])], token_text(info, ids[i])});
     return out;
+}
+
+// H2O: the positions each layer and KV head keeps after the step; resident is layer 0, head 0's.
+void held_positions(Step& st, const H2OCache& h) {
+    const Config& c = h.config();
+    st.kept.clear();
+    for (int l = 0; l < c.n_layers; l++)
+        for (int kv = 0; kv < c.n_kv_heads; kv++)
+            st.kept.insert(st.kept.end(), h.kept(l, kv).begin(), h.kept(l, kv).end());
+    assert(st.kept.size() ==
+           std::size_t(c.n_layers) * c.n_kv_heads * std::size_t(h.held()));  // [n_layers, n_kv_heads, held]
+    st.resident.assign(std::size_t(st.length), 0);
+    for (int t : h.kept(0, 0)) st.resident[std::size_t(t)] = 1;
 }
 
 }  // namespace
@@ -145,6 +159,15 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
             if (s.sinks < 0 || s.window < 1)
                 throw Error(fmt::format("window needs sinks >= 0 and window >= 1, not {} and {}", s.sinks, s.window));
             spec.sinks = s.sinks, spec.window = s.window;
+            break;
+        case Variant::fifo:
+            if (s.window < 1) throw Error(fmt::format("fifo needs window >= 1, not {}", s.window));
+            spec.window = s.window;
+            break;
+        case Variant::h2o:
+            if (s.recent < 1 || s.heavy < 0)
+                throw Error(fmt::format("h2o needs recent >= 1 and heavy >= 0, not {} and {}", s.recent, s.heavy));
+            spec.recent = s.recent, spec.heavy = s.heavy;
             break;
         default: break;
     }
@@ -303,6 +326,7 @@ void Session::run() {
         st.length = a.length();
         if (auto* w = dynamic_cast<const WindowCache*>(&a))
             for (int t = 0; t < st.length; t++) st.resident.push_back(w->resident(t));
+        if (auto* h = dynamic_cast<const H2OCache*>(&a)) held_positions(st, *h);
         st.events = engine.events();
         engine.clear_events();
         st.attended = m.last_attended;

@@ -42,7 +42,9 @@ struct Settings {
     int n_blocks = 0;      // paged, prefix_shared: pool size; 0 = enough for every sequence
     int quant_bits = 8;    // quantized: 8 or 4
     int sinks = 2;         // window
-    int window = 16;       // window
+    int window = 16;       // window, fifo
+    int recent = 8;        // h2o: latest positions always kept
+    int heavy = 8;         // h2o: older positions kept by accumulated attention
     KVFormat kv_format = KVFormat::fp32;  // what the caches store K and V in (variants that take one)
     AttentionSpec attention;              // what the cached and naive decoders run (--attention)
     int fork_at = 8;       // prefix_shared: decode step after which A forks into C
@@ -121,7 +123,10 @@ struct Step {
 
     // A's newest row: attention weights per layer and head over the positions it attended.
     std::vector<int> attended;     // [n_attended] logical positions, increasing
-    std::vector<char> resident;    // window: [length] whether t's rows are still in the ring (empty: all are)
+    std::vector<char> resident;    // window, fifo: [length] whether t's rows are still in the ring (empty: all are);
+                                   // h2o: whether layer 0's KV head 0 keeps them
+    std::vector<int> kept;         // h2o: [n_layers, n_kv_heads, n_attended] the positions each layer's KV head
+                                   // keeps, increasing: those its query heads attended (empty: `attended`)
     std::vector<float> weights;    // [n_layers, n_heads, n_attended]
     // A's newest position, layer 0, KV head 0: the K row as computed (fp32, before it is stored),
     // each element's code in the cache's format, and what the cache holds for it (read back from

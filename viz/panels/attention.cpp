@@ -71,6 +71,13 @@ void draw_attention(const Frame& f) {
         return;
     }
     auto weight = [&](int h, int i) { return s.weights[(std::size_t(l) * n_heads + h) * n_att + i]; };
+    // The position column i holds for query head h: H2O's layers and KV heads keep their own.
+    const int n_kv_heads = n_heads / group;
+    const bool own = s.kept.size() == std::size_t(n_layers) * std::size_t(n_kv_heads) * std::size_t(n_att);
+    auto position = [&](int h, int i) {
+        return own ? s.kept[(std::size_t(l) * n_kv_heads + std::size_t(h / group)) * n_att + std::size_t(i)]
+                   : s.attended[std::size_t(i)];
+    };
     auto text_of = [&](int pos) {
         if (!a || pos < 0 || pos >= int(a->tokens.size())) return std::string("?");
         return token_text(info, a->tokens[std::size_t(pos)]);
@@ -104,6 +111,11 @@ void draw_attention(const Frame& f) {
     ImGui::PushTextWrapPos(0.0f);
     ImGui::Text("the query is A's newest row: position %d, \"%s\"; it attended %s (%d positions)", q_pos,
                 text_of(q_pos).c_str(), ranges(s.attended).c_str(), n_att);
+    if (own)
+        ImGui::TextDisabled(
+            "h2o: each layer's KV head keeps its own %d positions (listed: layer 0, KV head 0's); "
+            "hover a cell for its position",
+            n_att);
     if (s.phase == Step::Phase::prefill)
         ImGui::TextDisabled("prefill: all %d prompt rows were computed at once; this shows the last one", s.n_new);
     if (bin > 1) ImGui::TextDisabled("too many positions for one pixel each: a column sums %d positions' weights", bin);
@@ -209,11 +221,11 @@ void draw_attention(const Frame& f) {
         ImGui::BeginTooltip();
         ImGui::Text("query head %d (reads KV head %d)", h, h / group);
         if (bin == 1) {
-            const int t = s.attended[std::size_t(col)];
+            const int t = position(h, col);
             ImGui::Text("pos %d, token \"%s\"%s", t, text_of(t).c_str(), t == q_pos ? " (the query itself)" : "");
             ImGui::Text("weight %.4f", weight(h, col));
         } else {
-            const int t0 = s.attended[std::size_t(col_first(col))], t1 = s.attended[std::size_t(col_end(col)) - 1];
+            const int t0 = position(h, col_first(col)), t1 = position(h, col_end(col) - 1);
             ImGui::Text("pos %d-%d, tokens \"%s\" .. \"%s\"", t0, t1, text_of(t0).c_str(), text_of(t1).c_str());
             ImGui::Text("summed weight %.4f", col_weight(h, col));
         }

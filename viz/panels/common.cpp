@@ -78,9 +78,17 @@ const SeqView* seq_a(const Step& s) {
     return s.seqs.empty() ? nullptr : &s.seqs.front();
 }
 
-CellState state_of(int pos, const Step& s, int prompt_len, bool window) {
+bool evicts(Variant v) { return v == Variant::window || v == Variant::fifo || v == Variant::h2o; }
+
+CellState state_of(int pos, const Step& s, int prompt_len, bool window, int lh, int pairs) {
     if (pos >= s.first_pos && pos < s.first_pos + s.n_new) return CellState::newest;
     if (pos >= s.length) return CellState::empty;
+    if (window && lh >= 0 && !s.kept.empty()) {  // H2O: [pairs, held] positions, increasing
+        const std::size_t held = s.kept.size() / std::size_t(std::max(1, pairs));
+        const auto first = s.kept.begin() + std::ptrdiff_t(std::size_t(lh) * held);
+        if (!std::binary_search(first, first + std::ptrdiff_t(held), pos)) return CellState::evicted;
+        return pos < prompt_len ? CellState::prefill : CellState::decode;
+    }
     // The window cache reuses the slots of positions that left the window.
     if (window && !s.resident.empty() && !s.resident[std::size_t(pos)]) return CellState::evicted;
     return pos < prompt_len ? CellState::prefill : CellState::decode;

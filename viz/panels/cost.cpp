@@ -285,6 +285,15 @@ void draw_cost(const Frame& f) {
                           "overwritten.",
                           info.settings.sinks + info.settings.window);
             break;
+        case Variant::fifo:
+            std::snprintf(why, sizeof why, "FIFO: reserved stops growing at window = %d positions.",
+                          info.settings.window);
+            break;
+        case Variant::h2o:
+            std::snprintf(why, sizeof why,
+                          "H2O: reserved stops growing at recent + heavy = %d positions per layer and KV head.",
+                          info.settings.recent + info.settings.heavy);
+            break;
         case Variant::growing: break;  // not one the viewer runs
     }
 

@@ -76,10 +76,13 @@ inline ImVec4 colour4(ImU32 c) { return ImGui::ColorConvertU32ToFloat4(c); }
 // sequence, or null when there is none.
 const SeqView* seq_a(const Step& s);
 
-// What position pos of sequence A holds after step s. Every layer and KV head has the same state:
-// a step writes a position's rows in all of them.
+// What position pos of sequence A holds after step s. Every layer and KV head has the same state
+// (a step writes a position's rows in all of them), except what H2O evicts: with lh >= 0, layer
+// and KV head lh (of `pairs`, n_layers * n_kv_heads) says whether it still keeps pos.
 enum class CellState { empty, prefill, decode, newest, evicted };
-CellState state_of(int pos, const Step& s, int prompt_len, bool window);
+CellState state_of(int pos, const Step& s, int prompt_len, bool window, int lh = -1, int pairs = 1);
+// The variants that evict rows (window, fifo, h2o): their panels show evicted cells.
+bool evicts(Variant v);
 ImU32 colour_of(CellState c);
 
 // A's length when the session ends (at least its length now), at most max_seq: grids sized for it

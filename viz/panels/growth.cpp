@@ -48,6 +48,20 @@ void draw_columns(ImDrawList* dl, ImVec2 origin, int cols, int rows, const Cells
     }
 }
 
+// H2O: one KV head's colour per column (a column of several positions: its first one's state, or
+// "this step" if the step wrote any of them).
+std::vector<ImU32> head_columns(const Step& s, int prompt_len, int lh, int pairs, int bin, int N) {
+    const int cols = (N + bin - 1) / bin;
+    std::vector<ImU32> col(std::size_t(std::max(0, cols)));  // [cols]
+    for (int k = 0; k < cols; k++) {
+        CellState st = state_of(k * bin, s, prompt_len, true, lh, pairs);
+        for (int pos = k * bin; pos < std::min(N, (k + 1) * bin); pos++)
+            if (state_of(pos, s, prompt_len, true, lh, pairs) == CellState::newest) st = CellState::newest;
+        col[std::size_t(k)] = colour_of(st);
+    }
+    return col;
+}
+
 // Where the grids go: stacked (K above V) or side by side, whichever gives larger cells.
 struct Layout {
     bool side_by_side = false;
@@ -70,7 +84,7 @@ void draw_growth(const Frame& f) {
     const int n_layers = std::max(1, cfg.n_layers);
     const int n_kv_heads = std::max(1, cfg.n_kv_heads);
     const int prompt_len = int(info.prompt.size());
-    const bool window = info.settings.variant == Variant::window;
+    const bool window = evicts(info.settings.variant);
     // Columns for the final length, so the grids do not rescale as they fill.
     const int N = final_length(info, s);
 
@@ -91,7 +105,9 @@ void draw_growth(const Frame& f) {
         "prompt position's rows at once: many columns in one step. A decode step runs one new token, "
         "writes one column, and reads the earlier columns instead of recomputing them.\n\n"
         "Window variant: positions that are neither attention sinks nor in the sliding window are "
-        "evicted; their slots hold newer positions.");
+        "evicted; their slots hold newer positions. FIFO: a window without sinks.\n\n"
+        "H2O: each layer's KV head keeps the recent positions plus the heavy ones that received the most "
+        "attention so far, so every row of the grid evicts its own positions.");
     // Bytes of one stored row (fp32: 4 B x head_size; an integer format's group scales included).
     const std::int64_t row_bytes = kv_row_bytes(int(f.info->kv_format), cfg.head_size());
     const std::int64_t per_pos = 2LL * row_bytes * cfg.n_layers * cfg.n_kv_heads;
@@ -177,7 +193,13 @@ void draw_growth(const Frame& f) {
         for (int kv = 0; kv < 2; kv++) {
             const ImVec2 g(grids_x[kv], lay.side_by_side || kv == 0 ? y : y + lay.row_h + inner_gap);
             dl->AddText(ImVec2(g.x - kv_w, g.y + std::floor((lay.row_h - line_h) / 2)), dim_col, kv ? "V" : "K");
-            draw_columns(dl, g, cols, n_kv_heads, c, col);
+            if (s.kept.empty()) {
+                draw_columns(dl, g, cols, n_kv_heads, c, col);
+            } else {  // H2O: each KV head of each layer keeps its own positions
+                for (int h = 0; h < n_kv_heads; h++)
+                    draw_columns(dl, ImVec2(g.x, g.y + h * c.pitch_y()), cols, 1, c,
+                                 head_columns(s, prompt_len, l * n_kv_heads + h, n_layers * n_kv_heads, bin, N));
+            }
             const ImVec2 g_max(g.x + grid_w, g.y + grid_h);
             std::snprintf(buf, sizeof buf, "growth.l%d.%s", l, kv ? "V" : "K");
             report_grid(f, buf, g, g_max, c);
@@ -219,7 +241,8 @@ void draw_growth(const Frame& f) {
         else
             ImGui::Text("pos %d", pos);
         token_line(info, a, pos);
-        const CellState st = state_of(pos, s, prompt_len, window);
+        const CellState st =
+            state_of(pos, s, prompt_len, window, hover_layer * n_kv_heads + hover_head, n_layers * n_kv_heads);
         const int decode_step = pos - prompt_len + 1;  // decode step k writes position prompt_len + k - 1
         if (st == CellState::empty) {
             ImGui::TextUnformatted("not written yet");
@@ -229,7 +252,10 @@ void draw_growth(const Frame& f) {
             else
                 ImGui::Text("written by decode step %d", decode_step);
             if (st == CellState::newest) ImGui::TextUnformatted("(by the step shown)");
-            if (st == CellState::evicted) ImGui::TextUnformatted("evicted: out of the window, its slot reused");
+            if (st == CellState::evicted)
+                ImGui::TextUnformatted(s.kept.empty() ? "evicted: out of the window, its slot reused"
+                                                      : "evicted by this layer's KV head: the lightest of its older "
+                                                        "positions by accumulated attention");
         }
         ImGui::TextDisabled("layer %d %s, KV head %d: %d floats", hover_layer, hover_tensor, hover_head,
                             cfg.head_size());

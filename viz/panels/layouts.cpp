@@ -46,7 +46,7 @@ void draw_layouts(const Frame& f) {
     const int l = std::clamp(f.layer, 0, std::max(0, cfg.n_layers - 1));
     const int n_kv_heads = std::max(1, cfg.n_kv_heads);
     const int prompt_len = int(info.prompt.size());
-    const bool window = info.settings.variant == Variant::window;
+    const bool window = evicts(info.settings.variant);
     // The final length stands in for max_seq: max_seq rows per head would not fit on screen.
     const int N = final_length(info, s);
     const std::int64_t row_bytes = 4LL * cfg.head_size();

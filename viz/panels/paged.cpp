@@ -149,6 +149,18 @@ void draw_no_pool(const Frame& f) {
                 "once the ring is full, and older rows are overwritten.",
                 info.settings.sinks, info.settings.window);
             break;
+        case Variant::fifo:
+            ImGui::TextWrapped(
+                "FIFO keeps the last %d positions in a ring and nothing else: memory stops growing once the ring "
+                "is full, and the oldest row is overwritten.",
+                info.settings.window);
+            break;
+        case Variant::h2o:
+            ImGui::TextWrapped(
+                "H2O keeps, per layer and KV head, the last %d positions plus %d heavy hitters by accumulated "
+                "attention, compacted in increasing position: an eviction moves the later rows down one slot.",
+                info.settings.recent, info.settings.heavy);
+            break;
         default: break;
     }
     ImGui::TextDisabled("Choose the paged or prefix_shared variant to see a block pool.");
