@@ -91,13 +91,19 @@ void H2OCache::reserve(int new_length) {
     const int pos = length();
     Step step{kept_, score_, std::vector<int>(std::size_t(pairs()), -1), {}, {}};
     if (held_ == capacity_) {  // full (never when direct_: capacity is then max_seq)
+        // Every victim first: a refused one changes nothing.
+        for (int lh = 0; lh < pairs(); lh++) {
+            const int e = victim(lh, pos);
+            if (e < 0 || e >= held_ || kept_of(lh)[e] > pos - recent_)
+                throw Error(fmt::format("{}: slot {} is no position older than the recent window to evict", name(), e));
+            step.evicted[std::size_t(lh)] = e;
+        }
         const std::int64_t rb = storage_.row_bytes();
         step.k.resize(std::size_t(pairs() * rb)), step.v.resize(step.k.size());  // [pairs, row_bytes]
         assert(step.k.size() == std::size_t(pairs()) * std::size_t(rb));
         for (int lh = 0; lh < pairs(); lh++) {
-            const int e = victim(lh, pos);
+            const int e = step.evicted[std::size_t(lh)];
             const std::int64_t row = std::int64_t(lh) * capacity_ + e;
-            step.evicted[std::size_t(lh)] = e;
             storage_.memory().download(step.k.data() + lh * rb, storage_.k_row(row), rb);
             storage_.memory().download(step.v.data() + lh * rb, storage_.v_row(row), rb);
             if (lh == 0) record(EventKind::evicted, kept_of(lh)[e]);

@@ -63,6 +63,10 @@ public:
     std::span<const float> scores(int l, int h) const;
 
 protected:
+    // The slot layer and KV head lh (l * n_kv_heads + h) evicts for a new position pos, the cache
+    // being full: the lowest score among the positions older than the recent window, the oldest
+    // on a tie. Lab 9's grader plugs a student's rule in here.
+    virtual int victim(int lh, int pos) const;
     std::int64_t head_slot(int l, int h, int t) const override;
     void reserve(int new_length) override;
     // Undoes the steps after n from the log; throws Error, changing nothing, beyond it.
@@ -80,8 +84,6 @@ private:
     int pairs() const { return config_.n_layers * config_.n_kv_heads; }
     int* kept_of(int lh) { return kept_.data() + std::size_t(lh) * std::size_t(capacity_); }
     float* score_of(int lh) { return score_.data() + std::size_t(lh) * std::size_t(capacity_); }
-    // Layer l, KV head h's slot to evict for a new position pos, the cache being full.
-    int victim(int lh, int pos) const;
     // Moves (l, h)'s rows of slots [from, to) by `by` slots (down: -1, up: +1).
     void shift_rows(int lh, int from, int to, int by);
     void undo(const Step& step);

@@ -2,7 +2,9 @@
 // group; codes packed, one scale and minimum per group), then inside kvlab's QuantizedCache (KIVI:
 // keys per channel, values per token) where the logits must stay within verify's stated bounds
 // and the bytes must be what the cache promises; your window inside kvlab's WindowCache, which
-// must be bitwise exact while T <= S + W and must differ from naive decode for some T > S + W.
+// must be bitwise exact while T <= S + W and must differ from naive decode for some T > S + W;
+// your H2O eviction rule on generated lists with ties, then inside kvlab's H2OCache, which must
+// keep the positions and give the logits kvlab's own rule does.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -10,10 +12,11 @@
 #include <limits>
 
 #include "approx_metrics.h"
-#include "format_oracle.h"
 #include "cpu_backend.h"
 #include "decode.h"
+#include "format_oracle.h"
 #include "grader.h"
+#include "h2o_cache.h"
 #include "lab.h"
 #include "window_cache.h"
 
@@ -369,6 +372,99 @@ void check_window_differs() {
     });
 }
 
+// ----------------------------------------------------------------------------------------------
+// H2O: the student's eviction rule on generated lists, then inside kvlab's H2O cache.
+
+// The index H2O evicts (core/h2o_cache.h), written as a search over the candidates.
+int h2o_rule(std::span<const int> kept, std::span<const float> scores, int pos, int recent) {
+    int best = -1;
+    for (std::size_t j = 0; j < kept.size(); j++) {
+        if (kept[j] > pos - recent) break;
+        if (best < 0 || scores[j] < scores[std::size_t(best)]) best = int(j);
+    }
+    return best;
+}
+
+// The student's index, checked to be a candidate before anything uses it.
+int student_victim(std::span<const int> kept, std::span<const float> scores, int pos, int recent) {
+    const int j = lab09::h2o_victim(kept, scores, pos, recent);
+    if (j < 0 || j >= int(kept.size()))
+        throw Error(fmt::format("h2o_victim(pos={}, recent={}, {} kept) returned index {}, outside 0..{}", pos, recent,
+                                kept.size(), j, kept.size() - 1));
+    if (kept[std::size_t(j)] > pos - recent)
+        throw Error(
+            fmt::format("h2o_victim(pos={}, recent={}) returned index {}, position {}: inside the recent "
+                        "window {}..{}, which H2O always keeps",
+                        pos, recent, j, kept[std::size_t(j)], pos - recent + 1, pos));
+    return j;
+}
+
+void check_h2o_victim() {
+    const int recent = draw(1, 6), heavy = draw(1, 8), pos = draw(recent + heavy, 60);
+    // recent - 1 latest positions, and heavy + 1 older ones (distinct, increasing).
+    std::vector<int> older;
+    for (int t = 0; t <= pos - recent; t++) older.push_back(t);
+    std::vector<int> kept;
+    for (int i = 0; i < heavy + 1; i++) {
+        const std::size_t at = std::size_t(draw(0, int(older.size()) - 1));
+        kept.push_back(older[at]);
+        older.erase(older.begin() + std::ptrdiff_t(at));
+    }
+    std::sort(kept.begin(), kept.end());
+    for (int t = pos - recent + 1; t < pos; t++) kept.push_back(t);
+    std::vector<float> scores;
+    for (std::size_t j = 0; j < kept.size(); j++) scores.push_back(float(draw(0, 4)) / 4.0f);  // ties happen
+    int got = -1;
+    plugged("h2o", [&] { got = student_victim(kept, scores, pos, recent); });
+    const int want = h2o_rule(kept, scores, pos, recent);
+    if (got == want) return;
+    std::string listed_scores;
+    for (std::size_t j = 0; j < kept.size(); j++)
+        listed_scores += fmt::format("{}{}: {}", j ? ", " : "", kept[j], scores[j]);
+    fail(
+        fmt::format("position {} arrives, recent {}; kept (position: score) [{}]: you evict index {} (position "
+                    "{}), H2O evicts index {} (position {}): the lowest score older than the recent window, the "
+                    "oldest on a tie",
+                    pos, recent, listed_scores, got, kept[std::size_t(got)], want, kept[std::size_t(want)]));
+}
+
+// kvlab's H2O cache, evicting what the student's rule says.
+class LabH2OCache final : public H2OCache {
+public:
+    using H2OCache::H2OCache;
+
+protected:
+    int victim(int lh, int pos) const override {
+        const int l = lh / config().n_kv_heads, h = lh % config().n_kv_heads;
+        return student_victim(kept(l, h), scores(l, h), pos, recent());
+    }
+};
+
+// Decodes a generated sequence through the student's H2O and kvlab's: the same logits, and every
+// layer and KV head keeps the same positions, at every step.
+void check_h2o_cache() {
+    const Config c = draw_config(2);
+    const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
+    const int recent = draw(1, 4), heavy = draw(0, 4);
+    LabH2OCache mine(c, recent, heavy);
+    H2OCache theirs(c, recent, heavy);
+    CachedDecoder a(m, mine), b(m, theirs);
+    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const std::string what = fmt::format("h2o recent {}, heavy {}, {}", recent, heavy, c.describe());
+    for (std::size_t T = 1; T <= tokens.size(); T++) {
+        std::vector<float> got;
+        plugged(what, [&] { got = a.decode(tokens[T - 1]); });
+        const std::vector<float>& want = b.decode(tokens[T - 1]);
+        for (int l = 0; l < c.n_layers; l++)
+            for (int h = 0; h < c.n_kv_heads; h++)
+                if (!std::ranges::equal(mine.kept(l, h), theirs.kept(l, h)))
+                    fail(fmt::format("{}: at T = {} layer {}'s KV head {} keeps {}; H2O keeps {}", what, T, l, h,
+                                     listed(mine.kept(l, h)), listed(theirs.kept(l, h))));
+        const std::string diff = lessons::describe_difference(want, got);
+        if (!diff.empty()) fail(fmt::format("{}: at T = {} the logits differ from kvlab's H2O: {}", what, T, diff));
+    }
+}
+
 // Not graded: what the approximations buy and cost on a bigger run, for the README's questions.
 void measure() {
     Config c = stories260k_shape();
@@ -404,6 +500,10 @@ void measure() {
     }
     LabWindowCache w(c, 4, 16);
     run(w, "yours: window S = 4, W = 16 (held: ring)");
+    FifoCache fifo(c, 20);
+    run(fifo, "kvlab's fifo W = 20 (S + W positions)");
+    LabH2OCache h2o(c, 10, 10);
+    run(h2o, "yours: h2o recent 10 + heavy 10");
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -436,7 +536,7 @@ void check_fp8() {
 }  // namespace
 
 int main(int argc, char** argv) {
-    lessons::Lab lab{9, "approximate caches: KIVI quantization, StreamingLLM window", LAB_SOURCE, {}};
+    lessons::Lab lab{9, "approximate caches: KIVI quantization, StreamingLLM window, H2O", LAB_SOURCE, {}};
     lab.checks = {
         {"quantize: every value within half a step of its group", 2, check_round_trip},
         {"storage: packed codes, a scale and a min per group", 1, check_storage},
@@ -445,6 +545,8 @@ int main(int argc, char** argv) {
         {"window: sinks 0..S-1 and the last W positions", 1, check_window_positions},
         {"window: bitwise equal to naive while T <= S + W", 2, check_window_exact},
         {"window: differs from naive for some T > S + W", 1, check_window_differs, 100, "beyond S + W"},
+        {"h2o: evicts the lightest position older than the recent window", 1, check_h2o_victim},
+        {"h2o: in kvlab's H2O cache, the same positions and logits", 2, check_h2o_cache, 50},
         {"bf16: fp32 rounds to the nearest code, ties to even, as the oracle says", 1, check_bf16},
         {"fp8-e4m3: fp32 rounds to the nearest code, saturating at 448", 1, check_fp8},
     };

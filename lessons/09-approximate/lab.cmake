@@ -1,1 +1,1 @@
-kvlab_lab(09 09-approximate WRONG per_tensor_scale drops_sinks int4_unpacked dequantize_forgets_min window_keeps_all bf16_truncates fp8_overflow_nan)
+kvlab_lab(09 09-approximate WRONG per_tensor_scale drops_sinks int4_unpacked dequantize_forgets_min window_keeps_all h2o_newest_on_tie h2o_ignores_recent bf16_truncates fp8_overflow_nan)

@@ -1,7 +1,7 @@
 // Lab 9: approximate caches. You write the int8/int4 quantizer of a KIVI cache (keys per channel,
 // values per token, a scale and a minimum per group), the positions a StreamingLLM window with
-// attention sinks reads, and the conversions of fp32 to two float formats engines store K and V
-// in (bf16, fp8-e4m3); the grader plugs the first two into kvlab's caches (core/quantized_cache.h,
+// attention sinks reads, the position an H2O cache evicts, and the conversions of fp32 to two float formats engines
+// store K and V in (bf16, fp8-e4m3); the grader plugs the first two into kvlab's caches (core/quantized_cache.h,
 // core/window_cache.h) and holds the results to stated bounds, and checks the third against an
 // oracle (proofs/format_oracle.h).
 #pragma once
@@ -39,6 +39,13 @@ void dequantize(const QuantBlock& q, int rows, int cols, Axis axis, int group, i
 // the last `window` positions, in increasing order, written to positions[0..n); returns n
 // (at most pos + 1). sinks >= 0, window >= 1.
 int window_positions(int pos, int sinks, int window, int* positions);
+
+// H2O (core/h2o_cache.h): one layer's KV head keeps the positions `kept` (increasing) with their
+// accumulated attention `scores`; it is full and position pos arrives. Returns the index j of the
+// position to evict: the lowest score among the positions older than the recent window
+// (kept[j] <= pos - recent), the oldest (lowest j) on a tie. There is always one: the cache holds
+// recent + heavy positions and only the latest recent - 1 of them are that recent.
+int h2o_victim(std::span<const int> kept, std::span<const float> scores, int pos, int recent);
 
 // Float formats (core/NUMERICS.md, "KV formats"): fp32 -> the format's code. Round to nearest,
 // ties to the even code; subnormals kept; -0 stays -0, and so does a negative value that rounds

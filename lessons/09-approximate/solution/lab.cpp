@@ -74,6 +74,14 @@ int window_positions(int pos, int sinks, int window, int* positions) {
     return cache.attended(pos, slots.data(), positions);
 }
 
+int h2o_victim(std::span<const int> kept, std::span<const float> scores, int pos, int recent) {
+    int best = -1;
+    // The candidates are a prefix: kept is increasing. Strictly lower: the oldest wins a tie.
+    for (int j = 0; j < int(kept.size()) && kept[std::size_t(j)] <= pos - recent; j++)
+        if (best < 0 || scores[std::size_t(j)] < scores[std::size_t(best)]) best = j;
+    return best;
+}
+
 std::uint16_t to_bf16(float x) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(x), sign = u & 0x80000000u, mag = u & 0x7fffffffu;
     if (mag > 0x7f800000u) return std::uint16_t((sign >> 16) | 0x7fc0u);  // NaN

@@ -1,4 +1,4 @@
-// Lab 9: approximate caches. Fill in the five TODOs; `lessons/grade 9` grades this file.
+// Lab 9: approximate caches. Fill in the six TODOs; `lessons/grade 9` grades this file.
 //
 // A block is rows x cols floats, row-major (element (r, c) at i = r * cols + c). In kvlab's
 // quantized cache a value row is a [1, head_size] block quantized per token, and a KIVI key group
@@ -36,6 +36,13 @@ void dequantize(const QuantBlock& q, int rows, int cols, Axis axis, int group, i
 int window_positions(int pos, int sinks, int window, int* positions) {
     (void)pos, (void)sinks, (void)window, (void)positions;
     throw lessons::NotImplemented("window_positions");
+}
+
+// TODO 6 (H2O): the index j to evict: the lowest scores[j] among kept[j] <= pos - recent (the
+// positions older than the recent window), the lowest j on a tie.
+int h2o_victim(std::span<const int> kept, std::span<const float> scores, int pos, int recent) {
+    (void)kept, (void)scores, (void)pos, (void)recent;
+    throw lessons::NotImplemented("h2o_victim");
 }
 
 // TODO 4 (bf16): the top 16 bits of x's fp32 bits, rounded to nearest even on the 16 dropped:
