@@ -129,11 +129,11 @@ void eight_rows(RowOf& row, int t0, const float** rows) {
 // sqrt(head_size), correctly rounded: every score is divided by it.
 inline float attention_scale(int head_size) { return std::sqrt(float(head_size)); }
 
-// s[t - t0] = (q · key(t)) / sqrt(head_size) for t = t0..t1-1: sixteen or eight keys at a time
-// through dot_rows16 and dot_rows8 (each lane the scalar loop's sum), the rest one by one.
+// s[t - t0] = (q · key(t)) / scale for t = t0..t1-1, q and each key head_size floats: sixteen or
+// eight keys at a time through dot_rows16 and dot_rows8 (each lane the scalar loop's sum), the
+// rest one by one. MLA (mla.h) divides by the scale of the head it stands for, not of the row.
 template <class KeyRow>
-void score_rows(float* s, const float* q, int head_size, int t0, int t1, KeyRow key) {
-    const float scale = attention_scale(head_size);
+void score_rows_scaled(float* s, const float* q, int head_size, float scale, int t0, int t1, KeyRow key) {
     int t = t0;
     // (a head narrower than 16 would fill the 16 lanes element by element: two of 8 are faster)
     for (; t + 16 <= t1 && head_size >= 16; t += 16) {
@@ -155,6 +155,12 @@ void score_rows(float* s, const float* q, int head_size, int t0, int t1, KeyRow 
         for (int d = 0; d < head_size; d++) x = x + q[d] * k[d];
         s[t - t0] = x / scale;
     }
+}
+
+// s[t - t0] = (q · key(t)) / sqrt(head_size) for t = t0..t1-1.
+template <class KeyRow>
+void score_rows(float* s, const float* q, int head_size, int t0, int t1, KeyRow key) {
+    score_rows_scaled(s, q, head_size, attention_scale(head_size), t0, t1, key);
 }
 
 // out[d] = ((0 + p[0] v_t0[d]) + p[1] v_t0+1[d]) + ... over t = t0..t1-1 in order, for every

@@ -19,6 +19,7 @@
 #include "device.h"
 #include "generators.h"
 #include "hostile_store.h"
+#include "mla_property.h"
 #include "model.h"
 #include "planted.h"
 #include "plugin_cache.h"
@@ -1386,6 +1387,16 @@ const std::vector<Check>& checks() {
                      "the quantized cache equals naive decode that quantizes its K and V with the same groups "
                      "and KIVI's residual rule",
                      std::nullopt, quant_exact_property});
+        for (MlaForm form : {MlaForm::rebuild, MlaForm::absorbed})
+            v.push_back({fmt::format("mla-{}", to_string(form)), "exact",
+                         "MLA models: 1-3 layers, 1-4 heads, rank 1-8, rope_dim 0/2/4; prompts in chunks of any size; "
+                         "the CPU's kernels",
+                         form == MlaForm::rebuild
+                             ? "the latent cache, K and V rebuilt from it every step, equals MLA naive decode in the "
+                               "same form"
+                             : "the latent cache, W_UK and W_UV absorbed into the query and output, equals MLA naive "
+                               "decode in the same form",
+                         std::nullopt, [form](const Devices&, Mutant) { mla_property(form, form); }});
         for (const VariantSetting& s : variant_settings())
             if (!is_exact(s.variant)) v.push_back(variant_check(s));
         for (KVFormat f : kKVFormats)

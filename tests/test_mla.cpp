@@ -1,0 +1,117 @@
+// MLA (core/mla.h): each form's cached decode equals its own naive decode bitwise, over any
+// chunking; the two forms agree only within rounding, which the property between forms finds;
+// the latent cache holds the bytes `kvlab memory` states for an MLA shape, DeepSeek-V3's included.
+#include <rapidcheck/catch.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "memory_model.h"
+#include "mla.h"
+#include "mla_property.h"
+#include "property.h"
+#include "test_util.h"
+
+using namespace kvlab;
+
+TEST_CASE("mla: rebuilding K and V from the latent cache equals MLA naive decode in that form bitwise", "[mla]") {
+    rc::prop("random MLA shapes, prompts in chunks of any size",
+             [] { mla_property(MlaForm::rebuild, MlaForm::rebuild); });
+}
+
+TEST_CASE("mla: the absorbed form over the latent cache equals MLA naive decode in that form bitwise", "[mla]") {
+    rc::prop("random MLA shapes, prompts in chunks of any size",
+             [] { mla_property(MlaForm::absorbed, MlaForm::absorbed); });
+}
+
+TEST_CASE("mla counter-test: the absorbed form is not bitwise equal to naive decode in the rebuild form",
+          "[mla][counter]") {
+    test::expect_failure([] { mla_property(MlaForm::absorbed, MlaForm::rebuild); }, "logits differ from naive");
+    test::expect_failure([] { mla_property(MlaForm::rebuild, MlaForm::absorbed); }, "logits differ from naive");
+}
+
+TEST_CASE("mla: the two forms agree within rounding: equal in real arithmetic", "[mla]") {
+    // The bound: a few float steps of the logits' scale. A wrong absorption (another scale,
+    // another head's block of W_UK) moves logits by their own size, far past it.
+    rc::prop("random MLA shapes and prompts", [] {
+        const MlaConfig c = draw_mla_config();
+        const MlaModel m = random_mla_model(c, *rc::gen::arbitrary<std::uint64_t>());
+        const std::vector<int> tokens = draw_tokens(c.base, draw(1, c.base.max_seq));
+        const std::vector<float> a = mla_naive(m, tokens, MlaForm::rebuild),
+                                 b = mla_naive(m, tokens, MlaForm::absorbed);
+        double scale = 0, diff = 0;
+        for (std::size_t i = 0; i < a.size(); i++)
+            scale = std::max(scale, double(std::fabs(a[i]))), diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+        RC_ASSERT(diff <= 1e-5 * (1.0 + scale));
+    });
+}
+
+TEST_CASE("mla counter-test: a model whose absorbed query reads another head's W_UK is far outside the bound",
+          "[mla][counter]") {
+    MlaConfig c;
+    c.base = Config{8, 8, 2, 2, 2, 16, 12};
+    c.rank = 4, c.rope_dim = 2;
+    MlaModel m = random_mla_model(c, 3);
+    const std::vector<float> a = mla_naive(m, std::vector<int>{1, 5, 7, 2, 9}, MlaForm::absorbed);
+    // Swap the two heads' blocks of W_UK^T in every layer: the planted absorption bug.
+    const std::size_t block = std::size_t(c.head_size()) * c.rank;
+    for (int l = 0; l < c.base.n_layers; l++)
+        std::swap_ranges(m.wuk_t.begin() + std::ptrdiff_t(2 * l * block),
+                         m.wuk_t.begin() + std::ptrdiff_t((2 * l + 1) * block),
+                         m.wuk_t.begin() + std::ptrdiff_t((2 * l + 1) * block));
+    const std::vector<float> b = mla_naive(m, std::vector<int>{1, 5, 7, 2, 9}, MlaForm::absorbed);
+    double scale = 0, diff = 0;
+    for (std::size_t i = 0; i < a.size(); i++)
+        scale = std::max(scale, double(std::fabs(a[i]))), diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    CHECK(diff > 1e-5 * (1.0 + scale));
+}
+
+TEST_CASE("mla: the latent cache holds the bytes kvlab memory states for the shape, DeepSeek-V3's included", "[mla]") {
+    // DeepSeek-V3: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 (core/memory_model.cpp).
+    const PublishedShape& v3 = find_shape("deepseek-v3");
+    MlaConfig c;
+    c.base = Config{4, 4, v3.n_layers, 2, 2, 8, 16};
+    c.rank = v3.mla_latent, c.rope_dim = v3.mla_rope;
+    const MlaModel m = random_mla_model(c, 1);
+    MlaCache cache(c);
+    MlaDecoder d(m, cache, MlaForm::absorbed);
+    d.prefill(std::vector<int>{1, 2, 3});
+    CHECK(cache.used_bytes() == kv_bytes(v3, 32, 3, 1));
+    CHECK(cache.allocated_bytes() == kv_bytes(v3, 32, c.base.max_seq, 1));
+    // Any drawn shape: bytes per token in fp32 are n_layers x (rank + rope_dim) x 4.
+    rc::check([] {
+        const MlaConfig s = draw_mla_config();
+        const MlaModel model = random_mla_model(s, 2);
+        MlaCache k(s);
+        MlaDecoder dec(model, k, MlaForm::rebuild);
+        const int T = draw(1, s.base.max_seq);
+        dec.prefill(draw_tokens(s.base, T));
+        PublishedShape p;
+        p.name = "drawn", p.n_layers = s.base.n_layers, p.n_heads = s.base.n_heads, p.n_kv_heads = s.base.n_heads;
+        p.head_size = s.head_size(), p.mla_latent = s.rank, p.mla_rope = s.rope_dim;
+        RC_ASSERT(k.used_bytes() == kv_bytes(p, 32, T, 1));
+        k.truncate(T - 1);
+        RC_ASSERT(k.used_bytes() == kv_bytes(p, 32, T, 1) - kv_bytes(p, 32, 1, 1));
+    });
+}
+
+TEST_CASE("mla: shapes, tokens and lengths that make no sense are one-line errors", "[mla][errors]") {
+    MlaConfig c;
+    c.base = Config{8, 8, 1, 2, 2, 16, 4};
+    c.rank = 0, c.rope_dim = 2;
+    CHECK_THROWS_WITH(random_mla_model(c, 1), "mla: rank must be >= 1, not 0");
+    c.rank = 4, c.rope_dim = 3;
+    CHECK_THROWS_WITH(random_mla_model(c, 1), "mla: rope_dim must be even and >= 0 (pairs are rotated), not 3");
+    c.rope_dim = 2;
+    const MlaModel m = random_mla_model(c, 1);
+    MlaCache cache(c);
+    MlaDecoder d(m, cache, MlaForm::rebuild);
+    CHECK_THROWS_WITH(d.prefill(std::vector<int>{16}), "mla: token 16 is outside [0, 16)");
+    CHECK_THROWS_WITH(d.prefill(std::vector<int>{1, 2, 3, 4, 5}), "mla: 5 positions from 0 do not fit max_seq = 4");
+    CHECK(cache.length() == 0);
+    MlaConfig other = c;
+    other.rank = 2;
+    MlaCache small(other);
+    CHECK_THROWS_WITH(MlaDecoder(m, small, MlaForm::absorbed), Catch::Contains("mla: a cache of shape"));
+    CHECK_THROWS_WITH(cache.truncate(1), "mla cache: cannot roll back to 1 (length is 0)");
+}
