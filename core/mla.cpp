@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 
@@ -28,6 +29,20 @@ std::string MlaConfig::describe() const {
     c.n_kv_heads = c.n_heads;
     return fmt::format("{} rank={} rope_dim={}", c.describe(), rank, rope_dim);
 }
+
+namespace {
+// The absorbed form's query product: W_UK_h [rank, head_size] transposed, per layer and head.
+void absorb(MlaModel& m) {
+    const std::size_t L = std::size_t(m.config.base.n_layers), H = std::size_t(m.config.base.n_heads);
+    const std::size_t hs = std::size_t(m.config.head_size()), r = std::size_t(m.config.rank);
+    m.wuk_t.resize(L * H * hs * r);
+    for (std::size_t l = 0; l < L; l++)
+        for (std::size_t h = 0; h < H; h++)
+            for (std::size_t d = 0; d < hs; d++)
+                for (std::size_t j = 0; j < r; j++)
+                    m.wuk_t[((l * H + h) * hs + d) * r + j] = m.wuk[(l * r + j) * H * hs + h * hs + d];
+}
+}  // namespace
 
 std::string_view to_string(MlaForm form) { return form == MlaForm::rebuild ? "rebuild" : "absorbed"; }
 
@@ -61,18 +76,96 @@ MlaModel random_mla_model(const MlaConfig& config, std::uint64_t seed) {
     fill(m.w2, L * std::size_t(c.hidden_dim) * dim, double(c.hidden_dim));
     fill(m.w3, L * dim * std::size_t(c.hidden_dim), double(dim));
     norm(m.rms_final, dim);
-    // The absorbed form's query product: W_UK_h [rank, head_size] transposed, per layer and head.
-    m.wuk_t.resize(L * H * hs * r);
-    for (std::size_t l = 0; l < L; l++)
-        for (std::size_t h = 0; h < H; h++)
-            for (std::size_t d = 0; d < hs; d++)
-                for (std::size_t j = 0; j < r; j++)
-                    m.wuk_t[((l * H + h) * hs + d) * r + j] = m.wuk[(l * r + j) * H * hs + h * hs + d];
+    absorb(m);
     m.wcls.resize(dim * std::size_t(c.vocab_size));
     for (std::size_t v = 0; v < std::size_t(c.vocab_size); v++)
         for (std::size_t d = 0; d < dim; d++)
             m.wcls[d * std::size_t(c.vocab_size) + v] = m.token_embedding[v * dim + d];
     m.rope = RopeTable(c.max_seq, config.rope_dim);
+    return m;
+}
+
+namespace {
+
+// The eigenvectors of the symmetric n x n matrix a (row-major, destroyed), as the columns of the
+// returned matrix, by decreasing eigenvalue: cyclic Jacobi rotations until the off-diagonal is
+// negligible.
+std::vector<double> eigenvectors(std::vector<double>& a, int n) {
+    std::vector<double> v(std::size_t(n) * n, 0.0);  // [n, n]
+    for (int i = 0; i < n; i++) v[std::size_t(i) * n + i] = 1.0;
+    auto at = [n](std::vector<double>& m, int i, int j) -> double& { return m[std::size_t(i) * n + j]; };
+    for (int sweep = 0; sweep < 100; sweep++) {
+        double off = 0, diag = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) (i == j ? diag : off) += at(a, i, j) * at(a, i, j);
+        if (off <= 1e-30 * (diag + 1e-300)) break;
+        for (int p = 0; p < n; p++)
+            for (int q = p + 1; q < n; q++) {
+                if (at(a, p, q) == 0.0) continue;
+                const double theta = (at(a, q, q) - at(a, p, p)) / (2 * at(a, p, q));
+                const double t = (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+                const double c = 1 / std::sqrt(t * t + 1), s = t * c;
+                for (int k = 0; k < n; k++) {  // a = J^T a J, v = v J
+                    const double akp = at(a, k, p), akq = at(a, k, q);
+                    at(a, k, p) = c * akp - s * akq, at(a, k, q) = s * akp + c * akq;
+                }
+                for (int k = 0; k < n; k++) {
+                    const double apk = at(a, p, k), aqk = at(a, q, k);
+                    at(a, p, k) = c * apk - s * aqk, at(a, q, k) = s * apk + c * aqk;
+                }
+                for (int k = 0; k < n; k++) {
+                    const double vkp = at(v, k, p), vkq = at(v, k, q);
+                    at(v, k, p) = c * vkp - s * vkq, at(v, k, q) = s * vkp + c * vkq;
+                }
+            }
+    }
+    std::vector<int> order(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; i++) order[std::size_t(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return at(a, x, x) > at(a, y, y); });
+    std::vector<double> sorted(v.size());
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n; k++) sorted[std::size_t(k) * n + i] = v[std::size_t(k) * n + order[std::size_t(i)]];
+    return sorted;
+}
+
+}  // namespace
+
+MlaModel truncate_rank(const MlaModel& model, int r) {
+    const MlaConfig& mc = model.config;
+    const int R = mc.rank, L = mc.base.n_layers, dim = mc.base.dim, wide = mc.base.n_heads * mc.head_size();
+    if (r < 1 || r > R) throw Error(fmt::format("mla: a rank of {} is outside 1..{}, the model's", r, R));
+    MlaModel m = model;
+    m.config.rank = r;
+    m.wdkv.assign(std::size_t(L) * dim * r, 0.0f), m.wuk.assign(std::size_t(L) * r * wide, 0.0f);
+    m.wuv.assign(m.wuk.size(), 0.0f);
+    for (int l = 0; l < L; l++) {
+        const float* uk = model.wuk.data() + std::size_t(l) * R * wide;  // [R, wide]
+        const float* uv = model.wuv.data() + std::size_t(l) * R * wide;
+        std::vector<double> gram(std::size_t(R) * R, 0.0);  // [R, R] = [W_UK | W_UV] [W_UK | W_UV]^T
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < R; j++)
+                for (int o = 0; o < wide; o++)
+                    gram[std::size_t(i) * R + j] +=
+                        double(uk[i * wide + o]) * uk[j * wide + o] + double(uv[i * wide + o]) * uv[j * wide + o];
+        const std::vector<double> u = eigenvectors(gram, R);  // [R, R], columns by decreasing eigenvalue
+        for (int k = 0; k < dim; k++)
+            for (int j = 0; j < r; j++) {
+                double s = 0;
+                for (int i = 0; i < R; i++)
+                    s += double(model.wdkv[(std::size_t(l) * dim + k) * R + i]) * u[std::size_t(i) * R + j];
+                m.wdkv[(std::size_t(l) * dim + k) * r + j] = float(s);
+            }
+        for (int j = 0; j < r; j++)
+            for (int o = 0; o < wide; o++) {
+                double sk = 0, sv = 0;
+                for (int i = 0; i < R; i++)
+                    sk += u[std::size_t(i) * R + j] * uk[i * wide + o],
+                        sv += u[std::size_t(i) * R + j] * uv[i * wide + o];
+                m.wuk[(std::size_t(l) * r + j) * wide + o] = float(sk),
+                                                        m.wuv[(std::size_t(l) * r + j) * wide + o] = float(sv);
+            }
+    }
+    absorb(m);
     return m;
 }
 

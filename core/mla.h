@@ -68,6 +68,13 @@ struct MlaModel {
 // Weights drawn as random_model draws them (splitmix64, standard deviation 1/sqrt(fan_in)).
 MlaModel random_mla_model(const MlaConfig& config, std::uint64_t seed);
 
+// The model with its latent cut to `rank` (< its own): per layer, the latent is projected on the
+// top `rank` left singular vectors U_r of [W_UK | W_UV] (computed in double, Jacobi on the Gram
+// matrix), so W_DKV becomes W_DKV U_r and W_UK, W_UV become U_r^T W_UK, U_r^T W_UV: the rank-r
+// map from latent to keys and values closest to the model's, with no retraining. `kvlab
+// frontier` measures what each rank costs. Throws Error for rank outside 1..model's rank.
+MlaModel truncate_rank(const MlaModel& model, int rank);
+
 enum class MlaForm { rebuild, absorbed };
 std::string_view to_string(MlaForm form);
 

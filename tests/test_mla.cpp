@@ -115,3 +115,51 @@ TEST_CASE("mla: shapes, tokens and lengths that make no sense are one-line error
     CHECK_THROWS_WITH(MlaDecoder(m, small, MlaForm::absorbed), Catch::Contains("mla: a cache of shape"));
     CHECK_THROWS_WITH(cache.truncate(1), "mla cache: cannot roll back to 1 (length is 0)");
 }
+
+namespace {
+// The largest |a - b| over the logits, against the bound the forms keep.
+bool within_rounding(const std::vector<float>& a, const std::vector<float>& b) {
+    double scale = 0, diff = 0;
+    for (std::size_t i = 0; i < a.size(); i++)
+        scale = std::max(scale, double(std::fabs(a[i]))), diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    return diff <= 1e-4 * (1.0 + scale);
+}
+
+// A model whose latent reaches keys and values through only its first k latent channels.
+MlaModel low_rank_model(const MlaConfig& c, int k, std::uint64_t seed) {
+    MlaModel m = random_mla_model(c, seed);
+    const std::size_t wide = std::size_t(c.base.n_heads) * c.head_size();
+    for (int l = 0; l < c.base.n_layers; l++)
+        for (int j = k; j < c.rank; j++)
+            for (std::size_t o = 0; o < wide; o++)
+                m.wuk[(std::size_t(l) * c.rank + j) * wide + o] = 0.0f,
+                                                             m.wuv[(std::size_t(l) * c.rank + j) * wide + o] = 0.0f;
+    return truncate_rank(m, c.rank);  // rank unchanged: recomputes wuk_t (rotated, within rounding)
+}
+}  // namespace
+
+TEST_CASE("mla: cutting the latent to the rank its up-projections have keeps the logits within rounding", "[mla]") {
+    rc::prop("random MLA shapes, [W_UK | W_UV] of rank k <= rank, cut to k", [] {
+        const MlaConfig c = draw_mla_config();
+        const int k = draw(1, c.rank);
+        const MlaModel full = low_rank_model(c, k, *rc::gen::arbitrary<std::uint64_t>());
+        const MlaModel cut = truncate_rank(full, k);
+        RC_ASSERT(cut.config.rank == k);
+        const std::vector<int> tokens = draw_tokens(c.base, draw(1, c.base.max_seq));
+        for (MlaForm form : {MlaForm::rebuild, MlaForm::absorbed})
+            RC_ASSERT(within_rounding(mla_naive(full, tokens, form), mla_naive(cut, tokens, form)));
+    });
+}
+
+TEST_CASE("mla counter-test: cutting below that rank moves the logits past rounding", "[mla][counter]") {
+    MlaConfig c;
+    c.base = Config{16, 16, 2, 2, 2, 32, 12};
+    c.rank = 8, c.rope_dim = 2;
+    const MlaModel full = low_rank_model(c, 6, 5);
+    const std::vector<int> tokens{1, 5, 7, 2, 9, 30, 4};
+    CHECK(within_rounding(mla_naive(full, tokens, MlaForm::rebuild),
+                          mla_naive(truncate_rank(full, 6), tokens, MlaForm::rebuild)));
+    CHECK(!within_rounding(mla_naive(full, tokens, MlaForm::rebuild),
+                           mla_naive(truncate_rank(full, 3), tokens, MlaForm::rebuild)));
+    CHECK_THROWS_WITH(truncate_rank(full, 9), "mla: a rank of 9 is outside 1..8, the model's");
+}
