@@ -192,6 +192,7 @@ constexpr VariantParam kFifoParams[] = {
      .valid_text = "1 or more",
      .property = each_of<1, 4>,
      .property_text = "1..4"},
+    kWindowParams[2],  // chunk: the ring holds window + chunk - 1 rows
 };
 
 constexpr VariantParam kH2OParams[] = {
@@ -321,7 +322,7 @@ constexpr VariantInfo kVariantTable[] = {
      .viewer = "one sequence; evicted rows shown in red",
      .kv_formats = true,
      .build = [](const Config& c, const CacheSpec& s, Memory& m, const PoolMaker&,
-                 CacheAndPool& out) { out.cache = std::make_unique<FifoCache>(c, s.window, m); }},
+                 CacheAndPool& out) { out.cache = std::make_unique<FifoCache>(c, s.window, s.chunk, m); }},
     {.id = Variant::h2o,
      .name = "h2o",
      .summary = "heavy hitters: per layer and KV head, the recent positions plus the heavy ones with the most "

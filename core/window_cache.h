@@ -68,8 +68,8 @@ private:
 // without sinks, named for what it is. Exact while T <= window.
 class FifoCache : public WindowCache {
 public:
-    FifoCache(const Config& config, int window, Memory& memory = host_memory())
-        : WindowCache(config, 0, window, 0, memory) {}
+    FifoCache(const Config& config, int window, int chunk = 0, Memory& memory = host_memory())
+        : WindowCache(config, 0, window, chunk, memory) {}
     std::string name() const override;  // "fifo(window=W)"
 };
 
