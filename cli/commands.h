@@ -140,6 +140,20 @@ struct BeamOptions {
 };
 int run_beam(const BeamOptions& o);
 
+// kvlab frontier (cli/frontier.cpp): each cache strategy's quality against its KV bytes per token.
+struct FrontierOptions {
+    ModelOptions m;
+    int prompts = 8;         // texts the model writes, each decoded by every setting
+    int length = 0;          // tokens per text; 0: max_seq
+    int prefill = 0;         // positions each cache prefills before it decodes; 0: length / 4
+    int probe_gap = 96;      // the recall probe's tokens between the fact and its cue (fewer if it must fit)
+    std::uint64_t seed = 1;  // the texts' sampling seed
+    int threads = 1;
+    std::string plot;  // a PNG of mean KL against bytes per token ("": none)
+    bool json = false;
+};
+int run_frontier(const FrontierOptions& o);
+
 struct BenchOptions {
     std::string shape = "stories15M";
     std::uint64_t seed = 7;

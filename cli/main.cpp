@@ -60,8 +60,9 @@ struct Commands {
     GoldenOptions golden;
     ServeSimOptions serve;
     BeamOptions beam;
+    FrontierOptions frontier;
     CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd, *trace_cmd,
-        *diff_cmd, *golden_cmd, *serve_cmd, *beam_cmd;
+        *diff_cmd, *golden_cmd, *serve_cmd, *beam_cmd, *frontier_cmd;
 };
 
 constexpr const char* kKvCalibrateHelp =
@@ -320,6 +321,31 @@ CLI::App* add_beam(CLI::App& app, BeamOptions& o) {
     return cmd;
 }
 
+CLI::App* add_frontier(CLI::App& app, FrontierOptions& o) {
+    auto* cmd = app.add_subcommand("frontier",
+                                   "quality against KV bytes per token for KV formats, quantized, window, fifo, h2o "
+                                   "and GQA settings, measured against exact decode, with the Pareto front");
+    add_model_options(cmd, o.m.model, o.m.tokenizer, o.m.seed, o.m.panel_cache);
+    cmd->add_option("--prompts", o.prompts, "texts the model writes, each decoded by every setting (default 8)")
+        ->check(CLI::Range(1, 1000));
+    cmd->add_option("--length", o.length, "tokens per text, 2..max_seq (default max_seq)")
+        ->check(CLI::Range(2, 1 << 24));
+    cmd->add_option("--prefill", o.prefill,
+                    "positions each cache prefills before it decodes the rest a token a step (default length / 4)")
+        ->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--probe-gap", o.probe_gap,
+                    "the recall probe's tokens between the fact and its cue (default 96; fewer when --length is "
+                    "short)")
+        ->check(CLI::Range(0, 1 << 24));
+    cmd->add_option("--seed", o.seed, "the texts' sampling seed (default 1)");
+    cmd->add_option("--threads", o.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    cmd->add_option("--plot", o.plot,
+                    "write a PNG: mean KL (log) against KV bytes per token (log), a colour per family, the Pareto "
+                    "front as a line");
+    cmd->add_flag("--json", o.json, "machine-readable output");
+    return cmd;
+}
+
 CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     auto* verify_cmd =
         app.add_subcommand("verify", "property-test every cache variant against naive decode, and every planted bug");
@@ -385,6 +411,7 @@ void add_commands(CLI::App& app, Commands& c) {
     c.golden_cmd = add_golden(app, c.golden);
     c.serve_cmd = add_serve_sim(app, c.serve);
     c.beam_cmd = add_beam(app, c.beam);
+    c.frontier_cmd = add_frontier(app, c.frontier);
 }
 
 // CLI11 would call a mistyped command "a missing subcommand"; name it instead, with the commands
@@ -423,6 +450,7 @@ int run_command(Commands& c, ViewCommand& view) {
         if (*c.golden_cmd) return run_golden(c.golden);
         if (*c.serve_cmd) return run_serve_sim(c.serve);
         if (*c.beam_cmd) return run_beam(c.beam);
+        if (*c.frontier_cmd) return run_frontier(c.frontier);
         if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");

@@ -90,67 +90,153 @@ std::string short_number(double v) {
     return fmt::format("{:g}{}", v, units[u]);
 }
 
-void draw_chart(Canvas& cv, int ox, const Chart& chart) {
+// A y as drawn: below the chart's floor (0 included) at the floor.
+double shown_y(const Chart& chart, double y) { return chart.y_floor > 0 && y < chart.y_floor ? chart.y_floor : y; }
+
+void draw_marker(Canvas& cv, double cx, double cy, Marker m, Rgb c) {
+    const int x = int(cx), y = int(cy);  // truncated, as bench's squares always were
+    switch (m) {
+        case Marker::square: cv.fill(x - 3, y - 3, x + 4, y + 4, c); break;
+        case Marker::circle:
+            for (int dy = -4; dy <= 4; dy++)
+                for (int dx = -4; dx <= 4; dx++)
+                    if (dx * dx + dy * dy <= 17) cv.dot(x + dx, y + dy, c);
+            break;
+        case Marker::diamond:
+            for (int dy = -5; dy <= 5; dy++)
+                for (int dx = -5; dx <= 5; dx++)
+                    if (std::abs(dx) + std::abs(dy) <= 5) cv.dot(x + dx, y + dy, c);
+            break;
+        case Marker::triangle:
+            for (int dy = -4; dy <= 4; dy++)
+                for (int dx = -5; dx <= 5; dx++)
+                    if (2 * std::abs(dx) <= dy + 5) cv.dot(x + dx, y + dy, c);
+            break;
+        case Marker::cross: cv.line(x - 4, y - 4, x + 4, y + 4, c, 3), cv.line(x - 4, y + 4, x + 4, y - 4, c, 3); break;
+        case Marker::none: break;
+    }
+}
+
+// Where a chart's pixels go: its plot area and its logarithmic axes.
+struct Frame {
+    int px0 = 0, px1 = 0, py0 = 0, py1 = 0;
+    double lx0 = 0, lx1 = 0, ly0 = 0, ly1 = 0;  // log2 of the x range, log10 of the y range
+    double X(double x) const { return px0 + (std::log2(x) - lx0) / (lx1 - lx0) * (px1 - px0); }
+    double Y(double y) const { return py1 - (std::log10(y) - ly0) / (ly1 - ly0) * (py1 - py0); }
+};
+
+// The frame around every point drawn (and the floor); false when there is none.
+bool chart_frame(int ox, const Chart& chart, int w, int h, Frame& f) {
     double x_min = 1e300, x_max = 0, y_min = 1e300, y_max = 0;
     for (const PlotSeries& s : chart.series)
-        for (const auto& [x, y] : s.points)
-            if (x > 0 && y > 0) {
+        for (const auto& [x, y0] : s.points)
+            if (const double y = shown_y(chart, y0); x > 0 && y > 0 && std::isfinite(x) && std::isfinite(y)) {
                 x_min = std::min(x_min, x), x_max = std::max(x_max, x);
                 y_min = std::min(y_min, y), y_max = std::max(y_max, y);
             }
-    if (x_max <= 0) return;  // nothing to draw
-    const double lx0 = std::floor(std::log2(x_min)), lx1 = std::max(lx0 + 1, std::ceil(std::log2(x_max)));
-    const double ly0 = std::floor(std::log10(y_min)), ly1 = std::max(ly0 + 1, std::ceil(std::log10(y_max)));
-    const int px0 = ox + kLeft, px1 = ox + kChartW - kRight, py0 = kTop, py1 = kChartH - kBottom;
-    auto X = [&](double x) { return px0 + (std::log2(x) - lx0) / (lx1 - lx0) * (px1 - px0); };
-    auto Y = [&](double y) { return py1 - (std::log10(y) - ly0) / (ly1 - ly0) * (py1 - py0); };
-    for (double e = lx0; e <= lx1; e++) {
-        const double x = X(std::exp2(e));
-        cv.line(x, py0, x, py1, kGrid, 1);
-        const std::string label = fmt::format("{:.0f}", std::exp2(e));  // context lengths, written out
-        cv.text(int(x) - Canvas::text_width(label) / 2, py1 + 8, label, kInk);
+    if (x_max <= 0) return false;
+    if (chart.y_floor > 0) y_min = std::min(y_min, chart.y_floor);
+    f.lx0 = std::floor(std::log2(x_min)), f.lx1 = std::max(f.lx0 + 1, std::ceil(std::log2(x_max)));
+    f.ly0 = std::floor(std::log10(y_min)), f.ly1 = std::max(f.ly0 + 1, std::ceil(std::log10(y_max)));
+    f.px0 = ox + kLeft, f.px1 = ox + w - kRight, f.py0 = kTop, f.py1 = h - kBottom;
+    return true;
+}
+
+void draw_axes(Canvas& cv, int ox, const Chart& chart, const Frame& f) {
+    for (double e = f.lx0; e <= f.lx1; e++) {
+        const double x = f.X(std::exp2(e));
+        cv.line(x, f.py0, x, f.py1, kGrid, 1);
+        const std::string label = fmt::format("{:.0f}", std::exp2(e));  // lengths and bytes, written out
+        cv.text(int(x) - Canvas::text_width(label) / 2, f.py1 + 8, label, kInk);
     }
-    for (double e = ly0; e <= ly1; e++) {
-        const double y = Y(std::pow(10.0, e));
-        cv.line(px0, y, px1, y, kGrid, 1);
+    for (double e = f.ly0; e <= f.ly1; e++) {
+        const double y = f.Y(std::pow(10.0, e));
+        cv.line(f.px0, y, f.px1, y, kGrid, 1);
         const std::string label = short_number(std::pow(10.0, e));
-        cv.text(px0 - 8 - Canvas::text_width(label), int(y) - 6, label, kInk);
+        cv.text(f.px0 - 8 - Canvas::text_width(label), int(y) - 6, label, kInk);
     }
-    cv.line(px0, py1, px1, py1, kInk, 1), cv.line(px0, py0, px0, py1, kInk, 1);
+    cv.line(f.px0, f.py1, f.px1, f.py1, kInk, 1), cv.line(f.px0, f.py0, f.px0, f.py1, kInk, 1);
     cv.text(ox + kLeft, 8, chart.title, kInk);
-    cv.text((px0 + px1 - Canvas::text_width(chart.x_label)) / 2, py1 + 34, chart.x_label, kInk);
-    cv.text(ox + 8, py0 - 20, chart.y_label, kInk);
-    if (chart.marker_x > 0 && chart.marker_x >= std::exp2(lx0) && chart.marker_x <= std::exp2(lx1)) {
-        const double x = X(chart.marker_x);
-        cv.line(x, py0, x, py1, kInk, 1, true);
+    cv.text((f.px0 + f.px1 - Canvas::text_width(chart.x_label)) / 2, f.py1 + 34, chart.x_label, kInk);
+    cv.text(ox + 8, f.py0 - 20, chart.y_label, kInk);
+    if (chart.marker_x > 0 && chart.marker_x >= std::exp2(f.lx0) && chart.marker_x <= std::exp2(f.lx1)) {
+        const double x = f.X(chart.marker_x);
+        cv.line(x, f.py0, x, f.py1, kInk, 1, true);
         const int w = Canvas::text_width(chart.marker_label);
-        cv.text(int(x) + 6 + w <= px1 ? int(x) + 6 : int(x) - 6 - w, py1 - 22, chart.marker_label, kInk);
+        cv.text(int(x) + 6 + w <= f.px1 ? int(x) + 6 : int(x) - 6 - w, f.py1 - 22, chart.marker_label, kInk);
     }
-    int legend_y = py0 + 8;
+    if (chart.y_floor > 0) {
+        const double y = f.Y(chart.y_floor);
+        cv.line(f.px0, y, f.px1, y, kInk, 1, true);
+        cv.text(f.px0 + 6, int(y) - 16, chart.y_floor_label, kInk);
+    }
+}
+
+// Each series in turn: a line's segments with a marker after each (as bench has always drawn
+// them), a scatter's markers, the labels; the legend on the right.
+void draw_series(Canvas& cv, const Chart& chart, const Frame& f) {
+    const auto drawn = [&](double x, double y) { return x > 0 && y > 0 && std::isfinite(x) && std::isfinite(y); };
+    int legend_y = f.py0 + 8;
     for (const PlotSeries& s : chart.series) {
         bool have = false;
         double x_prev = 0, y_prev = 0;
-        for (const auto& [x, y] : s.points) {
-            if (!(x > 0 && y > 0)) continue;
-            if (have) cv.line(X(x_prev), Y(y_prev), X(x), Y(y), s.colour, 2, s.dashed);
-            cv.fill(int(X(x)) - 3, int(Y(y)) - 3, int(X(x)) + 4, int(Y(y)) + 4, s.colour);
+        for (std::size_t i = 0; i < s.points.size(); i++) {
+            const double x = s.points[i].first, y = shown_y(chart, s.points[i].second);
+            if (!drawn(x, y)) continue;
+            if (s.line && have) cv.line(f.X(x_prev), f.Y(y_prev), f.X(x), f.Y(y), s.colour, 2, s.dashed);
+            draw_marker(cv, f.X(x), f.Y(y), s.marker, s.colour);
             x_prev = x, y_prev = y, have = true;
         }
-        cv.line(px1 + 16, legend_y + 6, px1 + 44, legend_y + 6, s.colour, 3, s.dashed);
-        cv.text(px1 + 52, legend_y, s.name, kInk);
+        for (std::size_t i = 0; i < std::min(s.labels.size(), s.points.size()); i++) {
+            const double x = s.points[i].first, y = shown_y(chart, s.points[i].second);
+            // Above and below the point in turn, so that close neighbours' labels do not overlap.
+            if (drawn(x, y) && !s.labels[i].empty())
+                cv.text(int(f.X(x)) + 7, int(f.Y(y)) + (i % 2 ? 4 : -11), s.labels[i], kInk, 1);
+        }
+        if (s.line)
+            cv.line(f.px1 + 16, legend_y + 6, f.px1 + 44, legend_y + 6, s.colour, 3, s.dashed);
+        else
+            draw_marker(cv, f.px1 + 30, legend_y + 6, s.marker, s.colour);
+        cv.text(f.px1 + 52, legend_y, s.name, kInk);
         legend_y += 20;
     }
+}
+
+void draw_chart(Canvas& cv, int ox, const Chart& chart, int w, int h) {
+    Frame f;
+    if (!chart_frame(ox, chart, w, h, f)) return;  // nothing to draw
+    draw_axes(cv, ox, chart, f);
+    draw_series(cv, chart, f);
 }
 
 }  // namespace
 
 bool can_plot() { return KVLAB_HAVE_STB != 0; }
 
+void check_plot_path(const std::string& option, const std::string& path) {
+    namespace fs = std::filesystem;
+    if (!can_plot()) throw Error(fmt::format("{} needs a kvlab built with stb (libstb-dev), which writes PNG", option));
+    const fs::path folder = fs::path(path).parent_path();
+    if (path.empty() || fs::is_directory(path))
+        throw Error(fmt::format("{} '{}': is a folder, not a file name", option, one_line(path)));
+    if (!folder.empty() && !fs::is_directory(folder))
+        throw Error(
+            fmt::format("{} '{}': the folder '{}' does not exist", option, one_line(path), one_line(folder.string())));
+    // The PNG goes to a temporary file beside it, then is renamed: the folder must take new files.
+    if (::access(folder.empty() ? "." : folder.c_str(), W_OK | X_OK) != 0)
+        throw Error(fmt::format("{} '{}': cannot write into the folder '{}': {}", option, one_line(path),
+                                one_line(folder.empty() ? "." : folder.string()), std::strerror(errno)));
+}
+
 void write_charts_png(const std::string& path, const std::vector<Chart>& charts) {
 #if KVLAB_HAVE_STB
-    Canvas cv(kChartW * int(std::max<std::size_t>(charts.size(), 1)), kChartH);
+    const auto width = [](const Chart& c) { return c.width > 0 ? c.width : kChartW; };
+    int w = 0, h = 0;
+    for (const Chart& c : charts) w += width(c), h = std::max(h, c.height > 0 ? c.height : kChartH);
+    Canvas cv(std::max(w, kChartW), std::max(h, kChartH));
     cv.fill(0, 0, cv.width(), cv.height(), kPaper);
-    for (std::size_t i = 0; i < charts.size(); i++) draw_chart(cv, int(i) * kChartW, charts[i]);
+    for (int i = 0, ox = 0; i < int(charts.size()); ox += width(charts[i]), i++)
+        draw_chart(cv, ox, charts[i], width(charts[i]), charts[i].height > 0 ? charts[i].height : kChartH);
     std::vector<unsigned char> png;
     auto append = [](void* context, void* data, int n) {
         auto* out = static_cast<std::vector<unsigned char>*>(context);
