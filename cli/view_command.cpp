@@ -62,6 +62,10 @@ ViewCommand::ViewCommand(CLI::App& app)
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--free-at", s.free_fork_at, "prefix-shared: C is freed after this decode step (0: never)")
         ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--mla-rank", s.mla_rank,
+                    "a random MLA model of the model's shape with this latent rank follows the tokens; the Layouts "
+                    "panel draws its latent cache (0: none)")
+        ->check(CLI::Range(0, 1 << 16));
     cmd->add_flag("--serve", s.serve,
                   "the serving view: a workload through the continuous-batching scheduler, the pool under load");
     cmd->add_option("--requests", s.serve_requests, "--serve: requests in the workload (default 24)")

@@ -273,3 +273,21 @@ TEST_CASE("session in a KV format: exact, and the bits panel's K row is what lay
     q.kv_format = KVFormat::bf16;
     CHECK_THROWS_WITH(Session(q), Catch::Contains("stores K and V in its own way"));
 }
+
+TEST_CASE("session: --mla-rank follows A's tokens with an MLA model whose latent cache holds its stated bytes") {
+    Settings s = small(Variant::contiguous_head);
+    s.mla_rank = 3;
+    const Session session(s);
+    const SessionInfo& info = session.info();
+    CHECK(info.mla_rank == 3);
+    const int row = 3 + info.mla_rope_dim;
+    for (const auto& st : run_all(session)) {
+        CHECK(st->mla_length == st->length);
+        CHECK(st->mla_bytes == std::int64_t(4) * info.config.n_layers * row * st->length);
+        CHECK(st->mla_newest.size() == std::size_t(info.config.n_layers) * std::size_t(row));
+    }
+    // Without it, nothing of MLA is recorded.
+    const Session plain(small(Variant::contiguous_head));
+    CHECK(plain.info().mla_rank == 0);
+    CHECK(run_all(plain).back()->mla_length == 0);
+}

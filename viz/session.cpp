@@ -13,6 +13,7 @@
 #include "decode.h"
 #include "device.h"
 #include "h2o_cache.h"
+#include "mla.h"
 #include "model_loader.h"
 #include "paged.h"
 #include "sampler.h"
@@ -65,6 +66,21 @@ void held_positions(Step& st, const H2OCache& h) {
     for (int t : h.kept(0, 0)) st.resident[std::size_t(t)] = 1;
 }
 
+// The MLA model decodes A's tokens it has not seen (absorbed form), and the step records its cache.
+void follow_with_mla(Step& st, const MlaModel& mla, MlaCache& cache, std::span<const int> tokens) {
+    if (cache.length() > int(tokens.size())) cache.truncate(int(tokens.size()));
+    if (cache.length() < int(tokens.size()))
+        MlaDecoder(mla, cache, MlaForm::absorbed).prefill(tokens.subspan(std::size_t(cache.length())));
+    st.mla_length = cache.length(), st.mla_bytes = cache.used_bytes();
+    const int row = mla.config.row();
+    st.mla_newest.clear();
+    for (int l = 0; l < mla.config.base.n_layers && cache.length() > 0; l++) {
+        const float* r = cache.layer(l) + std::size_t(cache.length() - 1) * std::size_t(row);
+        st.mla_newest.insert(st.mla_newest.end(), r, r + row);
+    }
+    assert(st.mla_newest.size() == std::size_t(mla.config.base.n_layers) * std::size_t(cache.length() > 0 ? row : 0));
+}
+
 }  // namespace
 
 // One sequence the session decodes; its cache and logits are the engine's.
@@ -91,6 +107,8 @@ struct Session::Impl {
     AttentionProbe probe;
     std::vector<int> last_attended;  // A's latest row: what it attended and with which weights
     std::vector<float> last_weights;
+    std::optional<MlaModel> mla;  // settings.mla_rank > 0: a random MLA model following A's tokens
+    std::optional<MlaCache> mla_cache;
 };
 
 Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
@@ -186,6 +204,14 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     } else {
         Memory& memory = m.backend->memory();
         m.engine.emplace(*m.backend, [c, spec, &memory](int) { return make_cache(c, spec, memory).cache; });
+    }
+    if (s.mla_rank > 0) {  // the model's shape with a latent of mla_rank and a RoPE key of one head's width
+        MlaConfig mc;
+        mc.base = c, mc.base.n_kv_heads = c.n_heads;
+        mc.rank = s.mla_rank, mc.rope_dim = c.head_size() - c.head_size() % 2;
+        m.mla.emplace(random_mla_model(mc, s.seed));
+        m.mla_cache.emplace(mc);
+        info_.mla_rank = mc.rank, info_.mla_rope_dim = mc.rope_dim;
     }
     m.engine->decoder().observer = &m.probe;
     m.engine->decoder().exec.attention = s.attention;
@@ -327,6 +353,7 @@ void Session::run() {
         if (auto* w = dynamic_cast<const WindowCache*>(&a))
             for (int t = 0; t < st.length; t++) st.resident.push_back(w->resident(t));
         if (auto* h = dynamic_cast<const H2OCache*>(&a)) held_positions(st, *h);
+        if (m.mla) follow_with_mla(st, *m.mla, *m.mla_cache, a.tokens());
         st.events = engine.events();
         engine.clear_events();
         st.attended = m.last_attended;

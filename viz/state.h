@@ -54,6 +54,9 @@ struct Settings {
     bool serve = false;
     int serve_requests = 24;
     int beam_width = 0;  // > 0: the same view of beam search with this many beams over the prompt
+    // > 0: a random MLA model (core/mla.h) of the model's shape, with this latent rank, follows A's
+    // tokens; the Layouts panel draws its latent cache beside the K rows.
+    int mla_rank = 0;
     // Builds the device's backend; empty: make_backend (gpu/device.h). Tests plant a wrong
     // kernel behind a device name with it, to show the CPU comparison catches it.
     std::function<std::unique_ptr<Backend>(std::string_view device, const Model& model)> make_backend = nullptr;
@@ -134,6 +137,11 @@ struct Step {
     std::vector<float> k_fp32;           // [head_size]
     std::vector<std::uint32_t> k_codes;  // [head_size]
     std::vector<float> k_held;           // [head_size] or empty
+    // The MLA model's latent cache (settings.mla_rank > 0): positions held, bytes, and the newest
+    // position's cached row [c ; k_R] in every layer.
+    int mla_length = 0;
+    std::int64_t mla_bytes = 0;
+    std::vector<float> mla_newest;       // [n_layers, rank + rope_dim]
     float k_scale = 1;                   // layer 0's K scale (fp8; 1 otherwise)
     // Integer formats: each element's group's scale and minimum (its value: code * scale + min).
     std::vector<QuantRange> k_groups;  // [head_size] or empty
@@ -155,6 +163,7 @@ struct SessionInfo {
     KVFormat kv_format = KVFormat::fp32;  // what the caches store K and V in
     std::string error;                    // non-empty when the settings could not start a session
     std::vector<std::string> pieces;      // [vocab_size] the tokenizer's pieces, or empty
+    int mla_rank = 0, mla_rope_dim = 0;   // the MLA model's latent (settings.mla_rank; 0: none)
 };
 
 // The devices the viewer offers here: cpu, gpu-host (the GPU's kernels launched on the host), and

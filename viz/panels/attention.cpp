@@ -15,19 +15,6 @@ namespace {
 
 constexpr int kMaxPitchX = 28, kMaxPitchY = 24;  // px per cell, gap included
 
-// A dark-to-bright ramp (close to matplotlib's magma) for v in [0, 1]. Zero stays visibly above the
-// window's background so an unattended-looking cell still reads as a cell.
-ImU32 heat(float v) {
-    static constexpr float stops[][3] = {{28, 16, 58},   {90, 24, 120},   {180, 54, 120},
-                                         {245, 120, 80}, {252, 220, 150}, {252, 253, 191}};
-    constexpr int n = int(std::size(stops)) - 1;
-    const float x = std::clamp(v, 0.0f, 1.0f) * n;
-    const int i = std::min(n - 1, int(x));
-    const float u = x - i;
-    auto mix = [&](int ch) { return unsigned(std::lround(stops[i][ch] + (stops[i + 1][ch] - stops[i][ch]) * u)); };
-    return palette::rgb(mix(0), mix(1), mix(2));
-}
-
 // "0-4, 9-12": positions as ranges of consecutive values.
 std::string ranges(const std::vector<int>& ts) {
     std::string out;

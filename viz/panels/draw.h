@@ -81,6 +81,9 @@ const SeqView* seq_a(const Step& s);
 // and KV head lh (of `pairs`, n_layers * n_kv_heads) says whether it still keeps pos.
 enum class CellState { empty, prefill, decode, newest, evicted };
 CellState state_of(int pos, const Step& s, int prompt_len, bool window, int lh = -1, int pairs = 1);
+// A dark-to-bright ramp (close to matplotlib's magma) for v in [0, 1]: attention weights, and the
+// magnitudes of the MLA latent's newest row.
+ImU32 heat(float v);
 // The variants that evict rows (window, fifo, h2o): their panels show evicted cells.
 bool evicts(Variant v);
 ImU32 colour_of(CellState c);

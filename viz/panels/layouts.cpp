@@ -35,6 +35,50 @@ struct Order {
     int row(int h, int t, int n_kv_heads, int N) const { return head_major ? h * N + t : t * n_kv_heads + h; }
 };
 
+// The MLA model's latent cache (--mla-rank): layer l's rows [N][rank + rope_dim], one per position
+// and shared by every head, and the newest position's row as a heat strip. One line of cells, as
+// large as the K grids' `pitch` or the width allows (up to 8 px).
+void draw_mla_latent(const Frame& f, const Step& s, int l, int N, int prompt_len, int pitch) {
+    const SessionInfo& info = *f.info;
+    const Config& cfg = info.config;
+    const int row = info.mla_rank + info.mla_rope_dim;
+    const std::int64_t latent_bytes = 4LL * row, kv_bytes = 2LL * 4 * cfg.n_kv_heads * cfg.head_size();
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::Text("MLA latent cache, layer %d: [N][rank %d + rope_dim %d], one row per position for every head", l,
+                info.mla_rank, info.mla_rope_dim);
+    ImGui::TextDisabled(
+        "a random MLA model of this shape follows A's tokens (core/mla.h): %lld B per position and layer against "
+        "%lld B of K and V here; %d positions, %lld B in all layers",
+        static_cast<long long>(latent_bytes), static_cast<long long>(kv_bytes), s.mla_length,
+        static_cast<long long>(s.mla_bytes));
+    ImGui::PopTextWrapPos();
+    pitch = std::max(pitch, std::clamp(int(ImGui::GetContentRegionAvail().x) / std::max(1, N), 1, 8));
+    const Cells c = cells_for_pitch(pitch, pitch);
+    std::vector<ImU32> col(static_cast<std::size_t>(N));  // [N]: a position's row, coloured by its state
+    for (int t = 0; t < N; t++)
+        col[std::size_t(t)] = t < s.mla_length ? colour_of(state_of(t, s, prompt_len, false)) : palette::empty;
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const ImVec2 g = floored(ImGui::GetCursorScreenPos());
+    for (int t = 0; t < N; t++)
+        dl->AddRectFilled(ImVec2(g.x + t * c.pitch_x(), g.y), ImVec2(g.x + t * c.pitch_x() + c.w, g.y + c.h),
+                          col[std::size_t(t)]);
+    report_grid(f, "layouts.mla", g, ImVec2(g.x + N * c.pitch_x() - c.gap, g.y + c.h), c);
+    ImGui::Dummy(ImVec2(float(N * c.pitch_x()), float(c.h)));
+    // The newest row's floats, |x| scaled to the row's largest: the latent, then the RoPE key.
+    if (s.mla_newest.size() != std::size_t(cfg.n_layers) * std::size_t(row) || row == 0) return;
+    const float* r = s.mla_newest.data() + std::size_t(l) * std::size_t(row);
+    float top = 0;
+    for (int i = 0; i < row; i++) top = std::max(top, std::fabs(r[i]));
+    const ImVec2 h = floored(ImGui::GetCursorScreenPos());
+    const float w = std::max(2.0f, std::min(12.0f, ImGui::GetContentRegionAvail().x / float(row)));
+    for (int i = 0; i < row; i++)
+        dl->AddRectFilled(ImVec2(h.x + i * w, h.y), ImVec2(h.x + (i + 1) * w - 1, h.y + 10),
+                          heat(top > 0 ? std::fabs(r[i]) / top : 0.0f));
+    ImGui::Dummy(ImVec2(row * w, 10));
+    ImGui::TextDisabled("position %d's row: %d latent floats, then %d of its RoPE key (|x|, row max = %.3g)",
+                        s.mla_length - 1, info.mla_rank, info.mla_rope_dim, top);
+}
+
 }  // namespace
 
 void draw_layouts(const Frame& f) {
@@ -138,6 +182,7 @@ void draw_layouts(const Frame& f) {
         text_h += ImGui::CalcTextSize(orders[o].title, nullptr, false, avail.x).y +
                   ImGui::CalcTextSize(stats[o].c_str(), nullptr, false, avail.x).y +
                   2 * ImGui::GetStyle().ItemSpacing.y;
+    if (info.mla_rank > 0) text_h += 5 * (line_h + ImGui::GetStyle().ItemSpacing.y) + 8 + 10;  // its block
     const float spacing = ImGui::GetStyle().ItemSpacing.y;
     auto fits = [&](int pitch, int lines) {
         return text_h + 2 * (lines * pitch - cells_for_pitch(pitch, pitch).gap + block_gap + spacing) <= avail.y;
@@ -215,6 +260,7 @@ void draw_layouts(const Frame& f) {
             }
         }
     }
+    if (info.mla_rank > 0) draw_mla_latent(f, s, l, N, prompt_len, pitch);
     ImGui::End();
 }
 
