@@ -104,6 +104,12 @@ KVStorage::KVStorage(Memory& memory, std::int64_t n_rows_, int head_size_, std::
     assert(host_scales.size() == std::size_t(scales.size()));
 }
 
+KVStorage KVStorage::reformatted(int n_layers, KVFormat f, std::span<const float> new_scales) const {
+    const std::vector<float> checked =
+        new_scales.empty() ? std::vector<float>{} : checked_kv_scales(n_layers, new_scales);
+    return KVStorage(memory(), n_rows, head_size, layer_rows, head_rows, f, checked);
+}
+
 float* KVStorage::k_f32() const {
     if (format != KVFormat::fp32)
         throw Error(fmt::format("kv storage: read as fp32, but it holds {}", kv_format_name(format)));

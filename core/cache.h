@@ -102,6 +102,9 @@ struct KVStorage {
     // fp32 storage read as floats [n_rows, head_size] (host code over an fp32 cache).
     float* k_f32() const;
     float* v_f32() const;
+    // Storage of the same rows and geometry, all NaN, in another format with `scales` (checked as
+    // checked_kv_scales checks them; empty: all 1): a cache's set_kv_format while it is empty.
+    KVStorage reformatted(int n_layers, KVFormat format, std::span<const float> scales) const;
     // NaN in `count` consecutive slots from `slot`, for every layer and KV head.
     void poison(const Config& c, std::int64_t slot, std::int64_t count);
     // NaN in n_rows rows of one tensor from `row` (its first byte).

@@ -181,19 +181,8 @@ constexpr VariantParam kWindowParams[] = {
      .property_text = "0..3"},
 };
 
-constexpr VariantParam kFifoParams[] = {
-    {.name = "window",
-     .meaning = "latest positions kept",
-     .get = [](const CacheSpec& s) { return s.window; },
-     .set = [](CacheSpec& s, int v) { s.window = v; },
-     .default_value = constant<16>,
-     .default_text = "16",
-     .valid = bounds<1>,
-     .valid_text = "1 or more",
-     .property = each_of<1, 4>,
-     .property_text = "1..4"},
-    kWindowParams[2],  // chunk: the ring holds window + chunk - 1 rows
-};
+// A window's, without its sinks: the ring holds window + chunk - 1 rows.
+constexpr VariantParam kFifoParams[] = {kWindowParams[1], kWindowParams[2]};
 
 constexpr VariantParam kH2OParams[] = {
     {.name = "recent",

@@ -25,10 +25,7 @@ H2OCache::H2OCache(const Config& config, int recent, int heavy, Memory& memory)
 
 void H2OCache::set_kv_format(KVFormat format, std::span<const float> scales) {
     if (length() != 0) throw Error(fmt::format("{}: the KV format changes only while the cache is empty", name()));
-    const std::vector<float> checked =
-        scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
-    storage_ = KVStorage(storage_.memory(), storage_.n_rows, storage_.head_size, storage_.layer_rows,
-                         storage_.head_rows, format, checked);
+    storage_ = storage_.reformatted(config_.n_layers, format, scales);
 }
 
 std::span<const int> H2OCache::kept(int l, int h) const {

@@ -28,10 +28,7 @@ WindowCache::WindowCache(const Config& config, int sinks, int window, int chunk,
 
 void WindowCache::set_kv_format(KVFormat format, std::span<const float> scales) {
     if (length() != 0) throw Error(fmt::format("{}: the KV format changes only while the cache is empty", name()));
-    const std::vector<float> checked =
-        scales.empty() ? std::vector<float>{} : checked_kv_scales(config_.n_layers, scales);
-    storage_ = KVStorage(storage_.memory(), storage_.n_rows, storage_.head_size, storage_.layer_rows,
-                         storage_.head_rows, format, checked);
+    storage_ = storage_.reformatted(config_.n_layers, format, scales);
 }
 
 int WindowCache::ring_slot(int pos) const {
