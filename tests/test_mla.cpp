@@ -163,3 +163,128 @@ TEST_CASE("mla counter-test: cutting below that rank moves the logits past round
                            mla_naive(truncate_rank(full, 3), tokens, MlaForm::rebuild)));
     CHECK_THROWS_WITH(truncate_rank(full, 9), "mla: a rank of 9 is outside 1..8, the model's");
 }
+
+namespace {
+// MLA in double, written from the formulas in core/mla.h and nothing of its code: every position
+// recomputed, K and V rebuilt per head, the scale sqrt(head_size + rope_dim). planted_scale: the
+// scale of a head without its RoPE part, sqrt(head_size) (the counter-test's bug).
+std::vector<double> mla_reference64(const MlaModel& m, std::span<const int> tokens, bool planted_scale = false) {
+    const MlaConfig& mc = m.config;
+    const int dim = mc.base.dim, H = mc.base.n_heads, hs = mc.head_size(), dr = mc.rope_dim, r = mc.rank;
+    const int hid = mc.base.hidden_dim, V = mc.base.vocab_size, T = int(tokens.size());
+    using Vec = std::vector<double>;
+    auto product = [](const Vec& x, const float* w, int n_in, int n_out, int ldw) {  // x[n_in] W[n_in, n_out]
+        Vec y(static_cast<std::size_t>(n_out), 0.0);
+        for (int o = 0; o < n_out; o++)
+            for (int k = 0; k < n_in; k++) y[std::size_t(o)] += x[std::size_t(k)] * double(w[std::size_t(k) * ldw + o]);
+        return y;
+    };
+    auto norm = [dim](const Vec& x, const float* w) {
+        double ss = 0;
+        for (double v : x) ss += v * v;
+        Vec y(x.size());
+        for (int i = 0; i < dim; i++) y[std::size_t(i)] = x[std::size_t(i)] / std::sqrt(ss / dim + 1e-5) * double(w[i]);
+        return y;
+    };
+    auto rotate = [&](Vec& v, int pos) {  // pairs (2j, 2j + 1) of one rope_dim-wide head
+        for (int j = 0; j < dr / 2; j++) {
+            const double c = m.rope.cos[std::size_t(pos) * (dr / 2) + j],
+                         s = m.rope.sin[std::size_t(pos) * (dr / 2) + j];
+            const double a = v[std::size_t(2 * j)], b = v[std::size_t(2 * j + 1)];
+            v[std::size_t(2 * j)] = a * c - b * s, v[std::size_t(2 * j + 1)] = a * s + b * c;
+        }
+    };
+    std::vector<Vec> x(static_cast<std::size_t>(T));
+    for (int t = 0; t < T; t++)
+        x[std::size_t(t)] = Vec(m.token_embedding.begin() + std::ptrdiff_t(tokens[std::size_t(t)]) * dim,
+                                m.token_embedding.begin() + std::ptrdiff_t(tokens[std::size_t(t)] + 1) * dim);
+    for (int l = 0; l < mc.base.n_layers; l++) {
+        const std::size_t n = static_cast<std::size_t>(T);
+        std::vector<Vec> qc(n), qr(n), c(n), kr(n);
+        for (int t = 0; t < T; t++) {
+            const Vec xb = norm(x[std::size_t(t)], m.rms_att.data() + std::size_t(l) * dim);
+            qc[std::size_t(t)] = product(xb, m.wq.data() + std::size_t(l) * dim * H * hs, dim, H * hs, H * hs);
+            qr[std::size_t(t)] = product(xb, m.wqr.data() + std::size_t(l) * dim * H * dr, dim, H * dr, H * dr);
+            c[std::size_t(t)] = product(xb, m.wdkv.data() + std::size_t(l) * dim * r, dim, r, r);
+            kr[std::size_t(t)] = product(xb, m.wkr.data() + std::size_t(l) * dim * dr, dim, dr, dr);
+            for (int h = 0; h < H; h++) {
+                Vec q(qr[std::size_t(t)].begin() + h * dr, qr[std::size_t(t)].begin() + (h + 1) * dr);
+                rotate(q, t);
+                std::copy(q.begin(), q.end(), qr[std::size_t(t)].begin() + h * dr);
+            }
+            rotate(kr[std::size_t(t)], t);
+        }
+        const double scale = std::sqrt(double(planted_scale ? hs : hs + dr));
+        for (int i = 0; i < T; i++) {
+            Vec att(static_cast<std::size_t>(H * hs), 0.0);
+            for (int h = 0; h < H; h++) {
+                Vec s(static_cast<std::size_t>(i + 1));
+                std::vector<Vec> v(static_cast<std::size_t>(i + 1));
+                for (int t = 0; t <= i; t++) {
+                    const Vec k =
+                        product(c[std::size_t(t)], m.wuk.data() + std::size_t(l) * r * H * hs + h * hs, r, hs, H * hs);
+                    v[std::size_t(t)] =
+                        product(c[std::size_t(t)], m.wuv.data() + std::size_t(l) * r * H * hs + h * hs, r, hs, H * hs);
+                    double d = 0;
+                    for (int e = 0; e < hs; e++) d += qc[std::size_t(i)][std::size_t(h * hs + e)] * k[std::size_t(e)];
+                    for (int e = 0; e < dr; e++)
+                        d += qr[std::size_t(i)][std::size_t(h * dr + e)] * kr[std::size_t(t)][std::size_t(e)];
+                    s[std::size_t(t)] = d / scale;
+                }
+                const double top = *std::max_element(s.begin(), s.end());
+                double sum = 0;
+                for (double& e : s) sum += (e = std::exp(e - top));
+                for (int t = 0; t <= i; t++)
+                    for (int e = 0; e < hs; e++)
+                        att[std::size_t(h * hs + e)] += s[std::size_t(t)] / sum * v[std::size_t(t)][std::size_t(e)];
+            }
+            const Vec o = product(att, m.wo.data() + std::size_t(l) * H * hs * dim, H * hs, dim, dim);
+            for (int e = 0; e < dim; e++) x[std::size_t(i)][std::size_t(e)] += o[std::size_t(e)];
+            const Vec xb = norm(x[std::size_t(i)], m.rms_ffn.data() + std::size_t(l) * dim);
+            Vec h1 = product(xb, m.w1.data() + std::size_t(l) * dim * hid, dim, hid, hid);
+            const Vec h3 = product(xb, m.w3.data() + std::size_t(l) * dim * hid, dim, hid, hid);
+            for (int e = 0; e < hid; e++)
+                h1[std::size_t(e)] = h1[std::size_t(e)] / (1 + std::exp(-h1[std::size_t(e)])) * h3[std::size_t(e)];
+            const Vec f = product(h1, m.w2.data() + std::size_t(l) * hid * dim, hid, dim, dim);
+            for (int e = 0; e < dim; e++) x[std::size_t(i)][std::size_t(e)] += f[std::size_t(e)];
+        }
+    }
+    const Vec last = norm(x.back(), m.rms_final.data());
+    Vec logits(static_cast<std::size_t>(V), 0.0);
+    for (int v = 0; v < V; v++)
+        for (int e = 0; e < dim; e++)
+            logits[std::size_t(v)] += last[std::size_t(e)] * double(m.token_embedding[std::size_t(v) * dim + e]);
+    return logits;
+}
+
+// Whether float logits are the double reference's within float rounding of their scale.
+bool near_reference(const std::vector<float>& got, const std::vector<double>& want) {
+    double scale = 0, diff = 0;
+    for (std::size_t i = 0; i < got.size(); i++)
+        scale = std::max(scale, std::fabs(want[i])), diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
+    return diff <= 1e-4 * (1.0 + scale);
+}
+}  // namespace
+
+TEST_CASE("mla: both forms are the formulas of core/mla.h within float rounding of a double reference", "[mla]") {
+    rc::prop("random MLA shapes and prompts", [] {
+        const MlaConfig c = draw_mla_config();
+        const MlaModel m = random_mla_model(c, *rc::gen::arbitrary<std::uint64_t>());
+        const std::vector<int> tokens = draw_tokens(c.base, draw(1, c.base.max_seq));
+        const std::vector<double> want = mla_reference64(m, tokens);
+        RC_ASSERT(near_reference(mla_naive(m, tokens, MlaForm::rebuild), want));
+        RC_ASSERT(near_reference(mla_naive(m, tokens, MlaForm::absorbed), want));
+    });
+}
+
+TEST_CASE("mla counter-test: a reference that scales scores by sqrt(head_size) alone is told apart", "[mla][counter]") {
+    test::expect_failure(
+        [] {
+            const MlaConfig c = draw_mla_config();
+            const MlaModel m = random_mla_model(c, *rc::gen::arbitrary<std::uint64_t>());
+            const std::vector<int> tokens = draw_tokens(c.base, draw(1, c.base.max_seq));
+            if (!near_reference(mla_naive(m, tokens, MlaForm::rebuild), mla_reference64(m, tokens, true)))
+                fail("the planted scale differs");
+        },
+        "the planted scale differs");
+}
