@@ -17,10 +17,12 @@ void MlaConfig::validate() const {
     if (rank < 1) throw Error(fmt::format("mla: rank must be >= 1, not {}", rank));
     if (rope_dim < 0 || rope_dim % 2 != 0)
         throw Error(fmt::format("mla: rope_dim must be even and >= 0 (pairs are rotated), not {}", rope_dim));
-    const std::int64_t per_layer = std::int64_t(rank) * c.dim +
-                                   std::int64_t(c.dim) * (c.n_heads * rope_dim + rope_dim) +
-                                   std::int64_t(3) * rank * c.dim;
-    check_size("an MLA model's attention weights", per_layer * c.n_layers, 4);
+    // Every float random_mla_model draws: per layer W_Q, W_QR, W_DKV, W_KR, W_UK, W_UV and its
+    // transposed copy, W_O, the FFN and two norms; then the embedding, its classifier and a norm.
+    const std::int64_t dim = c.dim, wide = std::int64_t(c.n_heads) * c.head_size(), r = rank, dr = rope_dim;
+    const std::int64_t per_layer = dim * wide + dim * c.n_heads * dr + dim * r + dim * dr + 3 * r * wide + wide * dim +
+                                   3 * dim * c.hidden_dim + 2 * dim;
+    check_size("an MLA model", per_layer * c.n_layers + 2 * std::int64_t(c.vocab_size) * dim + dim, 4);
     check_size("an MLA cache", std::int64_t(c.n_layers) * c.max_seq * (std::int64_t(rank) + rope_dim), 4);
 }
 
