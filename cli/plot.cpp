@@ -1,16 +1,12 @@
 #include "plot.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "config.h"
+#include "file_writer.h"
 
 #if KVLAB_HAVE_STB
 #include <stb_easy_font.h>
@@ -214,18 +210,8 @@ void draw_chart(Canvas& cv, int ox, const Chart& chart, int w, int h) {
 bool can_plot() { return KVLAB_HAVE_STB != 0; }
 
 void check_plot_path(const std::string& option, const std::string& path) {
-    namespace fs = std::filesystem;
     if (!can_plot()) throw Error(fmt::format("{} needs a kvlab built with stb (libstb-dev), which writes PNG", option));
-    const fs::path folder = fs::path(path).parent_path();
-    if (path.empty() || fs::is_directory(path))
-        throw Error(fmt::format("{} '{}': is a folder, not a file name", option, one_line(path)));
-    if (!folder.empty() && !fs::is_directory(folder))
-        throw Error(
-            fmt::format("{} '{}': the folder '{}' does not exist", option, one_line(path), one_line(folder.string())));
-    // The PNG goes to a temporary file beside it, then is renamed: the folder must take new files.
-    if (::access(folder.empty() ? "." : folder.c_str(), W_OK | X_OK) != 0)
-        throw Error(fmt::format("{} '{}': cannot write into the folder '{}': {}", option, one_line(path),
-                                one_line(folder.empty() ? "." : folder.string()), std::strerror(errno)));
+    output_target(path, fmt::format("{} '{}'", option, one_line(path)));
 }
 
 void write_charts_png(const std::string& path, const std::vector<Chart>& charts) {
@@ -244,25 +230,8 @@ void write_charts_png(const std::string& path, const std::vector<Chart>& charts)
     };
     if (!stbi_write_png_to_func(append, &png, cv.width(), cv.height(), 3, cv.data(), cv.width() * 3))
         throw Error(fmt::format("--plot '{}': the PNG could not be encoded", one_line(path)));
-    namespace fs = std::filesystem;
-    const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-        throw Error(fmt::format("--plot '{}': cannot open for writing: {}", one_line(path), std::strerror(errno)));
-    out.write(reinterpret_cast<const char*>(png.data()), std::streamsize(png.size()));
-    out.close();
-    std::error_code ec;
-    if (!out) {
-        const std::string why = std::strerror(errno);
-        fs::remove(tmp, ec);
-        throw Error(fmt::format("--plot '{}': write failed: {}", one_line(path), why));
-    }
-    fs::rename(tmp, path, ec);
-    if (ec) {
-        std::error_code ignored;
-        fs::remove(tmp, ignored);
-        throw Error(fmt::format("--plot '{}': cannot rename into place: {}", one_line(path), ec.message()));
-    }
+    write_file(path, fmt::format("--plot '{}'", one_line(path)),
+               std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
 #else
     (void)charts;
     throw Error(

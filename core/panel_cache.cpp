@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "file_writer.h"
 #include "mapped_file.h"
 
 namespace kvlab {
@@ -158,26 +159,16 @@ std::string write_cache(const Model& model, const MappedFile& checkpoint, const 
     Header h = expected_header(model, n);
     h.stamp = checkpoint.stamp();
     h.checksum = checksum64(checkpoint.data(), checkpoint.size());
-    const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
     std::vector<char> head(std::size_t(kHeaderBytes), 0);
     std::memcpy(head.data(), &h, sizeof h);
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) return std::strerror(errno);
-        out.write(head.data(), kHeaderBytes);
-        out.write(reinterpret_cast<const char*>(panels), 4 * n);
+    try {
+        FileWriter out(path, "panel cache");
+        out.bytes(head.data(), kHeaderBytes);
+        out.bytes(panels, 4 * n);
         out.close();
-        if (!out) {
-            const std::string why = std::strerror(errno);
-            fs::remove(tmp, ec);
-            return fmt::format("write failed: {}", why);
-        }
-    }
-    fs::rename(tmp, path, ec);
-    if (ec) {
-        std::error_code ignored;
-        fs::remove(tmp, ignored);
-        return ec.message();
+    } catch (const Error& e) {
+        const std::string why = e.what();
+        return why.substr(std::string_view("panel cache: ").size());
     }
     return "";
 }

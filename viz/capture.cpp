@@ -10,10 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "config.h"
+#include "file_writer.h"
+#include "json_text.h"
 
 namespace kvlab::viz {
 
@@ -47,8 +48,13 @@ std::vector<std::uint8_t> read_pixels(int width, int height) {
 
 void write_png(const std::string& path, const std::vector<std::uint8_t>& rgb, int width, int height) {
     assert(rgb.size() == std::size_t(width) * height * 3);
-    if (!stbi_write_png(path.c_str(), width, height, 3, rgb.data(), width * 3))
-        throw Error(fmt::format("cannot write {}", one_line(path)));
+    std::string png;
+    auto append = [](void* context, void* data, int n) {
+        static_cast<std::string*>(context)->append(static_cast<char*>(data), std::size_t(n));
+    };
+    if (!stbi_write_png_to_func(append, &png, width, height, 3, rgb.data(), width * 3))
+        throw Error(fmt::format("'{}': the PNG could not be encoded", one_line(path)));
+    write_file(path, fmt::format("picture '{}'", one_line(path)), png);
 }
 
 namespace {
@@ -126,9 +132,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
                           {"n_free", s.pool->n_free},
                           {"n_cached", s.pool->n_cached}};
     }
-    std::ofstream out(path);
-    out << j.dump(2) << "\n";
-    if (!out) throw Error(fmt::format("cannot write {}", one_line(path)));
+    write_file(path, fmt::format("--layout '{}'", one_line(path)), json_text(j, 2) + "\n");
 }
 
 std::string make_gif(const std::string& dir, int delay_centiseconds) {

@@ -20,6 +20,7 @@
 #include "app.h"
 #include "capture.h"
 #include "display.h"
+#include "file_writer.h"
 #include "view.h"
 
 namespace kvlab::viz {
@@ -41,6 +42,9 @@ void check_options(const ViewOptions& o) {
     if (o.headless && o.frames < 1) throw Error("--headless needs --frames N (N >= 1): how many frames to render");
     if ((!o.screenshot.empty() || !o.layout.empty()) && o.frames < 1)
         throw Error("--screenshot and --layout need --frames N: the picture is of the last frame");
+    // Refused before any frame is drawn (a folder, a FIFO, a missing folder), not after.
+    if (!o.screenshot.empty()) output_target(o.screenshot, fmt::format("--screenshot '{}'", one_line(o.screenshot)));
+    if (!o.layout.empty()) output_target(o.layout, fmt::format("--layout '{}'", one_line(o.layout)));
     if (!o.record.empty()) {
         if (o.record.find('\'') != std::string::npos) throw Error("--record: the folder's name may not contain '");
         std::error_code ec;
