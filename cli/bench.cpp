@@ -17,6 +17,7 @@
 #include "cost_model.h"
 #include "decode.h"
 #include "device.h"
+#include "json_text.h"
 #include "plot.h"
 
 namespace kvlab::cli {
@@ -154,25 +155,6 @@ struct Row {
     double cached_pred = 0, naive_pred = 0;  // and its time for them, from the probe's rates
 };
 
-// One line on stderr per stage of a long run, rewritten in place on a terminal.
-class Progress {
-public:
-    Progress() : terminal_(::isatty(2) != 0) {}
-    void operator()(const std::string& line) const {
-        if (terminal_)
-            fmt::print(stderr, "\r\x1b[K{}", line);
-        else
-            fmt::print(stderr, "{}\n", line);
-        std::fflush(stderr);
-    }
-    ~Progress() {
-        if (terminal_) fmt::print(stderr, "\r\x1b[K");
-    }
-
-private:
-    bool terminal_;
-};
-
 }  // namespace
 
 // The device table: one backend's cached decode step (graph replay and not), naive decode and
@@ -239,7 +221,9 @@ int run_bench_device(const BenchOptions& o) {
             return 1;
         }
     }
-    if (o.json) fmt::print("{}\n", nlohmann::json{{"device", devices[0]}, {"config", c.describe()}, {"rows", rows}}.dump(2));
+    if (o.json)
+        fmt::print("{}\n",
+                   json_text(nlohmann::json{{"device", devices[0]}, {"config", c.describe()}, {"rows", rows}}, 2));
     return 0;
 }
 
@@ -286,7 +270,7 @@ void print_format_table(const Config& c, const BenchOptions& o, const std::vecto
                                     {"bytes_per_token", r.bytes_per_token},
                                     {"kv_bytes", r.kv_bytes},
                                     {"decode_tokens_per_second", 1.0 / r.decode_s}});
-        fmt::print("{}\n", j.dump(2));
+        fmt::print("{}\n", json_text(j, 2));
         return;
     }
     fmt::print(
@@ -538,7 +522,7 @@ void print_bench_json(const Config& c, const BenchOptions& o, const BenchResult&
                          {"prefill_seconds_without", b.prefix.without_s},
                          {"bitwise_equal", b.prefix.equal}};
     j["all_bitwise_equal"] = b.all_equal();
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", json_text(j, 2));
 }
 
 void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult& b) {
@@ -632,17 +616,7 @@ int run_bench(const BenchOptions& options) {
         return run_bench_formats(options);
     }
     if (options.device != "cpu") return run_bench_device(options);
-    if (!options.plot.empty() && !can_plot())
-        throw Error("bench: --plot needs a kvlab built with stb (libstb-dev), which writes PNG");
-    if (!options.plot.empty()) {  // refused before the run, not after it
-        namespace fs = std::filesystem;
-        const fs::path folder = fs::path(options.plot).parent_path();
-        if (fs::is_directory(options.plot))
-            throw Error(fmt::format("--plot '{}': is a folder, not a file name", one_line(options.plot)));
-        if (!folder.empty() && !fs::is_directory(folder))
-            throw Error(fmt::format("--plot '{}': the folder '{}' does not exist", one_line(options.plot),
-                                    one_line(folder.string())));
-    }
+    if (!options.plot.empty()) check_plot_path("--plot", options.plot);  // refused before the run, not after it
     const Config c = shape_from_string(options.shape);
     BenchOptions o = options;
     const std::vector<int> lengths = bench_lengths(c, o);

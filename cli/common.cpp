@@ -1,10 +1,14 @@
 #include "common.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "decode.h"
 
@@ -64,6 +68,25 @@ std::vector<float> kv_calibration(const LoadedModel& lm, KVFormat format, const 
     if (!kv_format_scaled(int(format)))
         throw Error(fmt::format("--kv-calibrate sets fp8 scales; {} takes none", kv_format_name(format)));
     return calibrate_kv_scales(lm.model, checked_prompt(lm, text, "", "", 0, 0), format);
+}
+
+void flush_stdout() {
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        throw Error(fmt::format("cannot write to standard output: {}", std::strerror(errno)));
+}
+
+Progress::Progress() : terminal_(::isatty(2) != 0) {}
+
+Progress::~Progress() {
+    if (terminal_ && shown_) fmt::print(stderr, "\r\x1b[K");
+}
+
+void Progress::operator()(const std::string& line) const {
+    const auto now = std::chrono::steady_clock::now();
+    if (!terminal_ || (shown_ && now - last_ < std::chrono::milliseconds(100))) return;
+    last_ = now, shown_ = true;
+    fmt::print(stderr, "\r\x1b[K{}", one_line(line));
+    std::fflush(stderr);
 }
 
 }  // namespace kvlab::cli

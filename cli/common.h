@@ -36,6 +36,27 @@ void check_numbers(CLI::App& app);
 // text is empty; an Error for a format without scales or a text the model cannot hold.
 std::vector<float> kv_calibration(const LoadedModel& lm, KVFormat format, const std::string& text);
 
+// Standard output, flushed; an Error ("cannot write to standard output: ...") when it cannot take
+// the bytes (a closed pipe, a full disk). Commands call it after each line of a long run, so that
+// a reader gone away stops the work at once; main checks it once more before exit status 0.
+void flush_stdout();
+
+// A long command's progress: one line on stderr, rewritten in place at most 10 times a second,
+// when stderr is a terminal, and cleared at the end; nothing elsewhere (a log or a pipe).
+class Progress {
+public:
+    Progress();
+    ~Progress();
+    Progress(const Progress&) = delete;
+    Progress& operator=(const Progress&) = delete;
+    void operator()(const std::string& line) const;
+
+private:
+    bool terminal_;
+    mutable std::chrono::steady_clock::time_point last_{};
+    mutable bool shown_ = false;
+};
+
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

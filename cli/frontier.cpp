@@ -29,6 +29,7 @@
 #include "commands.h"
 #include "common.h"
 #include "decode.h"
+#include "json_text.h"
 #include "kernels.h"
 #include "mla.h"
 #include "plot.h"
@@ -563,7 +564,7 @@ void print_json(const FrontierRun& run, const FrontierOptions& o) {
                   {"other_fact_logprob", number(run.probe_other_fact)}};
     j["settings"] = nlohmann::json::array();
     for (const Result& r : run.results) j["settings"].push_back(result_json(r, exact.probe));
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", json_text(j, 2));
 }
 
 // --plot: mean KL (log) against bytes per token (log2), a colour per family, the front as a line.

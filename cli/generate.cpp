@@ -10,6 +10,7 @@
 #include "compare.h"
 #include "decode.h"
 #include "device.h"
+#include "json_text.h"
 #include "kv_format.h"
 #include "sampler.h"
 
@@ -62,7 +63,7 @@ int run_generate(const GenerateOptions& o) {
         text += piece;
         if (!o.json) {
             fmt::print("{}", piece);
-            std::fflush(stdout);
+            flush_stdout();  // a closed pipe stops the decoding here
         }
     };
     for (int i = tokens[0] == Tokenizer::kBos ? 1 : 0; i < P; i++) emit(i ? tokens[i - 1] : Tokenizer::kBos, tokens[i]);
@@ -104,7 +105,7 @@ int run_generate(const GenerateOptions& o) {
                             {"seconds", secs},
                             {"tokens_per_second", generated / secs}};
         if (o.logprobs) j["logprobs"] = logprobs, j["rescored_logprobs_bitwise_equal"] = rescore_equal;
-        fmt::print("{}\n", j.dump(2));
+        fmt::print("{}\n", json_text(j, 2));
     } else {
         fmt::print("\n");
         if (o.logprobs) print_logprobs(lm, tokens, P, logprobs, rescore_equal);

@@ -2,14 +2,19 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <limits>
+#include <system_error>
 
 #include "cache_factory.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "common.h"
+#include "file_writer.h"
 #include "memory.h"
 #include "model.h"
 #include "pool.h"
@@ -38,8 +43,9 @@ int run_export(const ExportOptions& o) {
     const Config c = shape_from_string(o.shape);
     const Model m = random_model(c, o.seed, !o.unshared);
     save_checkpoint(o.out, m);
-    fmt::print("wrote {} ({}, seed {}, {} classifier)\n", o.out, c.describe(), o.seed,
-               o.unshared ? "separate" : "shared");
+    // Written to standard output, the model is the output: the note goes to stderr.
+    fmt::print(names_standard_output(o.out) ? stderr : stdout, "wrote {} ({}, seed {}, {} classifier)\n",
+               one_line(o.out), c.describe(), o.seed, o.unshared ? "separate" : "shared");
     return 0;
 }
 
@@ -454,11 +460,28 @@ int run_command(Commands& c, ViewCommand& view) {
         if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
+    } catch (const std::system_error& e) {
+        // fmt's own failure to write stdout says "cannot write to file": name the stream instead.
+        if (std::ferror(stdout))
+            fmt::print(stderr, "kvlab: error: cannot write to standard output: {}\n", e.code().message());
+        else
+            fmt::print(stderr, "kvlab: error: {}\n", kvlab::one_line(e.what()));
     } catch (const std::exception& e) {
         // The last guard of "one printable line": user text that reached a message unescaped.
         fmt::print(stderr, "kvlab: error: {}\n", kvlab::one_line(e.what()));
     }
     return 1;
+}
+
+// The command, then its output flushed: a full disk or a closed pipe is an error, never status 0.
+int run_and_flush(Commands& c, ViewCommand& view) {
+    const int status = run_command(c, view);
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        if (status == 0)
+            fmt::print(stderr, "kvlab: error: cannot write to standard output: {}\n", std::strerror(errno));
+        return status == 0 ? 1 : status;
+    }
+    return status;
 }
 
 }  // namespace
@@ -482,5 +505,9 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "kvlab: error: {} (see kvlab --help)\n", kvlab::one_line(e.what()));
         return 2;
     }
-    return run_command(commands, view);
+    // A closed pipe is a write error (EPIPE) with one line, not a silent death by SIGPIPE; an
+    // interrupt removes the temporary files of unfinished writes (core/file_writer.h).
+    std::signal(SIGPIPE, SIG_IGN);
+    kvlab::remove_temporaries_on_signal();
+    return run_and_flush(commands, view);
 }

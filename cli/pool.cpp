@@ -17,6 +17,7 @@
 #include "compare.h"
 #include "cpu_backend.h"
 #include "decode.h"
+#include "json_text.h"
 #include "paged.h"
 #include "sequence_engine.h"
 
@@ -327,7 +328,7 @@ void Session::report(int index, const std::string& text, int width, const std::s
         for (std::size_t i = first_event; i < trace.size(); i++)
             fmt::print("       {}\n", describe(trace[i], name_of(trace[i].seq)));
     if (op == "show") print_show();
-    std::fflush(stdout);  // lines before a failing command come out before main's error
+    flush_stdout();  // lines before a failing command come out before main's error; a closed pipe stops here
 }
 
 nlohmann::json Session::show_json() const {
@@ -451,7 +452,7 @@ int Session::finish(int n_commands) {
                           {"blocks_cached", m.blocks_cached},
                           {"blocks_free", m.blocks_free}}},
                         {"final", show_json()}};
-        fmt::print("{}\n", j.dump(2));
+        fmt::print("{}\n", json_text(j, 2));
     } else {
         fmt::print("\nsummary\n");
         fmt::print("  prefill        {} positions run, {} served by prefix hits instead\n", prefilled_, saved);
@@ -497,7 +498,13 @@ int run_pool(const PoolOptions& o) {
                    width, "hit", "alloc", "share", "cow", "freed", "evict", "free", "cached", "used", "logits",
                    "what it did");
     }
-    for (std::size_t i = 0; i < commands.size(); i++) session.run(int(i) + 1, commands[i], width);
+    {
+        const Progress progress;
+        for (std::size_t i = 0; i < commands.size(); i++) {
+            progress(fmt::format("pool: command {} of {}", i + 1, commands.size()));
+            session.run(int(i) + 1, commands[i], width);
+        }
+    }
     return session.finish(int(commands.size()));
 }
 

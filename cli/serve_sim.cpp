@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "device.h"
+#include "json_text.h"
 #include "npy.h"
 #include "scheduler.h"
 #include "speculative.h"
@@ -286,19 +287,19 @@ int run_serve_sim(const ServeSimOptions& o) {
     if (o.role == "prefill")
         for (ServeRequest& r : requests) r.max_new_tokens = 1;
     for (const ServeRequest& r : requests) s.add(r);
-    const bool progress = !o.json && ::isatty(2);
     const auto t0 = std::chrono::steady_clock::now();
-    while (s.step())
-        if (progress && s.steps() % 16 == 0)
-            fmt::print(stderr, "\rstep {}: {} running, {} waiting", s.steps(), s.history().back().running,
-                       s.history().back().waiting);
+    {
+        const Progress progress;
+        while (s.step())
+            progress(fmt::format("serve-sim: step {}: {} running, {} waiting", s.steps(), s.history().back().running,
+                                 s.history().back().waiting));
+    }
     const double seconds = seconds_since(t0);
-    if (progress) fmt::print(stderr, "\r\x1b[K");
     // What the pool still holds goes to the store too, for the next process.
     const int flushed = store ? s.pool().flush_to_store() : 0;
     const json j = serve_report(o, lm, s, requests, seconds, blocks_from, flushed);
     if (o.json)
-        fmt::print("{}\n", j.dump(2));
+        fmt::print("{}\n", json_text(j, 2));
     else
         print_serve_report(j, lm, s.config());
     return j["ok"].get<bool>() ? 0 : 1;

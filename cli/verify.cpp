@@ -27,6 +27,7 @@
 #include "commands.h"
 #include "common.h"
 #include "device.h"
+#include "json_text.h"
 #include "plugin_stdio.h"
 
 namespace kvlab::cli {
@@ -53,21 +54,14 @@ int print_list() {
     return 0;
 }
 
-// The suite's options; the long profile's progress is one line on stderr, rewritten in place on a
-// terminal (terminal: whether stderr is one).
-VerifyOptions verify_options(const VerifyCommandOptions& o, bool terminal) {
+// The suite's options, with a progress line on a terminal.
+VerifyOptions verify_options(const VerifyCommandOptions& o) {
     VerifyOptions vo{o.cases, o.seed, o.device};
     vo.kv_format = o.kv_format;
     vo.attention = o.attention.kind, vo.tile = o.attention.tile;
     vo.profile = o.profile;
-    if (o.profile == "long")
-        vo.progress = [terminal](std::string_view line) {
-            if (terminal)
-                fmt::print(stderr, "\r\x1b[K{}", line);
-            else
-                fmt::print(stderr, "{}\n", line);
-            std::fflush(stderr);
-        };
+    auto progress = std::make_shared<Progress>();
+    vo.progress = [progress](std::string_view line) { (*progress)(std::string(line)); };
     return vo;
 }
 
@@ -104,7 +98,7 @@ std::string one_line(std::string s) {
         std::fflush(out);
     };
     try {
-        std::fprintf(out, "row %s\n", row_json(verify_plugin(o.plugin, vo)).dump().c_str());
+        std::fprintf(out, "row %s\n", json_text(row_json(verify_plugin(o.plugin, vo))).c_str());
     } catch (const std::exception& e) {
         std::fprintf(out, "error %s\n", one_line(e.what()).c_str());
     }
@@ -178,7 +172,7 @@ VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
 // stdout carries the protocol only, and its last line is the result.
 int run_plugin_stdio(const VerifyCommandOptions& o) {
     const std::unique_ptr<CachePlugin> plugin = stdio_plugin(stdin, stdout);
-    const VerifyRow row = verify_plugin(*plugin, verify_options(o, false));
+    const VerifyRow row = verify_plugin(*plugin, verify_options(o));
     if (!stdio_broken().empty()) throw Error(stdio_broken());
     stdio_send_result(row_json(row));
     return row.ok ? 0 : 1;
@@ -188,11 +182,8 @@ int run_verify(const VerifyCommandOptions& o) {
     if (o.list) return print_list();
     if (o.plugin_stdio) return run_plugin_stdio(o);
     const auto t0 = std::chrono::steady_clock::now();
-    const bool terminal = ::isatty(2);
-    const std::vector<VerifyRow> rows = o.plugin.empty()
-                                            ? verify(o.variant, verify_options(o, terminal))
-                                            : std::vector<VerifyRow>{run_plugin(o, verify_options(o, terminal))};
-    if (terminal && o.profile == "long") fmt::print(stderr, "\r\x1b[K");
+    const std::vector<VerifyRow> rows = o.plugin.empty() ? verify(o.variant, verify_options(o))
+                                                         : std::vector<VerifyRow>{run_plugin(o, verify_options(o))};
     const double seconds = seconds_since(t0);
     int n_ok = 0, n_mutants = 0, n_caught = 0;
     for (const VerifyRow& r : rows) {
@@ -211,7 +202,7 @@ int run_verify(const VerifyCommandOptions& o) {
         j["all_ok"] = n_ok == int(rows.size());
         if (n_mutants) j["kill_rate"] = double(n_caught) / n_mutants;
         for (const VerifyRow& r : rows) j["rows"].push_back(row_json(r));
-        fmt::print("{}\n", j.dump(2));
+        fmt::print("{}\n", json_text(j, 2));
         return n_ok == int(rows.size()) ? 0 : 1;
     }
     fmt::print("kvlab verify: cache variants against naive decode, logits compared bit for bit at every step\n");

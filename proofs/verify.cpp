@@ -1655,11 +1655,19 @@ std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& o) {
         throw Error(fmt::format("verify: unknown variant '{}' (one of: {})", which, list));
     }
     const Devices d = devices_of(o);
-    std::vector<VerifyRow> rows;
+    std::vector<const Check*> exact;
+    std::vector<const MutantInfo*> mutants;
     for (const Check& c : checks())
-        if (selects(which, c)) rows.push_back(run_check(c, d, o));
+        if (selects(which, c)) exact.push_back(&c);
     for (const MutantInfo& m : kMutants)
-        if (which == "all" || which == "mutants" || which == m.name) rows.push_back(run_mutant(m, d, o));
+        if (which == "all" || which == "mutants" || which == m.name) mutants.push_back(&m);
+    const std::size_t n = exact.size() + mutants.size();
+    std::vector<VerifyRow> rows;
+    const auto next = [&](std::string_view name) {
+        if (o.progress) o.progress(fmt::format("verify: row {} of {}: {}", rows.size() + 1, n, name));
+    };
+    for (const Check* c : exact) next(c->name), rows.push_back(run_check(*c, d, o));
+    for (const MutantInfo* m : mutants) next(m->name), rows.push_back(run_mutant(*m, d, o));
     return rows;
 }
 
