@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "json_text.h"
 #include "memory_model.h"
 
 namespace kvlab::cli {
@@ -173,7 +174,7 @@ void print_json(const MemoryOptions& o, const Figures& f) {
           {"wasted_bytes", f.paged_wasted_bytes},
           {"waste_fraction", w.paged_waste_fraction}}},
     };
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", json_text(j, 2));
 }
 
 // The two tables (bytes per token, and for --context x --batch) and their sources.

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "json_text.h"
+
 namespace kvlab {
 
 namespace {
@@ -57,7 +59,7 @@ std::string read_line(const std::string& call) {
 // Sends a request and returns the answer, checked to be an object (an {"error"} is an Error).
 json ask(const json& request, const std::string& call) {
     if (!channel.broken.empty()) throw Error(channel.broken);
-    const std::string line = request.dump() + "\n";
+    const std::string line = json_text(request) + "\n";
     if (std::fwrite(line.data(), 1, line.size(), channel.out) != line.size() || std::fflush(channel.out) != 0)
         broken(fmt::format("the plugin server's pipe is closed: {} was not sent", call));
     const std::string answer = read_line(call);
@@ -73,8 +75,8 @@ const json& field(const json& answer, const char* name, bool integer, const std:
     const auto it = answer.find(name);
     const bool ok = it != answer.end() && (integer ? it->is_number_integer() : it->is_array());
     if (!ok)
-        broken(fmt::format("the plugin server answered {} with {}, which has no {} \"{}\"", call, quoted(answer.dump()),
-                           integer ? "integer" : "list", name));
+        broken(fmt::format("the plugin server answered {} with {}, which has no {} \"{}\"", call,
+                           quoted(json_text(answer)), integer ? "integer" : "list", name));
     return *it;
 }
 std::int64_t integer(const json& answer, const char* name, const std::string& call) {
@@ -86,7 +88,7 @@ std::vector<std::int64_t> integers(const json& list, std::int64_t lo, std::int64
     for (const json& x : list) {
         if (!x.is_number_integer() || x.get<std::int64_t>() < lo || x.get<std::int64_t>() > hi)
             broken(fmt::format("the plugin server answered {} with {}, not an integer in [{}, {}]", call,
-                               quoted(x.dump()), lo, hi));
+                               quoted(json_text(x)), lo, hi));
         out.push_back(x.get<std::int64_t>());
     }
     return out;
@@ -153,7 +155,7 @@ int s_reserve(kvlab_cache* c, std::int32_t length, std::int32_t n, const std::in
             list[i].is_array() ? integers(list[i], INT64_MIN, INT64_MAX, call) : std::vector<std::int64_t>{};
         if (t.size() != 3)
             broken(fmt::format("the plugin server answered {} with a copy {}, not [from, to, count]", call,
-                               quoted(list[i].dump())));
+                               quoted(json_text(list[i]))));
         copies[i] = {t[0], t[1], std::int32_t(std::clamp<std::int64_t>(t[2], INT32_MIN, INT32_MAX))};
     }
     return 0;
@@ -218,7 +220,7 @@ std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
     const auto methods = hello.find("methods");
     if (name == hello.end() || !name->is_string() || methods == hello.end() || !methods->is_array())
         broken(fmt::format("the plugin server answered hello with {}, not {{\"name\": ..., \"methods\": [...]}}",
-                           quoted(hello.dump())));
+                           quoted(json_text(hello))));
     const auto has = [&](const char* m) { return std::find(methods->begin(), methods->end(), m) != methods->end(); };
     kvlab_cache_plugin_abi2 t{};
     t.abi_version = 2;
@@ -238,7 +240,7 @@ std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
 }
 
 void stdio_send_result(const nlohmann::json& row) {
-    const std::string line = json{{"op", "result"}, {"row", row}}.dump() + "\n";
+    const std::string line = json_text(json{{"op", "result"}, {"row", row}}) + "\n";
     std::fwrite(line.data(), 1, line.size(), channel.out);
     std::fflush(channel.out);
 }

@@ -17,6 +17,7 @@
 #include "decode.h"
 #include "device.h"
 #include "file_writer.h"
+#include "json_text.h"
 #include "sampler.h"
 
 namespace kvlab::cli {
@@ -105,7 +106,7 @@ void write_trace(const std::string& dir, json manifest, const std::map<std::stri
         manifest["arrays"][name] = {
             {"file", file}, {"dtype", a.dtype}, {"shape", a.shape}, {"sha256", sha256_hex(bytes)}};
     }
-    const std::string text = manifest.dump(2) + "\n";
+    const std::string text = json_text(manifest, 2) + "\n";
     FileWriter out((fs::path(dir) / "manifest.json").string(), "trace manifest");
     out.bytes(text.data(), std::int64_t(text.size()));
     out.close();
@@ -221,7 +222,7 @@ NpyArray manifest_array(const json& arrays, const std::string& name,
     if (member(entry, "dtype", &json::is_string, "string", what).get<std::string>() != a.dtype ||
         shape != json(a.shape))
         throw Error(fmt::format("{}: {} holds {} {}, not what its manifest says", what, one_line(file), a.dtype,
-                                json(a.shape).dump()));
+                                json_text(json(a.shape))));
     return a;
 }
 
@@ -229,7 +230,7 @@ void expect_shape(const NpyArray& a, const std::vector<std::int64_t>& want, cons
                   const std::string& what) {
     if (a.dtype != dtype || a.shape != want)
         throw Error(fmt::format("{}: {} is {} {}, but the model and run need {} {}", what, name, a.dtype,
-                                json(a.shape).dump(), dtype, json(want).dump()));
+                                json_text(json(a.shape)), dtype, json_text(json(want))));
 }
 
 }  // namespace
@@ -398,7 +399,7 @@ int run_trace(const TraceOptions& o) {
     const Trace tr = read_trace(o.out);  // what was written reads back, every SHA-256 checked
     const NpyArray& tokens = tr.arrays.at("tokens");
     if (o.json) {
-        fmt::print("{}\n", json{{"out", o.out}, {"manifest", tr.manifest}}.dump(2));
+        fmt::print("{}\n", json_text(json{{"out", o.out}, {"manifest", tr.manifest}}, 2));
         return 0;
     }
     fmt::print("kvlab trace: {} tokens ({} prompt, {} greedy steps) of {} on {} with a {} cache in {}; wrote {}/\n",
@@ -407,7 +408,7 @@ int run_trace(const TraceOptions& o) {
                tr.manifest["run"]["cache"].get<std::string>(), tr.manifest["run"]["kv_format"].get<std::string>(),
                one_line(o.out));
     for (const auto& [name, a] : tr.arrays)
-        fmt::print("  {:<10} {} {}\n", name + ".npy", a.dtype, json(a.shape).dump());
+        fmt::print("  {:<10} {} {}\n", name + ".npy", a.dtype, json_text(json(a.shape)));
     return 0;
 }
 
@@ -415,8 +416,9 @@ int run_diff_trace(const DiffTraceOptions& o) {
     const Trace a = read_trace(o.a), b = read_trace(o.b);
     const TraceDiff d = diff_traces(a, b);
     if (o.json)
-        fmt::print("{}\n",
-                   json{{"a", o.a}, {"b", o.b}, {"equal", d.equal}, {"first", d.first}, {"counts", d.counts}}.dump(2));
+        fmt::print(
+            "{}\n",
+            json_text(json{{"a", o.a}, {"b", o.b}, {"equal", d.equal}, {"first", d.first}, {"counts", d.counts}}, 2));
     else
         fmt::print("kvlab diff-trace {} {}\n{}", one_line(o.a), one_line(o.b), d.text);
     return d.equal ? 0 : 1;

@@ -17,29 +17,58 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
     return a * b;
 }
 
+// The length of the well-formed UTF-8 sequence of two or more bytes at text[i] (RFC 3629's table:
+// no overlong forms, no surrogates, nothing past U+10FFFF), or 0 when there is none.
+std::size_t utf8_sequence(const std::string& text, std::size_t i) {
+    const auto byte = [&](std::size_t k) { return k < text.size() ? static_cast<unsigned char>(text[k]) : 0; };
+    const unsigned char b = byte(i);
+    const std::size_t len = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+    if (len == 0 || i + len > text.size()) return 0;
+    // The second byte's range narrows after E0 (no overlong), ED (no surrogate), F0 and F4.
+    const unsigned char lo = b == 0xE0 ? 0xA0 : b == 0xF0 ? 0x90 : 0x80;
+    const unsigned char hi = b == 0xED ? 0x9F : b == 0xF4 ? 0x8F : 0xBF;
+    if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+    for (std::size_t k = 2; k < len; k++)
+        if ((byte(i + k) & 0xC0) != 0x80) return 0;
+    return len;
+}
+
+std::string escaped_byte(unsigned char b) { return fmt::format("\\x{:02x}", b); }
+
 }  // namespace
 
 std::string one_line(const std::string& text) {
     std::string out;
     out.reserve(text.size());
-    const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
     for (std::size_t i = 0; i < text.size();) {
-        const unsigned char b = byte(i);
+        const unsigned char b = static_cast<unsigned char>(text[i]);
         if (b >= 0x20 && b < 0x7f) {
             out += char(b), i++;
             continue;
         }
         // A whole UTF-8 sequence passes, except C1 controls (U+0080..U+009F: C2 80..C2 9F), which
         // terminals obey as escapes; a stray or cut-short byte is escaped like a control.
-        const int len = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-        bool utf8 = len > 0 && i + len <= text.size() && !(b == 0xC2 && byte(i + 1) < 0xA0);
-        for (int k = 1; utf8 && k < len; k++) utf8 = (byte(i + k) & 0xC0) == 0x80;
-        if (utf8) {
-            out.append(text, i, std::size_t(len)), i += std::size_t(len);
+        const std::size_t len = utf8_sequence(text, i);
+        if (len > 0 && !(b == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0)) {
+            out.append(text, i, len), i += len;
             continue;
         }
-        out += b == '\n' ? "\\n" : b == '\t' ? "\\t" : b == '\r' ? "\\r" : fmt::format("\\x{:02x}", b);
+        out += b == '\n' ? "\\n" : b == '\t' ? "\\t" : b == '\r' ? "\\r" : escaped_byte(b);
         i++;
+    }
+    return out;
+}
+
+std::string valid_utf8(const std::string& text) {
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size();) {
+        const unsigned char b = static_cast<unsigned char>(text[i]);
+        const std::size_t len = b < 0x80 ? 1 : utf8_sequence(text, i);
+        if (len == 0)
+            out += escaped_byte(b), i++;
+        else
+            out.append(text, i, len), i += len;
     }
     return out;
 }

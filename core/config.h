@@ -27,6 +27,12 @@ struct Error : std::runtime_error {
 // printable ASCII and whole UTF-8 characters pass unchanged.
 std::string one_line(const std::string& text);
 
+// Text that may hold any bytes (a path, a prompt, a generated token's piece) made valid UTF-8, for
+// JSON: valid UTF-8 passes unchanged, newlines included; each byte outside a well-formed sequence
+// (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF) becomes the four characters
+// \xNN, as one_line writes it.
+std::string valid_utf8(const std::string& text);
+
 // Option text to numbers. They stay in core, not cli/: core's prompt_tokens (model_loader.h) reads
 // --tokens with parse_int_list, and fuzz/fuzz_options.cpp calls both, and Config::parse, directly.
 // "42" -> 42; anything else is an Error naming `option` (with `hint` after the message).
