@@ -212,6 +212,14 @@ int main(int argc, char** argv) {
     write(seeds / "block_store" / "one-byte", std::string("\0\0\0\0\0\0\0\0\0\x01", 10));
     write(seeds / "block_store" / "raw", std::string("\x01KVLBLK01", 9));
 
+    // output: each fixed kind of path with text, and names and texts of bytes that are not UTF-8.
+    for (int kind = 0; kind < 6; kind++)
+        write(seeds / "output" / ("kind-" + std::to_string(kind)), std::string(1, char(kind)) + "Once upon a time");
+    write(seeds / "output" / "name-bytes", std::string("\x06\xff\xfe\xc0\xaf\xed\xa0\x80\x1b[31m\n", 14));
+    write(seeds / "output" / "utf8", std::string("\x07"
+                                                 "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+                                                 15));
+
     // tokenizer: two small vocabularies, and the real one when it is there.
     const std::vector<std::string> prompts = {"", "hello world", "Once upon a time", "héllo ✓ \xff\xfe", "a  b\n\tc"};
     const auto small1 = tokenizer_bytes(small_vocab({"he", "ll", "llo", "hello", " w", "or", "ld", " world", "▁"}));

@@ -1,0 +1,392 @@
+// Output that never claims what did not happen: every kind of output path, a full disk and a
+// closed pipe on standard output, an interrupt part-way through a write, two writers racing for
+// one file, and the progress line that long commands show on a terminal (and only there).
+#include <fcntl.h>
+#include <pty.h>
+#include <rapidcheck.h>
+#include <rapidcheck/catch.h>
+#include <rapidcheck/detail/Configuration.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli_util.h"
+#include "test_util.h"
+
+namespace {
+
+// A property run `n` times (RC_PARAMS's seed and the rest still apply): each case starts processes.
+void check_cases(int n, const std::function<void()>& property) {
+    rc::detail::TestParams params = rc::detail::configuration().testParams;
+    params.maxSuccess = n;
+    const rc::detail::TestResult result = rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params);
+    rc::detail::FailureResult failure;
+    rc::detail::GaveUpResult gave_up;
+    if (result.match(failure))
+        FAIL("counterexample:\n" << kvlab::test::counterexample_text(failure) << failure.description);
+    if (result.match(gave_up)) FAIL("gave up: " << gave_up.description);
+}
+
+const char* const kTiny = "dim=16,hidden_dim=24,n_layers=2,n_heads=4,n_kv_heads=2,vocab_size=40,max_seq=32";
+
+fs::path exported(const std::string& name, const std::string& shape, int seed = 3) {
+    const fs::path p = scratch() / name;
+    const Run r = run_kvlab("export --shape " + shape + " --seed " + std::to_string(seed) + " " + p.string());
+    REQUIRE(r.exit_code == 0);
+    return p;
+}
+
+bool has_viewer() { return run_kvlab("view --help").exit_code == 0; }
+
+// The commands that write a file named on their command line, with that name in place of {}.
+std::vector<std::string> writers() {
+    const std::string model = exported("writers.bin", kTiny).string();
+    std::vector<std::string> w{"export --shape " + std::string(kTiny) + " {}",
+                               "bench --shape " + std::string(kTiny) + " --lengths 8 --naive-max 8 --plot {}",
+                               "frontier --model " + model + " --length 16 --prompts 1 --plot {}"};
+    if (has_viewer()) w.push_back("view --headless --frames 1 --model " + model + " --screenshot {}");
+    if (has_viewer()) w.push_back("view --headless --frames 1 --model " + model + " --layout {}");
+    return w;
+}
+
+std::string with_path(std::string command, const std::string& path) {
+    return command.replace(command.find("{}"), 2, path);
+}
+
+// A path of the given kind, made fresh under `dir`: what kvlab must refuse, and the words it says.
+std::pair<fs::path, std::string> refused_path(const std::string& kind, const fs::path& dir) {
+    fs::create_directories(dir);
+    const fs::path p = dir / "out.png";
+    if (kind == "folder") fs::create_directories(p);
+    if (kind == "fifo" || kind == "link to a fifo") REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+    if (kind == "fifo") fs::rename(dir / "fifo", p);
+    if (kind == "link to a fifo") fs::create_symlink(dir / "fifo", p);
+    if (kind == "socket") {
+        const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::strncpy(a.sun_path, p.c_str(), sizeof a.sun_path - 1);
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        ::close(fd);
+    }
+    if (kind == "folder") return {p, "is a folder"};
+    if (kind == "fifo" || kind == "link to a fifo") return {p, "is a FIFO"};
+    if (kind == "socket") return {p, "is a socket"};
+    if (kind == "device") return {"/dev/zero", "is a character device"};
+    return {dir / "missing" / "out.png", "does not exist"};  // "missing folder"
+}
+
+}  // namespace
+
+TEST_CASE("every file writer refuses a folder, a FIFO, a socket, a device and a missing folder in one line",
+          "[output][cli][errors]") {
+    const std::vector<std::string> commands = writers();
+    int n = 0;
+    for (const std::string& command : commands)
+        for (const char* kind : {"folder", "fifo", "link to a fifo", "socket", "device", "missing folder"}) {
+            const auto [path, words] = refused_path(kind, scratch() / ("refused" + std::to_string(n++)));
+            INFO(command << " with " << kind);
+            // A FIFO without a reader would block an open() for ever: the refusal must come first.
+            check_refused(with_path(command, path.string()), words);
+            if (fs::is_regular_file(path)) FAIL("a file was written at " << path);
+        }
+}
+
+TEST_CASE("export writes /dev/null and /dev/stdout in place, and replaces a symbolic link's file, not the link",
+          "[output][cli]") {
+    const fs::path reference = exported("reference.bin", kTiny);
+    const std::string bytes = slurp(reference);
+    CHECK(run_kvlab("export --shape " + std::string(kTiny) + " --seed 3 /dev/null").exit_code == 0);
+    const Run to_stdout = run_kvlab("export --shape " + std::string(kTiny) + " --seed 3 /dev/stdout");
+    REQUIRE(to_stdout.exit_code == 0);
+    CHECK(to_stdout.out == bytes);  // the note went to stderr
+    CHECK(to_stdout.err.find("wrote /dev/stdout") == 0);
+    // A link, dangling or not, keeps pointing where it did; the file it names gets the bytes whole.
+    for (const bool dangling : {true, false}) {
+        const fs::path dir = scratch() / (dangling ? "dangling" : "linked");
+        fs::create_directories(dir);
+        if (!dangling) std::ofstream(dir / "target.bin") << "old";
+        fs::create_symlink("target.bin", dir / "link.bin");
+        REQUIRE(
+            run_kvlab("export --shape " + std::string(kTiny) + " --seed 3 " + (dir / "link.bin").string()).exit_code ==
+            0);
+        CHECK(fs::is_symlink(dir / "link.bin"));
+        CHECK(slurp(dir / "target.bin") == bytes);
+        CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 2);  // no temporary left
+    }
+}
+
+namespace {
+
+// `kvlab <args>` run by bash with stdout redirected as `redirect` says; its status and stderr.
+Run run_redirected(const std::string& args, const std::string& redirect) {
+    const fs::path err = scratch() / "redirected.err", status = scratch() / "redirected.status";
+    const std::string script = "timeout 300 " + std::string(KVLAB_BINARY) + " " + args + " 2>" + err.string() + " " +
+                               redirect + "; echo ${PIPESTATUS[0]} >" + status.string();
+    const std::string cmd = "bash -c '" + script + "' </dev/null";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    Run r;
+    r.exit_code = std::stoi(slurp(status));
+    r.signaled = r.exit_code > 128;
+    r.err = slurp(err);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("a full disk under standard output is a one-line error and exit status 1, for every command",
+          "[output][cli][errors]") {
+    const std::string model = exported("full.bin", kTiny).string(), m = " --model " + model;
+    for (const std::string& args : std::vector<std::string>{
+             "generate" + m + " --tokens 1,5 --steps 8", "generate" + m + " --tokens 1,5 --steps 8 --json",
+             "demo" + m + " --tokens 1,5 --steps 4", "demo" + m + " --tokens 1,5 --steps 4 --json",
+             "verify paged --cases 2", "pool" + m + " --script \"new a 1,2,3; show\"",
+             "bench --shape " + std::string(kTiny) + " --lengths 8 --naive-max 8", "memory",
+             "export --shape " + std::string(kTiny) + " /dev/stdout"}) {
+        const Run r = run_redirected(args, ">/dev/full");
+        INFO("kvlab " << args << " >/dev/full\nexit " << r.exit_code << "\nstderr: " << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK(r.err.rfind("kvlab: error: ", 0) == 0);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+        CHECK(r.err.find("No space left on device") != std::string::npos);
+    }
+}
+
+TEST_CASE("a reader that goes away stops generate at once: exit status 1 and one line, not a decode to the end",
+          "[output][cli][errors]") {
+    const std::string model =
+        exported("pipe.bin", "dim=8,hidden_dim=16,n_layers=1,n_heads=2,n_kv_heads=1,vocab_size=40,max_seq=4096")
+            .string();
+    check_cases(6, [&] {  // the reader takes k bytes and closes the pipe
+        const int k = *rc::gen::inRange(0, 64);
+        const int steps = *rc::gen::inRange(3000, 4095);
+        const Run r = run_redirected("generate --model " + model + " --tokens 1 --steps " + std::to_string(steps),
+                                     "| head -c " + std::to_string(k) + " >/dev/null");
+        RC_LOG() << "exit " << r.exit_code << ", stderr: " << r.err;
+        RC_ASSERT(r.exit_code == 1);
+        RC_ASSERT(r.err == "kvlab: error: cannot write to standard output: Broken pipe\n");  // no tok/s line
+    });
+}
+
+namespace {
+
+// kvlab started with stdin, stdout and stderr on /dev/null and every signal's default action (the
+// test process's handlers must not run in the child, not even before exec).
+pid_t spawn_kvlab(const std::vector<std::string>& args) {
+    std::vector<char*> argv{const_cast<char*>(KVLAB_BINARY)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    for (int fd : {0, 1, 2}) posix_spawn_file_actions_addopen(&files, fd, "/dev/null", O_RDWR, 0);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t all;
+    sigfillset(&all);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+    pid_t pid = -1;
+    const int failed = posix_spawn(&pid, KVLAB_BINARY, &files, &attr, argv.data(), environ);
+    posix_spawnattr_destroy(&attr);
+    posix_spawn_file_actions_destroy(&files);
+    REQUIRE(failed == 0);
+    return pid;
+}
+
+int wait_for(pid_t pid) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return status;
+}
+
+// The files in dir whose names hold ".tmp-": temporaries a writer left behind.
+int temporaries(const fs::path& dir) {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir))
+        n += e.path().filename().string().find(".tmp-") != std::string::npos;
+    return n;
+}
+
+// 100 MB of weights: an export whose writing takes a good part of a second, long enough to be
+// interrupted part-way.
+const char* const kLarge = "dim=512,hidden_dim=1024,n_layers=8,n_heads=8,n_kv_heads=8,vocab_size=8192,max_seq=64";
+
+}  // namespace
+
+TEST_CASE("an interrupt at any moment of an export leaves either nothing or the whole model, and no temporary",
+          "[output][cli][signals]") {
+    const std::string reference = slurp(exported("interrupt-reference.bin", kLarge, 7));
+    check_cases(10, [&] {  // SIGINT, SIGTERM or SIGHUP after a drawn delay
+        const int delay_ms = *rc::gen::inRange(0, 400);
+        const int sig = *rc::gen::element(SIGINT, SIGTERM, SIGHUP);
+        const fs::path dir = scratch() / "interrupted";
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        const fs::path out = dir / "model.bin";
+        const pid_t pid = spawn_kvlab({"export", "--shape", kLarge, "--seed", "7", out.string()});
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        ::kill(pid, sig);
+        const int status = wait_for(pid);
+        RC_LOG() << "delay " << delay_ms << " ms, signal " << sig << ", status " << status;
+        RC_ASSERT((WIFSIGNALED(status) && WTERMSIG(status) == sig) || (WIFEXITED(status) && WEXITSTATUS(status) == 0));
+        RC_ASSERT(temporaries(dir) == 0);
+        if (fs::exists(out)) RC_ASSERT(slurp(out) == reference);
+        RC_TAG(fs::exists(out) ? "finished" : "interrupted");
+    });
+}
+
+TEST_CASE("two exports racing for one path leave one of the two models whole", "[output][cli]") {
+    const std::string a = slurp(exported("race-a.bin", kLarge, 11)), b = slurp(exported("race-b.bin", kLarge, 12));
+    for (int round = 0; round < 3; round++) {
+        const fs::path dir = scratch() / ("race" + std::to_string(round));
+        fs::create_directories(dir);
+        const fs::path out = dir / "model.bin";
+        const pid_t p = spawn_kvlab({"export", "--shape", kLarge, "--seed", "11", out.string()});
+        const pid_t q = spawn_kvlab({"export", "--shape", kLarge, "--seed", "12", out.string()});
+        CHECK(wait_for(p) == 0);
+        CHECK(wait_for(q) == 0);
+        const std::string got = slurp(out);
+        CHECK((got == a || got == b));
+        CHECK(temporaries(dir) == 0);
+    }
+}
+
+namespace {
+
+// `kvlab <args>` with stderr on a terminal (a pseudo-terminal this test reads) and stdout on a
+// file: what the terminal showed.
+std::string on_terminal(const std::string& args) {
+    int master = -1;
+    const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        const int out = ::open((scratch() / "terminal.out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        ::dup2(out, 1);
+        ::execl("/bin/sh", "sh", "-c", (std::string(KVLAB_BINARY) + " " + args).c_str(), nullptr);
+        ::_exit(127);
+    }
+    std::string shown;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(master, buf, sizeof buf)) > 0;) shown.append(buf, std::size_t(n));
+    ::close(master);
+    const int status = wait_for(pid);
+    INFO("kvlab " << args << "\n" << shown);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    return shown;
+}
+
+}  // namespace
+
+TEST_CASE("long commands show a progress line on a terminal, cleared at the end, and nothing in a pipe",
+          "[output][cli][progress]") {
+    const std::string model = exported("progress.bin", kTiny).string(), m = " --model " + model;
+    for (const auto& [args, line] : std::vector<std::pair<std::string, std::string>>{
+             {"verify paged --cases 3", "verify: row 1 of 1: paged"},
+             {"pool" + m + " --script \"new a 1,2,3; append a 4; show\"", "pool: command 1 of 3"},
+             {"bench --shape " + std::string(kTiny) + " --lengths 8 --naive-max 8", "bench: "},
+             {"serve-sim" + m + " --requests 4 --prompt-len 2-6 --output-len 2-6 --system-prompt-len 2",
+              "serve-sim: step "},
+             {"frontier" + m + " --length 16 --prompts 1", "frontier: "}}) {
+        INFO("kvlab " << args);
+        const std::string shown = on_terminal(args);
+        CHECK(shown.find("\r\x1b[K" + line) != std::string::npos);
+        // The line is cleared at the end: nothing of it follows the last clearing.
+        const std::size_t cleared = shown.rfind("\r\x1b[K");
+        CHECK(shown.find(line.substr(0, line.find(':')), cleared + 4) == std::string::npos);
+        const Run piped = run_kvlab(args);
+        CHECK(piped.exit_code == 0);
+        CHECK(piped.err.find('\x1b') == std::string::npos);
+    }
+}
+
+namespace {
+
+// `kvlab` with exactly these arguments (any bytes: no shell between), capturing both streams.
+Run run_argv(const std::vector<std::string>& args) {
+    const fs::path out = scratch() / "argv.out", err = scratch() / "argv.err";
+    std::vector<char*> argv{const_cast<char*>(KVLAB_BINARY)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&files, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid = -1;
+    const int failed = posix_spawn(&pid, KVLAB_BINARY, &files, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&files);
+    REQUIRE(failed == 0);
+    const int status = wait_for(pid);
+    Run r;
+    r.signaled = WIFSIGNALED(status);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out), r.err = slurp(err);
+    return r;
+}
+
+// Bytes for a file name: anything but '/' and NUL, with a bias to what breaks UTF-8.
+rc::Gen<std::string> name_bytes() {
+    const auto byte = rc::gen::oneOf(rc::gen::inRange<int>(1, 256), rc::gen::inRange<int>(0x80, 256),
+                                     rc::gen::element<int>(0xC0, 0xC1, 0xE0, 0xED, 0xF4, 0xF5, 0xFF, 0x1B, '\n'));
+    return rc::gen::map(rc::gen::container<std::vector<int>>(rc::gen::suchThat(byte, [](int b) { return b != '/'; })),
+                        [](const std::vector<int>& v) {
+                            std::string s = "m-";
+                            for (int b : v) s += char(b);
+                            return s;
+                        });
+}
+
+bool is_valid_utf8(const std::string& s) { return kvlab::valid_utf8(s) == s; }
+
+}  // namespace
+
+TEST_CASE("bytes that are not UTF-8 in a path are escaped in --json and in messages, never a crash",
+          "[output][cli][errors]") {
+    const fs::path model = exported("utf8.bin", kTiny);
+    check_cases(30, [&] {
+        const std::string name = *name_bytes();
+        const fs::path link = scratch() / name;
+        fs::remove(link);
+        fs::create_symlink(model, link);
+        const Run r = run_argv({"demo", "--json", "--model", link.string(), "--tokens", "1,5", "--steps", "2"});
+        RC_LOG() << "stderr: " << r.err;
+        RC_ASSERT(r.exit_code == 0);
+        const auto j = nlohmann::json::parse(r.out);  // throws on bytes that are not UTF-8
+        RC_ASSERT(j["model"].get<std::string>() == kvlab::valid_utf8(link.string()));
+        fs::remove(link);
+        // Missing, the path is named in one line, escaped: no control byte, nothing that is not UTF-8.
+        const Run missing = run_argv({"demo", "--json", "--model", link.string(), "--steps", "2"});
+        RC_ASSERT(missing.exit_code == 1);
+        RC_ASSERT(std::count(missing.err.begin(), missing.err.end(), '\n') == 1);
+        RC_ASSERT(is_valid_utf8(missing.err));
+        RC_ASSERT(std::none_of(missing.err.begin(), missing.err.end() - 1,
+                               [](char ch) { return static_cast<unsigned char>(ch) < 0x20; }));
+    });
+}
+
+TEST_CASE("prompts of any bytes give JSON that parses, for generate and demo", "[output][cli][errors]") {
+    KVLAB_MODEL_FILE_OR_SKIP(model, "stories260K.bin");
+    KVLAB_MODEL_FILE_OR_SKIP(tokenizer, "tok512.bin");  // with byte-fallback pieces: <0xFF> is one byte
+    check_cases(20, [&] {
+        const std::string prompt = *name_bytes();
+        for (const char* command : {"generate", "demo"}) {
+            const Run r = run_argv(
+                {command, "--json", "--model", model, "--tokenizer", tokenizer, "--prompt", prompt, "--steps", "8"});
+            RC_LOG() << command << ": " << r.err;
+            RC_ASSERT(r.exit_code == 0);
+            RC_ASSERT(is_valid_utf8(r.out));
+            RC_ASSERT(nlohmann::json::parse(r.out).contains("text"));
+        }
+    });
+}
