@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "grader.h"
 #include "test_util.h"
 
 namespace {
@@ -35,6 +36,8 @@ void check_cases(int n, const std::function<void()>& property) {
     if (result.match(failure))
         FAIL("counterexample:\n" << kvlab::test::counterexample_text(failure) << failure.description);
     if (result.match(gave_up)) FAIL("gave up: " << gave_up.description);
+    rc::detail::SuccessResult success;
+    CHECK(result.match(success));
 }
 
 const char* const kTiny = "dim=16,hidden_dim=24,n_layers=2,n_heads=4,n_kv_heads=2,vocab_size=40,max_seq=32";
@@ -386,7 +389,37 @@ TEST_CASE("prompts of any bytes give JSON that parses, for generate and demo", "
             RC_LOG() << command << ": " << r.err;
             RC_ASSERT(r.exit_code == 0);
             RC_ASSERT(is_valid_utf8(r.out));
-            RC_ASSERT(nlohmann::json::parse(r.out).contains("text"));
+            RC_ASSERT(nlohmann::json::parse(r.out).contains("generated_tokens"));
         }
+    });
+}
+
+TEST_CASE("a lab grader escapes what a student's code says: its table and counterexamples stay printable",
+          "[output][lessons]") {
+    check_cases(40, [] {
+        const std::string said = *rc::gen::container<std::string>(rc::gen::inRange<char>(-128, 127));
+        kvlab::lessons::Lab lab{99, "escapes", "wrong/escape.cpp", {}};
+        lab.checks.push_back({"a student's exception", 1, [said] { throw kvlab::Error(said); }, 2});
+        // The grader prints on stdout: into a file for the length of the call.
+        const fs::path out = scratch() / "grader.out";
+        std::fflush(stdout);
+        const int saved = ::dup(1), file = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        ::dup2(file, 1);
+        char arg0[] = "lab99";
+        char* argv[] = {arg0, nullptr};
+        const int status = kvlab::lessons::grade(lab, 1, argv);
+        std::fflush(stdout);
+        ::dup2(saved, 1), ::close(saved), ::close(file);
+        const std::string shown = slurp(out);
+        RC_LOG() << shown;
+        RC_ASSERT(status == 1);
+        RC_ASSERT(is_valid_utf8(shown));
+        RC_ASSERT(std::none_of(shown.begin(), shown.end(), [](char ch) {
+            return (static_cast<unsigned char>(ch) < 0x20 && ch != '\n') || ch == 0x7f;
+        }));
+        // Each line of it is shown escaped (what() is a C string: the message ends at a NUL).
+        std::istringstream lines{std::string(said.c_str())};
+        for (std::string line; std::getline(lines, line);)
+            RC_ASSERT(shown.find(kvlab::one_line(line)) != std::string::npos);
     });
 }

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 
 #include "compare.h"
+#include "file_writer.h"
 
 namespace kvlab::lessons {
 
@@ -24,12 +24,14 @@ bool parse_args(int argc, char** argv, int& cases, std::uint64_t& seed, std::str
             std::uint64_t x = 0;
             const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
             if (ec != std::errc() || end != v.data() + v.size() || (a == "--cases" && (x < 1 || x > 1000000))) {
-                std::fprintf(stderr, "grade: error: %s wants a positive number, not '%s'\n", argv[i - 1], argv[i]);
+                fmt::print(stderr, "grade: error: {} wants a positive number, not '{}'\n", argv[i - 1],
+                           one_line(argv[i]));
                 return false;
             }
             (a == "--cases" ? void(cases = int(x)) : void(seed = x));
         } else {
-            std::fprintf(stderr, "grade: error: unknown argument '%s' (--cases N, --seed S, --report FILE)\n", argv[i]);
+            fmt::print(stderr, "grade: error: unknown argument '{}' (--cases N, --seed S, --report FILE)\n",
+                       one_line(argv[i]));
             return false;
         }
     }
@@ -37,6 +39,16 @@ bool parse_args(int argc, char** argv, int& cases, std::uint64_t& seed, std::str
 }
 
 }  // namespace
+
+std::string echo(const std::string& text) {
+    std::string out;
+    for (std::size_t start = 0;;) {
+        const std::size_t end = text.find('\n', start);
+        out += one_line(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+        if (end == std::string::npos) return out;
+        out += '\n', start = end + 1;
+    }
+}
 
 std::string describe_difference(std::span<const float> expected, std::span<const float> got) {
     if (expected.size() != got.size())
@@ -75,6 +87,8 @@ int grade(const Lab& lab, int argc, char** argv) {
         } catch (const std::exception& e) {  // a property that fails outside RapidCheck's case
             r.counterexample = e.what();
         }
+        // Whatever the student's code put in a message (an exception's text, a value) is shown escaped.
+        r.counterexample = echo(r.counterexample);
         // A stub says so on every case; say it plainly instead of as a shrunk case.
         const std::size_t stub = r.counterexample.find("not implemented: ");
         const bool exists = !c.expect_counterexample.empty();
@@ -108,10 +122,10 @@ int grade(const Lab& lab, int argc, char** argv) {
     if (!shown.empty()) fmt::print("\nthe smallest failing case RapidCheck found, per failing check:\n");
     for (const std::string& f : shown) fmt::print("- {}\n", f);
     if (!report.empty()) {
-        std::ofstream out(report);
-        out << lines;
-        if (!out.flush()) {
-            std::fprintf(stderr, "grade: error: cannot write the report '%s'\n", report.c_str());
+        try {
+            write_file(report, fmt::format("the report '{}'", one_line(report)), lines);
+        } catch (const Error& e) {
+            fmt::print(stderr, "grade: error: {}\n", e.what());
             return 2;
         }
     }

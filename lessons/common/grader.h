@@ -62,6 +62,11 @@ struct Lab {
 // and --report FILE. Returns the exit status.
 int grade(const Lab& lab, int argc, char** argv);
 
+// Text from a student's program (an exception's message, a counterexample quoting it) made safe to
+// print: each line through one_line (controls and bytes that are not UTF-8 escaped), the line
+// breaks kept.
+std::string echo(const std::string& text);
+
 // For properties: the first index where two logit vectors differ, in a student's words
 // ("logit 17 differs: 0.5 (0x3f000000) vs 0.25 (0x3e800000)"), or "" when bitwise equal.
 std::string describe_difference(std::span<const float> expected, std::span<const float> got);
