@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "compare.h"
+#include "cost_model.h"
 #include "cpu_backend.h"
 #include "decode.h"
 #include "json_text.h"
@@ -108,6 +109,7 @@ private:
         std::string did;
         std::optional<int> hit;
         std::optional<std::optional<std::string>> verdict;
+        bool unchecked = false;  // a prefill past --check-budget
     };
     void execute(int index, const std::string& text, int width);
     void apply(const std::vector<std::string>& w, Outcome& out);
@@ -130,12 +132,19 @@ private:
     std::string name_of(int id) const {
         return id >= 0 && id < int(names_.size()) ? names_[id] : fmt::format("seq {}", id);
     }
-    // Sequence id's latest logits against naive decode of its whole token list.
-    std::optional<std::string> against_naive(int id) {
+    // Sequence id's latest logits against naive decode of its whole token list, while naive
+    // decode's FLOPs (the cost model's count, as the kernels count them) stay within
+    // --check-budget; from the first prefill past it on, none is checked.
+    void check_against_naive(int id, Outcome& out) {
         prefills_++;
-        auto diff = first_difference(naive_.forward(engine_.cache(id).tokens()), engine_.logits(id));
-        if (diff) differing_++;
-        return diff;
+        const std::span<const int> tokens = engine_.cache(id).tokens();
+        const double cost = double(naive_step_cost(model_.config(), int(tokens.size()), naive_.exec.attention).flops());
+        if (unchecked_ > 0 || double(naive_.exec.flops) + cost > o_.check_gflop * 1e9) {
+            unchecked_++, out.unchecked = true;
+            return;
+        }
+        out.verdict = first_difference(naive_.forward(tokens), engine_.logits(id));
+        if (*out.verdict) differing_++;
     }
     nlohmann::json event_json(const CacheEvent& e) const;
     std::vector<int> by_id() const { return engine_.live(); }
@@ -155,7 +164,7 @@ private:
     std::vector<std::string> names_;  // [seq id] the name, for events (ids are never reused)
     nlohmann::json records_ = nlohmann::json::array();
     std::int64_t prefilled_ = 0;
-    int copies_ = 0, prefills_ = 0, differing_ = 0;
+    int copies_ = 0, prefills_ = 0, differing_ = 0, unchecked_ = 0;
 };
 
 nlohmann::json Session::event_json(const CacheEvent& e) const {
@@ -216,7 +225,7 @@ void Session::add(const std::vector<std::string>& w, Outcome& out) {
     const std::vector<int> tokens = token_list(w);
     const int id = engine_.add(tokens);  // refused: the pool is as it was
     const int h = engine_.prefix_hit(id);
-    out.verdict = against_naive(id);
+    check_against_naive(id, out);
     out.hit = h;
     prefilled_ += int(tokens.size()) - h;
     out.did = fmt::format("{} (seq {}): prefix hit {} of {}, prefilled {}; table {}", w[1], id, h, tokens.size(),
@@ -234,7 +243,7 @@ void Session::append(const std::vector<std::string>& w, Outcome& out) {
     const std::vector<int> tokens = token_list(w);
     const int start = engine_.cache(id).length();
     engine_.append(id, tokens);  // throws with the cache unchanged
-    out.verdict = against_naive(id);
+    check_against_naive(id, out);
     prefilled_ += int(tokens.size());
     out.did = fmt::format("{}: prefilled {} at {}, length {}; table {}", w[1], tokens.size(), start,
                           engine_.cache(id).length(), table_text(id));
@@ -309,6 +318,8 @@ void Session::report(int index, const std::string& text, int width, const std::s
         r["bitwise_equal"] = !*verdict;
         r["difference"] = *verdict ? nlohmann::json(**verdict) : nlohmann::json(nullptr);
     }
+    if (verdict || out.unchecked) r["checked"] = !out.unchecked;
+    if (out.unchecked) r["bitwise_equal"] = nullptr;
     if (o_.json) {
         if (o_.events) {
             r["events"] = nlohmann::json::array();
@@ -317,7 +328,7 @@ void Session::report(int index, const std::string& text, int width, const std::s
         records_.push_back(r);
         return;
     }
-    const std::string logits = !verdict ? "" : *verdict ? "DIFFERS" : "= naive";
+    const std::string logits = out.unchecked ? "unchecked" : !verdict ? "" : *verdict ? "DIFFERS" : "= naive";
     // A long command is cut short to keep the columns.
     const std::string shown = int(text.size()) <= width ? text : text.substr(0, std::size_t(width) - 3) + "...";
     fmt::print("{:>3}  {:<{}} {:>4} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>4}  {:<7}  {}\n", index, shown, width,
@@ -439,7 +450,10 @@ int Session::finish(int n_commands) {
                         {"prefix_hit_positions", saved},
                         {"copy_on_writes", copies_},
                         {"prefills", prefills_},
-                        {"prefills_bitwise_equal", prefills_ - differing_},
+                        {"prefills_bitwise_equal", prefills_ - unchecked_ - differing_},
+                        {"prefills_checked", prefills_ - unchecked_},
+                        {"check_budget_gflop", o_.check_gflop},
+                        {"naive_gflop", double(naive_.exec.flops) / 1e9},
                         {"shared_writes", pool_.shared_writes()},
                         {"memory",
                          {{"reserved_bytes", m.reserved_bytes},
@@ -458,8 +472,15 @@ int Session::finish(int n_commands) {
         fmt::print("  prefill        {} positions run, {} served by prefix hits instead\n", prefilled_, saved);
         fmt::print("  copy-on-write  {} copied; {} into shared blocks (must be 0)\n", plural(copies_, "block"),
                    plural(pool_.shared_writes(), "write"));
-        fmt::print("  logits         {} of {} prefills bitwise equal to naive decode\n", prefills_ - differing_,
-                   prefills_);
+        if (unchecked_ == 0)
+            fmt::print("  logits         {} of {} prefills bitwise equal to naive decode\n", prefills_ - differing_,
+                       prefills_);
+        else
+            fmt::print(
+                "  logits         {} of {} prefills checked, {} of them bitwise equal to naive decode; the "
+                "checks stopped at --check-budget {} GFLOP ({:.3g} spent)\n",
+                prefills_ - unchecked_, prefills_, prefills_ - unchecked_ - differing_, o_.check_gflop,
+                double(naive_.exec.flops) / 1e9);
         fmt::print("  pool memory    reserved {} B ({} blocks x {} B), used {} B by the live sequences' positions\n",
                    m.reserved_bytes, m.blocks_total, pool_.block_bytes(), m.used_bytes);
         fmt::print(
@@ -523,6 +544,10 @@ void add_pool_options(CLI::App* cmd, PoolOptions& o) {
                     "rollback NAME N / free NAME / show")
         ->required();
     cmd->add_flag("--events", o.events, "print every cache event of every command");
+    cmd->add_option("--check-budget", o.check_gflop,
+                    "GFLOP of naive decode for the checks (each prefill re-runs its whole sequence); past it, "
+                    "prefills are reported unchecked (default 50)")
+        ->check(CLI::Range(0.0, 1e9));
     cmd->add_flag("--json", o.json, "machine-readable output");
     add_attention_options(cmd, o.attention);
 }

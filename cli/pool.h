@@ -33,14 +33,18 @@ struct PoolOptions {
     bool events = false;       // print every CacheEvent of every command
     bool json = false;
     AttentionOptions attention;  // what the engine and the naive check both run
+    // The naive check re-runs a whole sequence after every prefill: O(T^2) a command. Its FLOPs
+    // are capped here; the first prefill that would pass the cap, and every one after it, is
+    // reported unchecked (the summary says how many).
+    double check_gflop = 50;
 };
 
-// Runs the script; 0 when every prefill equals naive decode bit for bit, 1 when one differs.
+// Runs the script; 0 when every checked prefill equals naive decode bit for bit, 1 when one differs.
 // Throws Error for a bad script, option or request (the first bad command; nothing after it runs).
 int run_pool(const PoolOptions& o);
 
 // Adds --model, --tokenizer, --model-seed, --block-size, --blocks, --no-prefix-cache, --kv-format,
-// --script, --events, --json, --attention, --tile.
+// --script, --events, --json, --attention, --tile, --check-budget.
 void add_pool_options(CLI::App* cmd, PoolOptions& o);
 
 }  // namespace kvlab::cli

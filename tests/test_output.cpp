@@ -1,7 +1,9 @@
 // Output that never claims what did not happen: every kind of output path, a full disk and a
 // closed pipe on standard output, an interrupt part-way through a write, two writers racing for
-// one file, and the progress line that long commands show on a terminal (and only there).
+// one file, bytes that are not UTF-8, and the progress line that long commands show on a
+// terminal (and only there). And work that is bounded: the pool's naive checks.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <pty.h>
 #include <rapidcheck.h>
 #include <rapidcheck/catch.h>
@@ -21,6 +23,8 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "config.h"
+#include "cost_model.h"
 #include "grader.h"
 #include "test_util.h"
 
@@ -421,5 +425,60 @@ TEST_CASE("a lab grader escapes what a student's code says: its table and counte
         std::istringstream lines{std::string(said.c_str())};
         for (std::string line; std::getline(lines, line);)
             RC_ASSERT(shown.find(kvlab::one_line(line)) != std::string::npos);
+    });
+}
+
+TEST_CASE("kvlab pool: the naive check's work stays within --check-budget, and every prefill past it says so",
+          "[output][cli][pool]") {
+    const fs::path model = exported("budget.bin", kTiny);
+    const kvlab::Config c = kvlab::Config::parse(kTiny, kvlab::Config{});
+    check_cases(25, [&] {
+        // A script of new, append and fork commands, each sequence within max_seq = 32.
+        const auto tokens = [](int n) {
+            std::string list;
+            for (int i = 0; i < n; i++) list += (i ? "," : "") + std::to_string(*rc::gen::inRange(0, 40));
+            return list;
+        };
+        std::vector<int> lengths{*rc::gen::inRange(1, 12)};
+        std::string script = "new s0 " + tokens(lengths[0]);
+        for (int n = *rc::gen::inRange(0, 10), i = 0; i < n; i++) {
+            const int s = *rc::gen::inRange(0, int(lengths.size()));
+            const int add = *rc::gen::inRange(1, 6);
+            if (*rc::gen::inRange(0, 3) == 0 && lengths.size() < 6) {
+                script += fmt::format("; fork s{} s{}", s, lengths.size());
+                lengths.push_back(lengths[std::size_t(s)]);
+            } else if (lengths[std::size_t(s)] + add <= 32) {
+                script += fmt::format("; append s{} {}", s, tokens(add));
+                lengths[std::size_t(s)] += add;
+            }
+        }
+        const double budget = *rc::gen::element(0.0, 1e-5, 1e-4, 3e-4, 1e-3, 1e9);
+        const Run r = run_argv({"pool", "--model", model.string(), "--json", "--blocks", "64", "--check-budget",
+                                fmt::format("{}", budget), "--script", script});
+        RC_LOG() << script << "\n" << r.err;
+        RC_ASSERT(r.exit_code == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        const auto& s = j["summary"];
+        RC_ASSERT(s["naive_gflop"].get<double>() <= budget);
+        int prefills = 0, checked = 0;
+        bool stopped = false;
+        for (const auto& record : j["commands"]) {
+            if (!record.contains("checked")) continue;  // not a prefill
+            prefills++;
+            const bool was = record["checked"];
+            RC_ASSERT(!(stopped && was));  // once past the budget, no prefill is checked
+            if (!was && !stopped) {
+                // The first unchecked prefill did not fit: the budget was not left unused.
+                const double cost = double(kvlab::naive_step_cost(c, record["length"], {}).flops());
+                RC_ASSERT(s["naive_gflop"].get<double>() * 1e9 + cost > budget * 1e9);
+            }
+            stopped = stopped || !was;
+            checked += was;
+            RC_ASSERT(record["bitwise_equal"] == (was ? nlohmann::json(true) : nlohmann::json(nullptr)));
+        }
+        RC_ASSERT(s["prefills"] == prefills);
+        RC_ASSERT(s["prefills_checked"] == checked);
+        if (budget >= 1) RC_ASSERT(checked == prefills);
+        RC_TAG(checked == prefills ? "all checked" : checked == 0 ? "none checked" : "some checked");
     });
 }
