@@ -87,7 +87,10 @@ std::vector<float> checked_kv_scales(int n_layers, std::span<const float> scales
 
 KVStorage::KVStorage(Memory& memory, std::int64_t n_rows_, int head_size_, std::int64_t layer_rows_,
                      std::int64_t head_rows_, KVFormat format_, std::span<const float> scales_, int group_)
-    : k(memory, storage_bytes(n_rows_, head_size_, format_, group_)),
+    : charge(fmt::format("a KV cache ({} rows of head_size {}, K and V in {})", n_rows_, head_size_,
+                         kv_format_name(format_)),
+             2 * storage_bytes(n_rows_, head_size_, format_, group_)),
+      k(memory, charge.bytes() / 2),
       v(memory, k.size()),
       scales(memory, std::int64_t(scales_.size())),
       host_scales(scales_.begin(), scales_.end()),

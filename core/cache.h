@@ -76,6 +76,7 @@ struct MemoryStats {
 // codes only (and an integer format's group scales, inside each row), and the fp8 scales. The row of (layer l, KV head
 // h, slot s) is row l * layer_rows + h * head_rows + s of each (backend.h: RowKV).
 struct KVStorage {
+    MemoryCharge charge;             // k and v on the memory budget, charged before they are allocated
     Buffer<std::uint8_t> k, v;       // [n_rows, row_bytes()] bytes: rows of head_size elements of `format`
     Buffer<float> scales;            // [n_layers, 2] layer l's K scale, then V scale (read by fp8); none: all 1
     std::vector<float> host_scales;  // the same, on the host

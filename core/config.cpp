@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <utility>
 
 namespace kvlab {
 
@@ -77,6 +80,81 @@ void check_size(const std::string& what, std::int64_t count, std::int64_t bytes_
     if (count >= 0 && bytes_each >= 0 && (bytes_each == 0 || count <= kMaxBytes / bytes_each)) return;
     throw Error(fmt::format("{} would take {:.0f} B, over the limit of {} B (1 GiB) for one model, pool or cache", what,
                             double(count) * double(bytes_each), kMaxBytes));
+}
+
+namespace {
+
+// The budget's ledger: every live charge by id, and their sum.
+struct Ledger {
+    std::mutex mutex;
+    std::map<std::uint64_t, std::pair<std::string, std::int64_t>> held;
+    std::int64_t total = 0;
+    std::uint64_t next_id = 1;
+};
+
+Ledger& ledger() {
+    static Ledger l;
+    return l;
+}
+
+std::string mib(std::int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
+
+}  // namespace
+
+MemoryCharge::MemoryCharge(std::string what, std::int64_t bytes) : what_(std::move(what)) {
+    check_size(what_, bytes, 1);  // alone over the limit (or negative): the plain message
+    if (bytes == 0) return;
+    Ledger& l = ledger();
+    const std::lock_guard lock(l.mutex);
+    if (bytes > kMaxBytes - l.total) {
+        const auto biggest = std::max_element(l.held.begin(), l.held.end(), [](const auto& a, const auto& b) {
+            return a.second.second < b.second.second;
+        });
+        throw Error(fmt::format(
+            "{} would take {}, but kvlab's memory budget of 1 GiB (kMaxBytes) already holds {} "
+            "in {} things, the biggest {} ({})",
+            what_, mib(bytes), mib(l.total), l.held.size(), biggest->second.first, mib(biggest->second.second)));
+    }
+    id_ = l.next_id++, bytes_ = bytes;
+    l.held.emplace(id_, std::pair{what_, bytes});
+    l.total += bytes;
+}
+
+MemoryCharge::MemoryCharge(const MemoryCharge& other) : MemoryCharge() {
+    if (other.id_ != 0) *this = MemoryCharge(other.what_, other.bytes_);
+}
+
+MemoryCharge& MemoryCharge::operator=(const MemoryCharge& other) {
+    if (this != &other) *this = MemoryCharge(other);
+    return *this;
+}
+
+MemoryCharge::MemoryCharge(MemoryCharge&& other) noexcept
+    : id_(std::exchange(other.id_, 0)), bytes_(std::exchange(other.bytes_, 0)), what_(std::move(other.what_)) {}
+
+MemoryCharge& MemoryCharge::operator=(MemoryCharge&& other) noexcept {
+    if (this != &other) {
+        release();
+        id_ = std::exchange(other.id_, 0), bytes_ = std::exchange(other.bytes_, 0), what_ = std::move(other.what_);
+    }
+    return *this;
+}
+
+MemoryCharge::~MemoryCharge() { release(); }
+
+void MemoryCharge::release() noexcept {
+    if (id_ == 0) return;
+    Ledger& l = ledger();
+    const std::lock_guard lock(l.mutex);
+    l.held.erase(id_);
+    l.total -= bytes_;
+    id_ = 0, bytes_ = 0;
+}
+
+std::int64_t memory_charged() {
+    Ledger& l = ledger();
+    const std::lock_guard lock(l.mutex);
+    return l.total;
 }
 
 int parse_int(const std::string& option, const std::string& text, const std::string& hint) {

@@ -86,4 +86,30 @@ inline constexpr std::int64_t kMaxBytes = std::int64_t{1} << 30;
 // model (Weights), a pool (BlockPool) and a cache's rows (KVStorage) calls it before allocating.
 void check_size(const std::string& what, std::int64_t count, std::int64_t bytes_each);
 
+// The process's memory budget, kMaxBytes for everything kvlab holds at once: a model's weights and
+// RoPE tables, the CPU's packed weights, every KV cache and block pool, and each decoder's
+// activations are charged here before they are allocated, and released with them. A charge the
+// budget cannot hold is an Error naming what asked, its size, and the biggest holder already
+// charged, before any byte is allocated. Copying a charge charges its bytes again (the copy holds
+// its own); moving it moves the charge.
+class MemoryCharge {
+public:
+    MemoryCharge() = default;
+    MemoryCharge(std::string what, std::int64_t bytes);
+    MemoryCharge(const MemoryCharge& other);
+    MemoryCharge& operator=(const MemoryCharge& other);
+    MemoryCharge(MemoryCharge&& other) noexcept;
+    MemoryCharge& operator=(MemoryCharge&& other) noexcept;
+    ~MemoryCharge();
+    std::int64_t bytes() const { return bytes_; }
+
+private:
+    void release() noexcept;
+    std::uint64_t id_ = 0;  // 0: nothing charged
+    std::int64_t bytes_ = 0;
+    std::string what_;
+};
+// The bytes charged now, over the whole process.
+std::int64_t memory_charged();
+
 }  // namespace kvlab

@@ -13,10 +13,18 @@
 namespace kvlab {
 
 void Activations::resize(Memory& memory, const Config& c, int n) {
-    rows = n;
-    if (n <= capacity && x.memory() == &memory) return;
-    capacity = n;
+    if (n <= capacity && x.memory() == &memory) {
+        rows = n;
+        return;
+    }
     const std::int64_t r = n;
+    // Charged before the buffers are replaced: naive decode's rows grow with T (5 dim + 2 kv_dim
+    // + 2 hidden_dim floats each), and a long context must be refused, not allocated.
+    charge = MemoryCharge();
+    charge = MemoryCharge(
+        fmt::format("a decoder's activations ({} rows of {})", n, c.describe()),
+        r * (5 * std::int64_t(c.dim) + 2 * c.kv_dim() + 2 * std::int64_t(c.hidden_dim)) * std::int64_t(sizeof(float)));
+    rows = n, capacity = n;
     for (auto* t : {&x, &xb, &q, &att, &out}) *t = Buffer<float>(memory, r * c.dim);
     for (auto* t : {&k, &v}) *t = Buffer<float>(memory, r * c.kv_dim());
     for (auto* t : {&h1, &h3}) *t = Buffer<float>(memory, r * c.hidden_dim);

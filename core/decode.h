@@ -48,6 +48,7 @@ struct Activations {
     Buffer<float> out;  // [rows, dim]        output of a sublayer before the residual add
     Buffer<float> h1;   // [rows, hidden_dim]
     Buffer<float> h3;   // [rows, hidden_dim]
+    MemoryCharge charge;  // the buffers above on the memory budget
     void resize(Memory& memory, const Config& c, int rows);
     void check(const Config& c) const;  // asserts every shape above
 };

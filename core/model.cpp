@@ -37,13 +37,26 @@ void place_tensors(Weights& w, float* floats) {
 
 }  // namespace
 
+namespace {
+
+// A model's floats [n_params], zero-filled, with their charge on the memory budget.
+struct ChargedFloats {
+    MemoryCharge charge;
+    std::unique_ptr<float[]> floats;
+    ChargedFloats(const Config& c, std::int64_t n)
+        : charge(fmt::format("a model of {} parameters ({})", n, c.describe()), n * std::int64_t(sizeof(float))),
+          floats(new float[std::size_t(n)]()) {}
+};
+
+}  // namespace
+
 Weights::Weights(const Config& c, bool shared) : config(c), shared_classifier(shared) {
     c.validate();
     const std::int64_t n = c.n_params(shared);
     check_size(fmt::format("a model of {} parameters ({})", n, c.describe()), n, sizeof(float));
-    std::shared_ptr<float[]> floats = std::make_shared<float[]>(std::size_t(n));  // zero-filled
-    place_tensors(*this, floats.get());
-    storage_ = std::move(floats);
+    auto held = std::make_shared<ChargedFloats>(c, n);
+    place_tensors(*this, held->floats.get());
+    storage_ = std::move(held);
 }
 
 Weights::Weights(const Config& c, bool shared, std::shared_ptr<const MappedFile> file)
@@ -53,12 +66,11 @@ Weights::Weights(const Config& c, bool shared, std::shared_ptr<const MappedFile>
 
 Weights::Weights(const Weights& other) : config(other.config), shared_classifier(other.shared_classifier) {
     if (!other.storage_) return;  // a default-constructed Weights
-    const std::int64_t n = config.n_params(shared_classifier);
-    std::shared_ptr<float[]> floats = std::make_shared<float[]>(std::size_t(n));
-    place_tensors(*this, floats.get());
+    auto held = std::make_shared<ChargedFloats>(config, config.n_params(shared_classifier));
+    place_tensors(*this, held->floats.get());
     const std::vector<std::span<float>> from = other.tensors(), to = tensors();
     for (std::size_t i = 0; i < from.size(); i++) std::copy(from[i].begin(), from[i].end(), to[i].begin());
-    storage_ = std::move(floats);
+    storage_ = std::move(held);
 }
 
 Weights& Weights::operator=(const Weights& other) {
@@ -109,6 +121,9 @@ std::vector<float> in_out_copy(std::span<const float> w, int layers, int n_out, 
 }
 
 RopeTable::RopeTable(int max_seq_, int head_size, float theta) : max_seq(max_seq_), n_pairs(head_size / 2) {
+    // Charged before they are filled: a small model with a long max_seq can have large tables.
+    charge = MemoryCharge(fmt::format("the RoPE tables ({} positions x {} pairs, cos and sin)", max_seq, n_pairs),
+                          2 * std::int64_t(max_seq) * n_pairs * std::int64_t(sizeof(float)));
     cos.assign(std::size_t(max_seq) * n_pairs, 0.0f);
     sin.assign(std::size_t(max_seq) * n_pairs, 0.0f);
     for (int j = 0; j < n_pairs; j++) {

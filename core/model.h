@@ -76,6 +76,7 @@ struct RopeTable {
     int n_pairs = 0;         // head_size / 2
     std::vector<float> cos;  // [max_seq, n_pairs]
     std::vector<float> sin;  // [max_seq, n_pairs]
+    MemoryCharge charge;     // cos and sin on the memory budget
     RopeTable(int max_seq, int head_size, float theta = 10000.0f);
     RopeTable() = default;
 };

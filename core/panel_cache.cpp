@@ -98,14 +98,22 @@ void pack_all(const Weights& w, float* dst) {
     PackedMatrix::pack(w.wcls.data(), c.dim, c.vocab_size, dst + (p.wcls.panels - dst));
 }
 
-std::shared_ptr<PackedWeights> in_memory(const Model& model, std::string source) {
+// The panels packed into floats of their own; `floats`, when given, gets their start.
+std::shared_ptr<PackedWeights> in_memory(const Model& model, std::string source, const float** floats = nullptr) {
     const std::int64_t n = panel_floats(model.config());
-    check_size(fmt::format("the CPU backend's packed weights ({} floats)", n), n, sizeof(float));
-    std::shared_ptr<float[]> floats(new float[std::size_t(n)]);  // [panel_floats]
-    pack_all(model.w, floats.get());
+    struct Charged {  // [panel_floats] floats, charged on the memory budget first
+        MemoryCharge charge;
+        std::unique_ptr<float[]> floats;
+    };
+    auto held = std::make_shared<Charged>(Charged{
+        MemoryCharge(fmt::format("the CPU backend's packed weights ({} floats)", n), n * std::int64_t(sizeof(float))),
+        nullptr});
+    held->floats.reset(new float[std::size_t(n)]);
+    pack_all(model.w, held->floats.get());
     auto p = std::make_shared<PackedWeights>();
-    place_panels(*p, model.config(), floats.get());
-    p->storage = std::move(floats);
+    place_panels(*p, model.config(), held->floats.get());
+    if (floats) *floats = held->floats.get();
+    p->storage = std::move(held);
     p->built_from = model.w.wq.data();
     p->source = std::move(source);
     return p;
@@ -198,8 +206,9 @@ std::shared_ptr<const PackedWeights> packed_weights(const Model& model) {
         return in_memory(model, "packed in memory");
     const std::string path = panel_cache_path(checkpoint->path(), option);
     if (auto p = mapped(model, *checkpoint, path)) return p;
-    std::shared_ptr<PackedWeights> p = in_memory(model, fmt::format("packed, and cached in {}", path));
-    const std::string why = write_cache(model, *checkpoint, static_cast<const float*>(p->storage.get()), path);
+    const float* floats = nullptr;
+    std::shared_ptr<PackedWeights> p = in_memory(model, fmt::format("packed, and cached in {}", path), &floats);
+    const std::string why = write_cache(model, *checkpoint, floats, path);
     if (why.empty()) return p;
     const std::string problem = fmt::format("panel cache '{}': cannot write: {}", one_line(path), why);
     if (option.mode == Mode::on)

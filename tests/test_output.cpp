@@ -31,9 +31,11 @@
 namespace {
 
 // A property run `n` times (RC_PARAMS's seed and the rest still apply): each case starts processes.
-void check_cases(int n, const std::function<void()>& property) {
+// shrink = false for cases that take seconds each, where shrinking would take many minutes.
+void check_cases(int n, const std::function<void()>& property, bool shrink = true) {
     rc::detail::TestParams params = rc::detail::configuration().testParams;
     params.maxSuccess = n;
+    params.disableShrinking = params.disableShrinking || !shrink;
     const rc::detail::TestResult result = rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params);
     rc::detail::FailureResult failure;
     rc::detail::GaveUpResult gave_up;
@@ -95,7 +97,7 @@ std::pair<fs::path, std::string> refused_path(const std::string& kind, const fs:
 
 }  // namespace
 
-TEST_CASE("every file writer refuses a folder, a FIFO, a socket, a device and a missing folder in one line",
+TEST_CASE("every file writer refuses a folder or FIFO or socket or device or missing folder in one line",
           "[output][cli][errors]") {
     const std::vector<std::string> commands = writers();
     int n = 0;
@@ -109,7 +111,7 @@ TEST_CASE("every file writer refuses a folder, a FIFO, a socket, a device and a 
         }
 }
 
-TEST_CASE("export writes /dev/null and /dev/stdout in place, and replaces a symbolic link's file, not the link",
+TEST_CASE("export writes /dev/null and /dev/stdout in place and replaces a symbolic link's file but not the link",
           "[output][cli]") {
     const fs::path reference = exported("reference.bin", kTiny);
     const std::string bytes = slurp(reference);
@@ -151,7 +153,7 @@ Run run_redirected(const std::string& args, const std::string& redirect) {
 
 }  // namespace
 
-TEST_CASE("a full disk under standard output is a one-line error and exit status 1, for every command",
+TEST_CASE("a full disk under standard output is a one-line error and exit status 1 for every command",
           "[output][cli][errors]") {
     const std::string model = exported("full.bin", kTiny).string(), m = " --model " + model;
     for (const std::string& args : std::vector<std::string>{
@@ -169,7 +171,7 @@ TEST_CASE("a full disk under standard output is a one-line error and exit status
     }
 }
 
-TEST_CASE("a reader that goes away stops generate at once: exit status 1 and one line, not a decode to the end",
+TEST_CASE("a reader that goes away stops generate at once: exit status 1 and one line and no decode to the end",
           "[output][cli][errors]") {
     const std::string model =
         exported("pipe.bin", "dim=8,hidden_dim=16,n_layers=1,n_heads=2,n_kv_heads=1,vocab_size=40,max_seq=4096")
@@ -230,26 +232,30 @@ const char* const kLarge = "dim=512,hidden_dim=1024,n_layers=8,n_heads=8,n_kv_he
 
 }  // namespace
 
-TEST_CASE("an interrupt at any moment of an export leaves either nothing or the whole model, and no temporary",
+TEST_CASE("an interrupt at any moment of an export leaves either nothing or the whole model and no temporary",
           "[output][cli][signals]") {
     const std::string reference = slurp(exported("interrupt-reference.bin", kLarge, 7));
-    check_cases(10, [&] {  // SIGINT, SIGTERM or SIGHUP after a drawn delay
-        const int delay_ms = *rc::gen::inRange(0, 400);
-        const int sig = *rc::gen::element(SIGINT, SIGTERM, SIGHUP);
-        const fs::path dir = scratch() / "interrupted";
-        fs::remove_all(dir);
-        fs::create_directories(dir);
-        const fs::path out = dir / "model.bin";
-        const pid_t pid = spawn_kvlab({"export", "--shape", kLarge, "--seed", "7", out.string()});
-        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-        ::kill(pid, sig);
-        const int status = wait_for(pid);
-        RC_LOG() << "delay " << delay_ms << " ms, signal " << sig << ", status " << status;
-        RC_ASSERT((WIFSIGNALED(status) && WTERMSIG(status) == sig) || (WIFEXITED(status) && WEXITSTATUS(status) == 0));
-        RC_ASSERT(temporaries(dir) == 0);
-        if (fs::exists(out)) RC_ASSERT(slurp(out) == reference);
-        RC_TAG(fs::exists(out) ? "finished" : "interrupted");
-    });
+    check_cases(
+        10,
+        [&] {  // SIGINT, SIGTERM or SIGHUP after a drawn delay
+            const int delay_ms = *rc::gen::inRange(0, 400);
+            const int sig = *rc::gen::element(SIGINT, SIGTERM, SIGHUP);
+            const fs::path dir = scratch() / "interrupted";
+            fs::remove_all(dir);
+            fs::create_directories(dir);
+            const fs::path out = dir / "model.bin";
+            const pid_t pid = spawn_kvlab({"export", "--shape", kLarge, "--seed", "7", out.string()});
+            std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+            ::kill(pid, sig);
+            const int status = wait_for(pid);
+            RC_LOG() << "delay " << delay_ms << " ms, signal " << sig << ", status " << status;
+            RC_ASSERT((WIFSIGNALED(status) && WTERMSIG(status) == sig) ||
+                      (WIFEXITED(status) && WEXITSTATUS(status) == 0));
+            RC_ASSERT(temporaries(dir) == 0);
+            if (fs::exists(out)) RC_ASSERT(slurp(out) == reference);
+            RC_TAG(fs::exists(out) ? "finished" : "interrupted");
+        },
+        false);
 }
 
 TEST_CASE("two exports racing for one path leave one of the two models whole", "[output][cli]") {
@@ -295,7 +301,7 @@ std::string on_terminal(const std::string& args) {
 
 }  // namespace
 
-TEST_CASE("long commands show a progress line on a terminal, cleared at the end, and nothing in a pipe",
+TEST_CASE("long commands show a progress line on a terminal that is cleared at the end and nothing in a pipe",
           "[output][cli][progress]") {
     const std::string model = exported("progress.bin", kTiny).string(), m = " --model " + model;
     for (const auto& [args, line] : std::vector<std::pair<std::string, std::string>>{
@@ -358,7 +364,7 @@ bool is_valid_utf8(const std::string& s) { return kvlab::valid_utf8(s) == s; }
 
 }  // namespace
 
-TEST_CASE("bytes that are not UTF-8 in a path are escaped in --json and in messages, never a crash",
+TEST_CASE("bytes that are not UTF-8 in a path are escaped in --json and in messages and never crash",
           "[output][cli][errors]") {
     const fs::path model = exported("utf8.bin", kTiny);
     check_cases(30, [&] {
@@ -382,7 +388,7 @@ TEST_CASE("bytes that are not UTF-8 in a path are escaped in --json and in messa
     });
 }
 
-TEST_CASE("prompts of any bytes give JSON that parses, for generate and demo", "[output][cli][errors]") {
+TEST_CASE("prompts of any bytes give JSON that parses for generate and demo", "[output][cli][errors]") {
     KVLAB_MODEL_FILE_OR_SKIP(model, "stories260K.bin");
     KVLAB_MODEL_FILE_OR_SKIP(tokenizer, "tok512.bin");  // with byte-fallback pieces: <0xFF> is one byte
     check_cases(20, [&] {
@@ -428,7 +434,7 @@ TEST_CASE("a lab grader escapes what a student's code says: its table and counte
     });
 }
 
-TEST_CASE("kvlab pool: the naive check's work stays within --check-budget, and every prefill past it says so",
+TEST_CASE("kvlab pool: the naive check's work stays within --check-budget and every prefill past it says so",
           "[output][cli][pool]") {
     const fs::path model = exported("budget.bin", kTiny);
     const kvlab::Config c = kvlab::Config::parse(kTiny, kvlab::Config{});
@@ -481,4 +487,78 @@ TEST_CASE("kvlab pool: the naive check's work stays within --check-budget, and e
         if (budget >= 1) RC_ASSERT(checked == prefills);
         RC_TAG(checked == prefills ? "all checked" : checked == 0 ? "none checked" : "some checked");
     });
+}
+
+TEST_CASE("the memory budget: charges are refused exactly when the process's total would pass kMaxBytes", "[budget]") {
+    check_cases(200, [] {
+        const std::int64_t base = kvlab::memory_charged();
+        std::vector<std::pair<std::string, kvlab::MemoryCharge>> live;
+        std::int64_t model = 0;  // the sum the ledger must hold beyond base
+        for (int op = 0, n = *rc::gen::inRange(1, 30); op < n; op++) {
+            if (!live.empty() && *rc::gen::inRange(0, 3) == 0) {
+                const std::size_t i = std::size_t(*rc::gen::inRange(0, int(live.size())));
+                model -= live[i].second.bytes();
+                live.erase(live.begin() + std::ptrdiff_t(i));
+                continue;
+            }
+            const std::int64_t bytes = *rc::gen::inRange<std::int64_t>(0, kvlab::kMaxBytes / 2);
+            const std::string name = "thing " + std::to_string(op);
+            const bool fits = base + model + bytes <= kvlab::kMaxBytes;
+            try {
+                kvlab::MemoryCharge c(name, bytes);
+                RC_ASSERT(fits);
+                if (*rc::gen::inRange(0, 4) == 0 && base + model + 2 * bytes <= kvlab::kMaxBytes) {
+                    live.emplace_back(name + " (copy)", c);  // a copy holds its own bytes
+                    model += bytes;
+                }
+                live.emplace_back(name, std::move(c));
+                model += bytes;
+            } catch (const kvlab::Error& e) {
+                RC_ASSERT(!fits);
+                // The refusal names what asked and the biggest holder.
+                const std::string what = e.what();
+                RC_ASSERT(what.find(name + " would take") == 0);
+                auto biggest = std::max_element(live.begin(), live.end(), [](const auto& a, const auto& b) {
+                    return a.second.bytes() < b.second.bytes();
+                });
+                if (biggest != live.end() && base == 0) RC_ASSERT(what.find("the biggest thing") != std::string::npos);
+            }
+            RC_ASSERT(kvlab::memory_charged() == base + model);
+        }
+        live.clear();
+        RC_ASSERT(kvlab::memory_charged() == base);
+    });
+}
+
+TEST_CASE("kvlab refuses in one line naming the biggest holder what fits alone but not beside the rest",
+          "[budget][cli][errors]") {
+    check_cases(
+        3,
+        [] {
+            // bench: KV caches of 0.55..1 GiB each, two or more of them at once.
+            const int layers = *rc::gen::element(4, 8);
+            const std::int64_t bytes = *rc::gen::inRange<std::int64_t>(kvlab::kMaxBytes * 11 / 20, kvlab::kMaxBytes);
+            const int max_seq = int(bytes / (2 * 4 * 256 * std::int64_t(layers)));
+            const Run bench = run_kvlab(fmt::format(
+                "bench --shape dim=256,hidden_dim=64,n_layers={},n_heads=8,n_kv_heads=8,vocab_size=64,max_seq={} "
+                "--lengths 8",
+                layers, max_seq));
+            RC_LOG() << bench.err;
+            RC_ASSERT(bench.exit_code == 1);
+            RC_ASSERT(std::count(bench.err.begin(), bench.err.end(), '\n') == 1);
+            RC_ASSERT(bench.err.find("kvlab's memory budget of 1 GiB") != std::string::npos);
+            RC_ASSERT(bench.err.find("the biggest a KV cache") != std::string::npos);
+            // export: RoPE tables of max_seq x 1024 pairs beside a model of dim 2048, each under 1 GiB alone.
+            const int long_seq = *rc::gen::inRange(125000, 131073);
+            const Run rope = run_kvlab(fmt::format(
+                "export --shape dim=2048,hidden_dim=8,n_layers=1,n_heads=1,n_kv_heads=1,vocab_size=8,max_seq={} {}",
+                long_seq, (scratch() / "rope.bin").string()));
+            RC_LOG() << rope.err;
+            RC_ASSERT(rope.exit_code == 1);
+            RC_ASSERT(rope.err.find("the RoPE tables (" + std::to_string(long_seq) + " positions") !=
+                      std::string::npos);
+            RC_ASSERT(rope.err.find("the biggest a model of") != std::string::npos);
+            RC_ASSERT(!fs::exists(scratch() / "rope.bin"));
+        },
+        false);
 }
