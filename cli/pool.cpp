@@ -163,6 +163,8 @@ private:
     std::map<std::string, int> ids_;  // the live sequences by name
     std::vector<std::string> names_;  // [seq id] the name, for events (ids are never reused)
     nlohmann::json records_ = nlohmann::json::array();
+    std::int64_t report_bytes_ = 0;  // records_ as charged on the memory budget
+    MemoryCharge report_charge_;
     std::int64_t prefilled_ = 0;
     int copies_ = 0, prefills_ = 0, differing_ = 0, unchecked_ = 0;
 };
@@ -325,6 +327,12 @@ void Session::report(int index, const std::string& text, int width, const std::s
             r["events"] = nlohmann::json::array();
             for (std::size_t i = first_event; i < trace.size(); i++) r["events"].push_back(event_json(trace[i]));
         }
+        // Every record stays until the end (a show copies the whole pool's table): the report is
+        // charged on the memory budget as it grows, at 10x its text: a tree of small JSON objects.
+        report_bytes_ += 10 * std::int64_t(json_text(r).size());
+        report_charge_ = MemoryCharge();
+        report_charge_ =
+            MemoryCharge(fmt::format("pool --json's report ({} commands so far)", records_.size() + 1), report_bytes_);
         records_.push_back(r);
         return;
     }

@@ -559,6 +559,14 @@ TEST_CASE("kvlab refuses in one line naming the biggest holder what fits alone b
                       std::string::npos);
             RC_ASSERT(rope.err.find("the biggest a model of") != std::string::npos);
             RC_ASSERT(!fs::exists(scratch() / "rope.bin"));
+            // pool --json: a show copies the whole pool's table into the report, which grows with the script.
+            std::string script = "new a 1,2,3";
+            for (int i = 0, n = *rc::gen::inRange(200, 400); i < n; i++) script += "; show";
+            const Run pool = run_argv({"pool", "--blocks", "65536", "--json", "--script", script});
+            RC_LOG() << pool.err;
+            RC_ASSERT(pool.exit_code == 1);
+            RC_ASSERT(pool.err.find("pool --json's report (") != std::string::npos);
+            RC_ASSERT(pool.err.find("kvlab's memory budget of 1 GiB") != std::string::npos);
         },
         false);
 }
