@@ -92,9 +92,10 @@ struct Ledger {
     std::uint64_t next_id = 1;
 };
 
+// Never destroyed: a static object holding a charge may be destroyed after any other static.
 Ledger& ledger() {
-    static Ledger l;
-    return l;
+    static Ledger* const l = new Ledger;
+    return *l;
 }
 
 std::string mib(std::int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
