@@ -353,13 +353,17 @@ int run_demo(const DemoOptions& o) {
     const std::vector<float>* logits = &run.step("prefill", tokens, tokens);
     std::string generated;
     std::vector<float> logprobs;  // [steps] with --logprobs
-    for (int s = 0; s < o.steps; s++) {
-        const int next = argmax(*logits);
-        if (o.logprobs) logprobs.push_back(token_logprob(logits->data(), int(logits->size()), next));
-        generated += token_text(lm, tokens.back(), next);
-        tokens.push_back(next);
-        logits = &run.step("decode", tokens, std::span<const int>(&tokens.back(), 1));
-    }
+    {
+        const Progress progress;  // naive decode is O(T^2) a step: a long run shows where it is
+        for (int s = 0; s < o.steps; s++) {
+            progress(fmt::format("demo: step {} of {}, T = {}", s + 1, o.steps, tokens.size() + 1));
+            const int next = argmax(*logits);
+            if (o.logprobs) logprobs.push_back(token_logprob(logits->data(), int(logits->size()), next));
+            generated += token_text(lm, tokens.back(), next);
+            tokens.push_back(next);
+            logits = &run.step("decode", tokens, std::span<const int>(&tokens.back(), 1));
+        }
+    }  // the line is cleared before the table
 
     Summary s = summarize(run, P, generated);
     if (o.logprobs) {

@@ -528,9 +528,10 @@ int run_pool(const PoolOptions& o) {
                    "what it did");
     }
     {
+        // The table shows each command as it runs; --json prints at the end, so a line shows progress.
         const Progress progress;
         for (std::size_t i = 0; i < commands.size(); i++) {
-            progress(fmt::format("pool: command {} of {}", i + 1, commands.size()));
+            if (o.json) progress(fmt::format("pool: command {} of {}", i + 1, commands.size()));
             session.run(int(i) + 1, commands[i], width);
         }
     }

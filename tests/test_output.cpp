@@ -306,7 +306,8 @@ TEST_CASE("long commands show a progress line on a terminal that is cleared at t
     const std::string model = exported("progress.bin", kTiny).string(), m = " --model " + model;
     for (const auto& [args, line] : std::vector<std::pair<std::string, std::string>>{
              {"verify paged --cases 3", "verify: row 1 of 1: paged"},
-             {"pool" + m + " --script \"new a 1,2,3; append a 4; show\"", "pool: command 1 of 3"},
+             {"demo" + m + " --tokens 1,2 --steps 8", "demo: step 1 of 8, T = 3"},
+             {"pool" + m + " --json --script \"new a 1,2,3; append a 4; show\"", "pool: command 1 of 3"},
              {"bench --shape " + std::string(kTiny) + " --lengths 8 --naive-max 8", "bench: "},
              {"serve-sim" + m + " --requests 4 --prompt-len 2-6 --output-len 2-6 --system-prompt-len 2",
               "serve-sim: step "},
