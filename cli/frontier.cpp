@@ -12,7 +12,6 @@
 #include "frontier.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cassert>
@@ -363,16 +362,8 @@ struct FrontierRun {
     double seconds = 0;
 };
 
-// One line on stderr, rewritten in place, only when stderr is a terminal ("" clears it).
-void progress(const std::string& line) {
-    static const bool terminal = ::isatty(2) != 0;
-    if (!terminal) return;
-    fmt::print(stderr, "\r\x1b[K{}", line);
-    std::fflush(stderr);
-}
-
 // The texts, the probes and exact decode's logits of each.
-void prepare(const LoadedModel& lm, const FrontierOptions& o, FrontierRun& run) {
+void prepare(const LoadedModel& lm, const FrontierOptions& o, FrontierRun& run, const Progress& progress) {
     const std::vector<int> opening = prompt_tokens(lm, "", "", kOpening);
     for (int i = 0; i < o.prompts; i++) {
         progress(fmt::format("frontier: writing text {} of {}", i + 1, o.prompts));
@@ -435,7 +426,7 @@ std::pair<MlaModel, std::vector<std::vector<float>>> mla_reference(const Frontie
 }
 
 void measure_all(const LoadedModel& lm, const FrontierOptions& o, const std::vector<Setting>& settings,
-                 FrontierRun& run) {
+                 FrontierRun& run, const Progress& progress) {
     std::map<int, Model> pooled;                                              // n_kv_heads -> the GQA conversion
     std::optional<std::pair<MlaModel, std::vector<std::vector<float>>>> mla;  // built at the first MLA rank
     for (std::size_t i = 0; i < settings.size(); i++) {
@@ -451,7 +442,6 @@ void measure_all(const LoadedModel& lm, const FrontierOptions& o, const std::vec
         run.results.push_back(
             measure(st.n_kv_heads > 0 ? pooled.at(st.n_kv_heads) : lm.model, st, run.texts, run.probes, o.threads));
     }
-    progress("");
     // The front is the checkpoint's: the MLA ranks measure another model.
     std::vector<ParetoPoint> points;
     for (const Result& r : run.results)
@@ -610,8 +600,11 @@ int run_frontier(const FrontierOptions& o) {
     if (run.prefill >= run.length)
         throw Error(fmt::format("--prefill {} leaves nothing to decode in --length {}", run.prefill, run.length));
     const std::vector<Setting> settings = frontier_settings(run.config);
-    prepare(lm, o, run);
-    measure_all(lm, o, settings, run);
+    {
+        const Progress progress;  // cleared before the table
+        prepare(lm, o, run, progress);
+        measure_all(lm, o, settings, run, progress);
+    }
     run.seconds = seconds_since(t0);
     if (o.json)
         print_json(run, o);
