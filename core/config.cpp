@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <utility>
+#include <variant>
 
 namespace kvlab {
 
@@ -100,21 +102,52 @@ Ledger& ledger() {
 
 std::string mib(std::int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20)); }
 
+// KVLAB_MEMORY_BUDGET's value in bytes, or an Error's text when it is not a size in range.
+std::variant<std::int64_t, std::string> budget_from_environment() {
+    const char* env = std::getenv("KVLAB_MEMORY_BUDGET");
+    if (env == nullptr) return kMaxBytes;
+    const std::string text = env;
+    std::int64_t number = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+    const std::string unit(end, text.data() + text.size());
+    const std::map<std::string, std::int64_t> units = {{"", 1}, {"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}};
+    const auto scale = units.find(unit);
+    if (ec == std::errc() && scale != units.end() && number >= 1 && number <= kMaxBytes / scale->second &&
+        number * scale->second >= (1 << 20))
+        return number * scale->second;
+    return fmt::format(
+        "KVLAB_MEMORY_BUDGET='{}' is not a size from 1MiB to 1GiB (bytes, or a whole number of "
+        "KiB, MiB or GiB, e.g. 256MiB)",
+        one_line(text));
+}
+
 }  // namespace
+
+std::int64_t memory_budget() {
+    static const std::variant<std::int64_t, std::string> budget = budget_from_environment();
+    if (const auto* error = std::get_if<std::string>(&budget)) throw Error(*error);
+    return std::get<std::int64_t>(budget);
+}
 
 MemoryCharge::MemoryCharge(std::string what, std::int64_t bytes) : what_(std::move(what)) {
     check_size(what_, bytes, 1);  // alone over the limit (or negative): the plain message
     if (bytes == 0) return;
     Ledger& l = ledger();
     const std::lock_guard lock(l.mutex);
-    if (bytes > kMaxBytes - l.total) {
+    const std::int64_t budget = memory_budget();
+    const std::string budget_name =
+        budget == kMaxBytes ? "of 1 GiB (kMaxBytes)" : "of " + mib(budget) + " (KVLAB_MEMORY_BUDGET)";
+    if (bytes > budget - l.total && l.held.empty())
+        throw Error(fmt::format("{} would take {}, over kvlab's memory budget {}", what_, mib(bytes), budget_name));
+    if (bytes > budget - l.total) {
         const auto biggest = std::max_element(l.held.begin(), l.held.end(), [](const auto& a, const auto& b) {
             return a.second.second < b.second.second;
         });
-        throw Error(fmt::format(
-            "{} would take {}, but kvlab's memory budget of 1 GiB (kMaxBytes) already holds {} "
-            "in {} things, the biggest {} ({})",
-            what_, mib(bytes), mib(l.total), l.held.size(), biggest->second.first, mib(biggest->second.second)));
+        throw Error(
+            fmt::format("{} would take {}, but kvlab's memory budget {} already holds {} in {} things, "
+                        "the biggest {} ({})",
+                        what_, mib(bytes), budget_name, mib(l.total), l.held.size(), biggest->second.first,
+                        mib(biggest->second.second)));
     }
     id_ = l.next_id++, bytes_ = bytes;
     l.held.emplace(id_, std::pair{what_, bytes});

@@ -111,5 +111,9 @@ private:
 };
 // The bytes charged now, over the whole process.
 std::int64_t memory_charged();
+// The budget: kMaxBytes, or less where the environment's KVLAB_MEMORY_BUDGET says so (bytes, or a
+// whole number of KiB, MiB or GiB, from 1 MiB to 1 GiB), for a smaller machine or a test that
+// wants a refusal without allocating a GiB. A bad value is an Error at the first charge.
+std::int64_t memory_budget();
 
 }  // namespace kvlab

@@ -28,23 +28,9 @@
 #include "grader.h"
 #include "test_util.h"
 
-namespace {
+using kvlab::test::check_cases;
 
-// A property run `n` times (RC_PARAMS's seed and the rest still apply): each case starts processes.
-// shrink = false for cases that take seconds each, where shrinking would take many minutes.
-void check_cases(int n, const std::function<void()>& property, bool shrink = true) {
-    rc::detail::TestParams params = rc::detail::configuration().testParams;
-    params.maxSuccess = n;
-    params.disableShrinking = params.disableShrinking || !shrink;
-    const rc::detail::TestResult result = rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params);
-    rc::detail::FailureResult failure;
-    rc::detail::GaveUpResult gave_up;
-    if (result.match(failure))
-        FAIL("counterexample:\n" << kvlab::test::counterexample_text(failure) << failure.description);
-    if (result.match(gave_up)) FAIL("gave up: " << gave_up.description);
-    rc::detail::SuccessResult success;
-    CHECK(result.match(success));
-}
+namespace {
 
 const char* const kTiny = "dim=16,hidden_dim=24,n_layers=2,n_heads=4,n_kv_heads=2,vocab_size=40,max_seq=32";
 
@@ -531,43 +517,81 @@ TEST_CASE("the memory budget: charges are refused exactly when the process's tot
     });
 }
 
+// Under a budget of B (KVLAB_MEMORY_BUDGET, drawn from 128 to 256 MiB so that a case allocates
+// a fraction of a GiB): things that each fit in B alone, but not together.
 TEST_CASE("kvlab refuses in one line naming the biggest holder what fits alone but not beside the rest",
           "[budget][cli][errors]") {
     check_cases(
-        3,
+        4,
         [] {
-            // bench: KV caches of 0.55..1 GiB each, two or more of them at once.
+            const std::int64_t mib = 1 << 20, budget = mib * *rc::gen::inRange(128, 257);
+            const std::string env = fmt::format("env KVLAB_MEMORY_BUDGET={}MiB", budget / mib);
+            const std::string says =
+                fmt::format("kvlab's memory budget of {}.0 MiB (KVLAB_MEMORY_BUDGET)", budget / mib);
+            RC_LOG() << env << "\n";
+            // bench: KV caches of 0.55..1 B each, two or more of them at once.
             const int layers = *rc::gen::element(4, 8);
-            const std::int64_t bytes = *rc::gen::inRange<std::int64_t>(kvlab::kMaxBytes * 11 / 20, kvlab::kMaxBytes);
+            const std::int64_t bytes = *rc::gen::inRange<std::int64_t>(budget * 11 / 20, budget);
             const int max_seq = int(bytes / (2 * 4 * 256 * std::int64_t(layers)));
-            const Run bench = run_kvlab(fmt::format(
-                "bench --shape dim=256,hidden_dim=64,n_layers={},n_heads=8,n_kv_heads=8,vocab_size=64,max_seq={} "
-                "--lengths 8",
-                layers, max_seq));
+            const Run bench = run_kvlab(
+                fmt::format("bench --shape dim=256,hidden_dim=64,n_layers={},n_heads=8,n_kv_heads=8,vocab_size=64,"
+                            "max_seq={} --lengths 8",
+                            layers, max_seq),
+                env);
             RC_LOG() << bench.err;
             RC_ASSERT(bench.exit_code == 1);
             RC_ASSERT(std::count(bench.err.begin(), bench.err.end(), '\n') == 1);
-            RC_ASSERT(bench.err.find("kvlab's memory budget of 1 GiB") != std::string::npos);
+            RC_ASSERT(bench.err.find(says) != std::string::npos);
             RC_ASSERT(bench.err.find("the biggest a KV cache") != std::string::npos);
-            // export: RoPE tables of max_seq x 1024 pairs beside a model of dim 2048, each under 1 GiB alone.
-            const int long_seq = *rc::gen::inRange(125000, 131073);
-            const Run rope = run_kvlab(fmt::format(
-                "export --shape dim=2048,hidden_dim=8,n_layers=1,n_heads=1,n_kv_heads=1,vocab_size=8,max_seq={} {}",
-                long_seq, (scratch() / "rope.bin").string()));
+            // export: RoPE tables of 8 KiB a position (1024 pairs) beside a model of dim 2048 (64 MiB of
+            // attention weights), each under B alone.
+            const int long_seq = *rc::gen::inRange(int((budget - 48 * mib) / 8192), int(budget / 8192) + 1);
+            const Run rope = run_kvlab(
+                fmt::format("export --shape dim=2048,hidden_dim=8,n_layers=1,n_heads=1,n_kv_heads=1,vocab_size=8,"
+                            "max_seq={} {}",
+                            long_seq, (scratch() / "rope.bin").string()),
+                env);
             RC_LOG() << rope.err;
             RC_ASSERT(rope.exit_code == 1);
             RC_ASSERT(rope.err.find("the RoPE tables (" + std::to_string(long_seq) + " positions") !=
                       std::string::npos);
+            RC_ASSERT(rope.err.find(says) != std::string::npos);
             RC_ASSERT(rope.err.find("the biggest a model of") != std::string::npos);
             RC_ASSERT(!fs::exists(scratch() / "rope.bin"));
-            // pool --json: a show copies the whole pool's table into the report, which grows with the script.
+            // pool --json: a show copies the whole pool's table into the report, which grows with the
+            // script; the pool's blocks scale with B, as both the pool and each show's copy do.
             std::string script = "new a 1,2,3";
             for (int i = 0, n = *rc::gen::inRange(200, 400); i < n; i++) script += "; show";
-            const Run pool = run_argv({"pool", "--blocks", "65536", "--json", "--script", script});
+            const Run pool = run_kvlab(
+                fmt::format("pool --blocks {} --json --script '{}'", 65536 * (budget / mib) / 1024, script), env);
             RC_LOG() << pool.err;
             RC_ASSERT(pool.exit_code == 1);
             RC_ASSERT(pool.err.find("pool --json's report (") != std::string::npos);
-            RC_ASSERT(pool.err.find("kvlab's memory budget of 1 GiB") != std::string::npos);
+            RC_ASSERT(pool.err.find(says) != std::string::npos);
         },
         false);
+}
+
+// KVLAB_MEMORY_BUDGET lowers the budget and never raises it; a value it cannot read is one line.
+TEST_CASE("KVLAB_MEMORY_BUDGET: a lower budget refuses what the default holds and a bad value is one line",
+          "[budget][cli][errors]") {
+    const std::string shape =
+        "--shape dim=64,hidden_dim=64,n_layers=2,n_heads=4,n_kv_heads=4,vocab_size=64,max_seq=65536";
+    const std::string args = "export " + shape + " " + (scratch() / "b.bin").string();
+    CHECK(run_kvlab(args).exit_code == 0);
+    for (const char* one_mib : {"1MiB", "1048576", "1024KiB"}) {  // the RoPE tables alone take 4 MiB
+        const Run low = run_kvlab(args, fmt::format("env KVLAB_MEMORY_BUDGET={}", one_mib));
+        INFO(low.err);
+        CHECK(low.exit_code == 1);
+        CHECK(low.err.find("kvlab's memory budget of 1.0 MiB (KVLAB_MEMORY_BUDGET)") != std::string::npos);
+    }
+    for (const char* bad : {"0", "1023KiB", "2GiB", "1073741825", "12XB", "-5", "64 MiB", "", "1e9"}) {
+        const Run r = run_kvlab(args, fmt::format("env 'KVLAB_MEMORY_BUDGET={}'", bad));
+        INFO("KVLAB_MEMORY_BUDGET='" << bad << "': " << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+        CHECK(r.err.find("is not a size from 1MiB to 1GiB") != std::string::npos);
+    }
+    for (const char* good : {"1GiB", "16777216", "16384KiB", "512MiB"})
+        CHECK(run_kvlab(args, fmt::format("env KVLAB_MEMORY_BUDGET={}", good)).exit_code == 0);
 }

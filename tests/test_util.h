@@ -193,4 +193,20 @@ inline void matmul_two_halves(Exec& ex, float* y, int ldy, const float* x, int l
         }
 }
 
+// A property run `n` times (RC_PARAMS's seed and the rest still apply): each case starts processes.
+// shrink = false for cases that take seconds each, where shrinking would take many minutes.
+inline void check_cases(int n, const std::function<void()>& property, bool shrink = true) {
+    rc::detail::TestParams params = rc::detail::configuration().testParams;
+    params.maxSuccess = n;
+    params.disableShrinking = params.disableShrinking || !shrink;
+    const rc::detail::TestResult result = rc::detail::checkTestable(property, rc::detail::TestMetadata{}, params);
+    rc::detail::FailureResult failure;
+    rc::detail::GaveUpResult gave_up;
+    if (result.match(failure))
+        FAIL("counterexample:\n" << kvlab::test::counterexample_text(failure) << failure.description);
+    if (result.match(gave_up)) FAIL("gave up: " << gave_up.description);
+    rc::detail::SuccessResult success;
+    CHECK(result.match(success));
+}
+
 }  // namespace kvlab::test
