@@ -175,6 +175,11 @@ CudaMemory::CudaMemory() {
     stream_ = s;
 }
 
+CudaMemory& cuda_memory() {
+    static CudaMemory* const memory = new CudaMemory;  // never destroyed: buffers may outlive any static
+    return *memory;
+}
+
 CudaMemory::~CudaMemory() {
     // Destructors do not throw: a failure here has already been reported by the call that caused it.
     (void)cudaStreamSynchronize(stream_);
@@ -239,7 +244,7 @@ Buffer<T> device_copy(Memory& memory, std::span<const T> host) {
 }  // namespace
 
 CudaBackend::CudaBackend(const Model& model, bool graphs)
-    : config_(model.config()), shared_classifier_(model.w.shared_classifier), graphs_(graphs) {
+    : config_(model.config()), shared_classifier_(model.w.shared_classifier), graphs_(graphs), memory_(cuda_memory()) {
     const Weights& w = model.w;
     w.check_shapes();
     Memory& m = memory_;

@@ -56,6 +56,12 @@ private:
     std::uint64_t frees_ = 0;
 };
 
+// The process's one CUDA memory, made at the first call (a later call tries again after an Error)
+// and never destroyed. Every CudaBackend allocates and launches on it: a pool or cache made for one
+// model's backend then serves another's (a prefix pool keys its blocks by model), and one stream
+// orders the work of all of them, so no backend reads rows another is still writing.
+CudaMemory& cuda_memory();
+
 class CudaBackend final : public Backend {
 public:
     // Uploads the model's weights and RoPE tables (the model may go away afterwards).
@@ -104,7 +110,7 @@ private:
     Config config_;
     bool shared_classifier_;  // the classifier is emb_ (wcls_ stays empty)
     bool graphs_;
-    CudaMemory memory_;
+    CudaMemory& memory_;  // cuda_memory()
     // Device copies: [n_layers, out, in] per matrix kind (as Weights), norms, the RoPE table.
     Buffer<float> emb_, wq_, wk_, wv_, wo_, w1_, w2_, w3_, wcls_, rms_att_, rms_ffn_, rms_final_, rope_cos_, rope_sin_;
     // [n_heads, max_seq, head_size + 2] flash-decoding's tile partials, room for tiles of 1 key;

@@ -50,9 +50,9 @@ TEST_CASE("gpu: CUDA naive and cached decode equal the CPU's, bit for bit, at ev
         const auto [c, seed, tokens, prompt_len] = test::gen_decode_case();
         const Model m = random_model(c, seed);
         const bool paged = *rc::gen::arbitrary<bool>();
-        const int block_size = *rc::gen::inRange(1, 9);
+        const int block_size = *rc::gen::inRange(1, std::min(9, c.max_seq + 1));
         const auto graph = cuda(m, true), plain = cuda(m, false);
-        // The device caches: contiguous seq-major, or paged (blocks of 1-8).
+        // The device caches: contiguous seq-major, or paged (blocks of 1-8, at most max_seq).
         auto device_cache = [&](CudaBackend& b, std::unique_ptr<BlockPool>& pool) -> std::unique_ptr<Cache> {
             if (!paged) return std::make_unique<ContiguousCache>(c, ContiguousCache::Layout::seq_major, b.memory());
             pool = std::make_unique<BlockPool>(c, block_size, (c.max_seq + block_size - 1) / block_size, false,
@@ -102,7 +102,7 @@ TEST_CASE("gpu: caches in every KV format (codes on the device) decode as the CP
         std::unique_ptr<BlockPool> pool;
         std::unique_ptr<Cache> device_cache;
         if (paged) {
-            const int bs = *rc::gen::inRange(1, 9);
+            const int bs = *rc::gen::inRange(1, std::min(9, c.max_seq + 1));
             pool = std::make_unique<BlockPool>(c, bs, (c.max_seq + bs - 1) / bs, false, gpu->memory());
             pool->set_kv_format(format, scales);
             device_cache = std::make_unique<PagedCache>(*pool);
@@ -174,6 +174,24 @@ TEST_CASE("gpu: paged copy-on-write happens on the device and both sequences sta
         CHECK(!first_difference(lc, naive.forward(std::vector<int>{1, 2, 3, 4, 5, 6, 7})));
         CHECK(!first_difference(lp, naive.forward(std::vector<int>{1, 2, 3, 4, 5, 6, 9})));
     }
+}
+
+// A prefix pool keys its blocks by model, so one pool may serve two models (verify's prefix-shared
+// row). Each model has its own CudaBackend: the pool made on one must serve the other's decoder.
+// (Each backend once had its own memory and stream, and refused the other's pool.)
+TEST_CASE("gpu: a pool made on one model's backend serves another model's decoder, both exact", "[gpu][paged]") {
+    KVLAB_GPU_OR_SKIP();
+    const Config c{16, 8, 2, 4, 2, 32, 12};
+    const Model ma = random_model(c, 8), mb = random_model(c, 9);
+    const auto a = cuda(ma, true), b = cuda(mb, true);
+    CHECK(&a->memory() == &b->memory());
+    BlockPool pool(c, 4, 8, true, a->memory());
+    const std::vector<int> tokens{1, 2, 3, 4, 5, 6, 7};
+    PagedCache seq_a(pool, ma.w.fingerprint(), 0), seq_b(pool, mb.w.fingerprint(), 1);
+    const std::vector<float> la = CachedDecoder(*a, seq_a).prefill(tokens);
+    const std::vector<float> lb = CachedDecoder(*b, seq_b).prefill(tokens);
+    CHECK(!first_difference(la, NaiveDecoder(ma).forward(tokens)));
+    CHECK(!first_difference(lb, NaiveDecoder(mb).forward(tokens)));
 }
 
 TEST_CASE("gpu: exp_f32 on the device gives the host's bits (every 257th float bit pattern)", "[gpu][exp]") {
