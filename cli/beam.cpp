@@ -19,12 +19,14 @@ int run_beam(const BeamOptions& o) {
     BeamConfig bc;
     bc.width = o.width, bc.steps = o.steps, bc.block_size = o.block_size;
     bc.kv_format = parse_kv_format(o.kv_format);
+    bc.attention = attention_spec(o.attention);
     const std::unique_ptr<Backend> backend = make_backend("cpu", lm.model);
     BeamSearch search(*backend, lm.model, bc);
     const BeamRun run = search.run(prompt);
     // Every beam after every step against naive decode of its tokens, K and V stored in the same format.
     NaiveDecoder naive(lm.model);
     naive.kv_format = bc.kv_format;
+    naive.exec.attention = bc.attention;
     int checked = 0, equal = 0;
     for (const auto& beams : run.steps)
         for (const BeamState& b : beams) checked++, equal += naive.forward(b.tokens) == b.logits;

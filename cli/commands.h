@@ -125,6 +125,7 @@ struct ServeSimOptions {
     std::string prefix_caching = "on", preemption = "recompute", kv_format = "fp32";
     std::string store;          // the tier below the pool (open_block_store); "": none
     std::string role = "both";  // both, or disaggregated: prefill (into the store) or decode (from it)
+    AttentionOptions attention;
     bool check = true;
     bool json = false;
 };
@@ -136,6 +137,7 @@ struct BeamOptions {
     std::string prompt, tokens;
     int width = 4, steps = 16, block_size = 4;
     std::string kv_format = "fp32";
+    AttentionOptions attention;
     bool json = false;
 };
 int run_beam(const BeamOptions& o);

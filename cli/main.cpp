@@ -299,6 +299,7 @@ CLI::App* add_serve_sim(CLI::App& app, ServeSimOptions& o) {
     cmd->add_option("--preemption", o.preemption, "recompute (default) or swap (to host memory)");
     cmd->add_option("--kv-format", o.kv_format,
                     "the pool's KV format: fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8, int4");
+    add_attention_options(cmd, o.attention);
     cmd->add_option("--store", o.store,
                     "prefix blocks below the pool: host[:SIZE], dir:PATH, redis:HOST:PORT or redis:unix:PATH; "
                     "evicted blocks go there, later prefixes come back from it, and the pool's blocks are put "
@@ -323,6 +324,7 @@ CLI::App* add_beam(CLI::App& app, BeamOptions& o) {
     cmd->add_option("--block-size", o.block_size, "positions per block of the shared pool (default 4)")
         ->check(CLI::Range(1, 1 << 16));
     cmd->add_option("--kv-format", o.kv_format, "fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
+    add_attention_options(cmd, o.attention);
     cmd->add_flag("--json", o.json, "machine-readable output");
     return cmd;
 }

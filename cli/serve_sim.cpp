@@ -110,6 +110,7 @@ std::pair<int, std::string> check_alone(const LoadedModel& lm, const Scheduler& 
                                         const std::vector<ServeRequest>& requests) {
     CachedDecoder alone(lm.model);
     alone.cache().set_kv_format(s.config().kv_format);
+    alone.exec.attention = s.config().attention;
     int equal = 0;
     std::string first;
     for (std::size_t i = 0; i < requests.size(); i++) {
@@ -254,6 +255,7 @@ SchedulerConfig scheduler_config(const ServeSimOptions& o, const Config& c, std:
     sc.max_model_len = o.max_model_len;
     sc.watermark = o.watermark;
     sc.kv_format = parse_kv_format(o.kv_format);
+    sc.attention = attention_spec(o.attention);
     if (o.prefix_caching != "on" && o.prefix_caching != "off")
         throw Error(fmt::format("--prefix-caching '{}': on or off", one_line(o.prefix_caching)));
     sc.prefix_caching = o.prefix_caching == "on";

@@ -53,6 +53,7 @@ BeamRun BeamSearch::run(const std::vector<int>& prompt) {
     BlockPool pool(c, bs, config_.width * (per_beam + 1), false, backend_.memory());
     pool.set_kv_format(config_.kv_format);
     CachedDecoder dec(backend_, nullptr);
+    dec.exec.attention = config_.attention;
     std::vector<std::unique_ptr<PagedCache>> caches;
     caches.push_back(std::make_unique<PagedCache>(pool, 0, 0));
     BeamRun run;

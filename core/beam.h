@@ -19,6 +19,7 @@ struct BeamConfig {
     int steps = 16;       // tokens each beam adds after the prompt
     int block_size = 16;  // the pool's
     KVFormat kv_format = KVFormat::fp32;
+    AttentionSpec attention;  // what every step runs (tiled_attention.h)
 };
 
 struct BeamState {

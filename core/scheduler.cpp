@@ -40,6 +40,7 @@ Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig
     pool_->set_kv_format(config_.kv_format);
     pool_->set_store(config_.store);
     decoder_ = std::make_unique<CachedDecoder>(backend, nullptr);
+    decoder_->exec.attention = config_.attention;
 }
 
 Scheduler::~Scheduler() = default;  // live_ is declared after pool_: the caches go first

@@ -53,6 +53,8 @@ struct SchedulerConfig {
     // The tier below the pool (block_store.h), not owned, outliving the scheduler; null: none.
     // Evicted published blocks go there, and admission fetches prefix blocks the pool lacks.
     BlockStore* store = nullptr;
+    // The attention every step runs (tiled_attention.h); naive decode must run the same to match.
+    AttentionSpec attention;
 };
 
 struct ServeRequest {

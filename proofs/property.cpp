@@ -79,7 +79,7 @@ Config draw_config(int min_seq, int min_vocab, bool wide_heads) {
     c.dim = c.n_heads * head_size;
     c.hidden_dim = draw(1, 16);
     c.vocab_size = draw(min_vocab, 32);
-    c.max_seq = draw(min_seq, 20);
+    c.max_seq = draw(min_seq, kFastMaxSeq);
     return c;
 }
 

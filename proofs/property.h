@@ -34,8 +34,9 @@ T draw(T lo, T hi_inclusive) {
 // Inside a property: a tiny model shape, 1-3 layers, 1-4 query heads over any divisor of KV
 // heads, head_size 1-8 (with wide_heads, a fifth of the time 15, 16, 17, 48 or 64: the sizes
 // where the CPU's attention runs sixteen keys per register), hidden_dim 1-16, vocab_size
-// min_vocab-32, max_seq min_seq-20. Small enough that naive decode of every prefix takes
-// microseconds.
+// min_vocab-32, max_seq min_seq-kFastMaxSeq. Small enough that naive decode of every prefix
+// takes microseconds.
+inline constexpr int kFastMaxSeq = 20;
 Config draw_config(int min_seq = 1, int min_vocab = 1, bool wide_heads = true);
 // Inside a property, for `kvlab verify --profile long`: a thin model (1-2 layers, 1-2 query heads,
 // head_size 1-4, dim >= 2, hidden_dim 1-8, vocab_size 2-16) with a long context: max_seq 8192 an

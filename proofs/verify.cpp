@@ -665,6 +665,7 @@ void expect_served_alone(const Scheduler& s, const std::vector<ServeRequest>& re
     const std::size_t V = std::size_t(s.pool().config().vocab_size);
     CachedDecoder alone(oracle.backend());
     alone.cache().set_kv_format(s.config().kv_format);
+    alone.exec.attention = s.config().attention;
     for (std::size_t i = 0; i < requests.size(); i++) {
         const ServeRequest& r = requests[i];
         const ServeResult& got = s.result(int(i));
@@ -703,6 +704,7 @@ void serve_property(const Devices& devices, Mutant mutant) {
     sc.preemption = *rc::gen::arbitrary<bool>() ? Preemption::swap : Preemption::recompute;
     sc.kv_format = format;
     sc.watermark = draw(0, 3) > 0 ? 0.0 : draw(0, 50) / 100.0;  // mostly none: more preemption
+    sc.attention = oracle.attention();
     Scheduler s(oracle.backend(), m, sc);
     s.swap_transform = planted_swap(mutant);
     const std::vector<ServeRequest> requests = draw_requests(c, n_requests);
@@ -732,6 +734,7 @@ void store_property(const Devices& devices, Mutant mutant) {
     sc.max_batch_tokens = draw(1, 2 * c.max_seq);
     sc.preemption = *rc::gen::arbitrary<bool>() ? Preemption::swap : Preemption::recompute;
     sc.kv_format = format;
+    sc.attention = oracle.attention();
     const StoreDamage damage = *rc::gen::element(
         StoreDamage::none, StoreDamage::flip, StoreDamage::flip_rows, StoreDamage::truncate, StoreDamage::other_model,
         StoreDamage::other_format, StoreDamage::other_block, StoreDamage::swapped, StoreDamage::gone);
@@ -764,6 +767,7 @@ void beam_property(const Devices& devices, Mutant mutant) {
     bc.width = draw(1, 4);
     bc.block_size = draw(1, c.max_seq);
     bc.kv_format = format;
+    bc.attention = oracle.attention();
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
     bc.steps = draw(1, c.max_seq - int(prompt.size()));
     BeamSearch search(oracle.backend(), m, bc);
@@ -1462,6 +1466,21 @@ VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o
             counterexample_T(r.counterexample)};
 }
 
+// Why a planted bug cannot show in this run ("" when it can): its threshold lies past the fast
+// profile's sizes, or the run fixes a key tile that holds every fast-profile sequence whole, so
+// a tile twice as wide changes nothing.
+std::string why_not_run(const MutantInfo& info, const Devices& d) {
+    if (d.long_profile) return "";
+    if (info.long_only) return "--profile long catches it";
+    if (info.mutant == Mutant::key_tile_from_rows && d.attention && d.attention->tiled() &&
+        d.attention->tile >= kFastMaxSeq)
+        return fmt::format(
+            "the run's tile of {} keys holds every sequence of the fast profile (up to {}); a "
+            "--tile below {} or --profile long catches it",
+            d.attention->tile, kFastMaxSeq, kFastMaxSeq);
+    return "";
+}
+
 VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptions& o) {
     const std::string_view target = info.check;
     const auto& all = checks();
@@ -1469,8 +1488,8 @@ VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptio
     if (it == all.end() || it->kind != "exact")
         throw Error(fmt::format("verify: {}'s check '{}' is not an exact check", info.name, target));
     const std::string parameters = fmt::format("{} (check: {})", info.bug, target);
-    if (info.long_only && !d.long_profile)  // cases 0: not counted in the kill rate
-        return {std::string(info.name), "mutant", parameters, 0, "not run: --profile long catches it", true, "", ""};
+    if (const std::string why = why_not_run(info, d); !why.empty())  // cases 0: not counted in the kill rate
+        return {std::string(info.name), "mutant", parameters, 0, "not run: " + why, true, "", ""};
     Reach reach;
     const Devices watched = reach.watch(d, std::string(info.name), o);
     const PropertyOutcome r = check_property([&] { it->body(watched, info.mutant); }, o.cases, o.seed);

@@ -8,6 +8,7 @@
 #include "device.h"
 #include "host_backend.h"
 #include "planted.h"
+#include "property.h"
 #include "test_util.h"
 #include "verify.h"
 
@@ -67,13 +68,32 @@ TEST_CASE("exact variants: prefix caching, fork with copy-on-write, rollback, ba
 
 TEST_CASE("tiled attention: naive, prefill, chunked prefill and split-KV decode agree bit for bit", "[verify][tiled]") {
     check_rows("tiled-attention");
-    // --attention tiled: every scenario's naive and cached decode run it, with a fixed tile.
+    // --attention tiled: every exact row's naive and cached decode run it, with a fixed tile (the
+    // scheduler's and beam search's decoders too: serve, store and beam once ran simple attention
+    // against a tiled naive decode).
     for (int tile : {1, 3, 8}) {
         VerifyOptions o = kOptions;
-        o.cases = 50, o.attention = "tiled", o.tile = tile;
-        for (const char* name : {"contiguous-head", "paged", "prefix-shared", "fork", "rollback", "batch", "speculate",
-                                 "format-int4", "quantized-exact", "prefix-hit-extend", "rescoring", "tiled-attention"})
-            check_rows(name, o);
+        o.cases = 30, o.attention = "tiled", o.tile = tile;
+        check_rows("exact", o);
+    }
+    // A planted key tile that doubles for several rows is caught under a fixed tile shorter than
+    // the fast profile's sequences, and said to be out of reach (not failed) under a longer one.
+    for (const auto& [tile, result] : {std::pair{3, "caught"}, std::pair{10, "caught"},
+                                       std::pair{kFastMaxSeq,
+                                                 "not run: the run's tile of 20 keys holds every "
+                                                 "sequence of the fast profile (up to 20); a --tile "
+                                                 "below 20 or --profile long catches it"},
+                                       std::pair{64,
+                                                 "not run: the run's tile of 64 keys holds every sequence of "
+                                                 "the fast profile (up to 20); a --tile below 20 or --profile "
+                                                 "long catches it"}}) {
+        VerifyOptions o = kOptions;
+        o.attention = "tiled", o.tile = tile;
+        const std::vector<VerifyRow> rows = verify("key-tile-from-rows", o);
+        REQUIRE(rows.size() == 1);
+        INFO("tile " << tile << ": " << rows[0].result);
+        CHECK(rows[0].result == result);
+        CHECK(rows[0].ok);
     }
     CHECK_THROWS_WITH(verify("paged",
                              [] {
