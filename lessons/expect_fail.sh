@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI for the course: a grader run that must FAIL, saying each of the given phrases.
 #   expect_fail.sh [--report FILE] GRADER PHRASE...
-# Exits 0 when GRADER exits non-zero and its output contains every phrase; 1 otherwise.
+# Exits 0 when GRADER exits with status 1 (a failing check: not a signal, not a usage error),
+# printed its whole table (the score line), and its output contains every phrase; 1 otherwise.
 # --report FILE is passed on to the grader (each check's result, for lessons/coverage.sh).
 set -uo pipefail
 args=()
@@ -16,6 +17,16 @@ status=$?
 if [ "$status" -eq 0 ]; then
   printf '%s\n' "$out"
   echo "expect_fail: $grader passed; it must fail" >&2
+  exit 1
+fi
+if [ "$status" -ne 1 ]; then
+  printf '%s\n' "$out"
+  echo "expect_fail: $grader ended with status $status; a failing check ends the grader with 1 (a signal is 128+N)" >&2
+  exit 1
+fi
+if ! grep -qE '^score [0-9]+/[0-9]+$' <<<"$out"; then
+  printf '%s\n' "$out"
+  echo "expect_fail: $grader printed no score line: its table is not whole" >&2
   exit 1
 fi
 for phrase in "$@"; do

@@ -55,10 +55,13 @@ std::string signed_diff(u64 yours, u64 kernels) {
 // Fails unless yours(c, T) == counted(c, T), saying where they part: per layer (one more layer
 // adds this much) or outside the layers (what is left with the layers taken away).
 void expect_same(const char* fn, const Config& c, int T, const Count& yours, const Count& counted) {
+    lessons::log_case(fmt::format("{}(c, T {}) with {}", fn, T, c.describe()));
     const u64 y = yours(c, T), k = counted(c, T);
     if (y == k) return;
     Config more = c;
     more.n_layers++;
+    lessons::log_case(
+        fmt::format("{}(c, T {}) with {} (one layer more, to find where it differs)", fn, T, more.describe()));
     const u64 y_layer = yours(more, T) - y, k_layer = counted(more, T) - k;  // unsigned wrap is fine: compared only
     const u64 y_out = y - c.n_layers * y_layer, k_out = k - c.n_layers * k_layer;
     std::string where;

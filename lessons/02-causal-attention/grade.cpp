@@ -61,6 +61,14 @@ std::vector<float> yours(const Case& a, int h, int pad) {
     return out;
 }
 
+// The call yours(a, h, pad) makes, in words (for log_case).
+std::string call_of(const Case& a, int h, int pad) {
+    const Config& c = a.c;
+    return fmt::format(
+        "causal_attention_head for head {} (KV head {}), T {}, head_size {}, ldo {}, ldq {}, ldk = ldv {}, with {}", h,
+        kv_head_map(c)[std::size_t(h)], a.T, c.head_size(), c.head_size() + pad, c.dim, c.kv_dim(), c.describe());
+}
+
 std::string bits(float x) { return fmt::format("{:.9g} (bits 0x{:08x})", x, float_bits(x)); }
 
 // "" when your row i equals want[0..head_size) bit for bit; else the first difference in words.
@@ -77,10 +85,12 @@ void check_mask() {
     Case a = draw_case(2);
     const Config& c = a.c;
     const int hs = c.head_size(), h = draw(0, c.n_heads - 1), m = draw(1, a.T - 1);
+    lessons::log_case(call_of(a, h, 0));
     const std::vector<float> before = yours(a, h, 0);
     const auto seed = *rc::gen::arbitrary<std::uint64_t>();
     const std::vector<float> other = gaussians(a.k.size(), seed, 3.0f);
     for (std::size_t x = std::size_t(m) * c.kv_dim(); x < a.k.size(); x++) a.k[x] = other[x], a.v[x] = -other[x];
+    lessons::log_case(fmt::format("{}; again with K and V changed at positions {}..{}", call_of(a, h, 0), m, a.T - 1));
     const std::vector<float> after = yours(a, h, 0);
     for (int i = 0; i < m; i++)
         if (std::memcmp(&before[std::size_t(i) * hs], &after[std::size_t(i) * hs], sizeof(float) * hs))
@@ -101,6 +111,7 @@ void check_naive_kernel() {
     Exec ex;
     backend.causal_attention(ex, want.data(), a.q.data(), a.k.data(), a.v.data(), a.T, kv_head_map(c).data());
     for (int h = 0; h < c.n_heads; h++) {
+        lessons::log_case(call_of(a, h, pad));
         const std::vector<float> got = yours(a, h, pad);
         for (int i = 0; i < a.T; i++) {
             const std::string diff = row_difference(&want[std::size_t(i) * c.dim + h * hs],
@@ -119,6 +130,7 @@ void check_rows_are_cached_steps() {
     const Config& c = a.c;
     const int hs = c.head_size(), kv_dim = c.kv_dim(), h = draw(0, c.n_heads - 1);
     const int kvh = kv_head_map(c)[std::size_t(h)];
+    lessons::log_case(call_of(a, h, 0));
     const std::vector<float> got = yours(a, h, 0);
     std::vector<float> want(static_cast<std::size_t>(hs)), scores(static_cast<std::size_t>(a.T));
     for (int i = 0; i < a.T; i++) {
@@ -163,6 +175,8 @@ void check_p1() {
     const std::span<const int> all(tokens);
     for (int T = prompt; T <= int(tokens.size()); T++) {
         const std::vector<float>& want = T == prompt ? cached.prefill(all.first(T)) : cached.decode(tokens[T - 1]);
+        lessons::log_case(fmt::format("{}, {} tokens, prompt {}: naive decode on your attention at T = {}",
+                                      c.describe(), tokens.size(), prompt, T));
         const std::string diff = lessons::describe_difference(want, naive.forward(all.first(T)));
         if (!diff.empty())
             fail(fmt::format("{}, prompt of {} tokens: at T = {} naive decode on your attention differs from cached "

@@ -20,11 +20,13 @@ std::unique_ptr<Cache> filled_cache(const Config& c, int n) {
 
 void check_slots() {
     const Config c = draw_config();
+    lessons::log_case(fmt::format("make_lab_cache({}), then append {} tokens", c.describe(), c.max_seq));
     const auto cache = filled_cache(c, c.max_seq);
     const KVStorage& st = cache->storage();
     const std::int64_t n_rows = st.n_rows;
     std::vector<char> used(std::size_t(n_rows), 0);
     for (int t = 0; t < c.max_seq; t++) {
+        lessons::log_case(fmt::format("slot({}) on a cache holding {} positions, {}", t, c.max_seq, c.describe()));
         const std::int64_t s = cache->slot(t);
         for (int l = 0; l < c.n_layers; l++)
             for (int h = 0; h < c.n_kv_heads; h++) {
@@ -43,16 +45,21 @@ void check_slots() {
 
 void check_read_path() {
     const Config c = draw_config();
+    lessons::log_case(fmt::format("make_lab_cache({}), then append {} tokens", c.describe(), c.max_seq));
     const auto cache = filled_cache(c, c.max_seq);
     const int pos = draw(0, c.max_seq - 1);
     std::vector<std::int64_t> slots(std::size_t(c.max_seq), -7);
     std::vector<int> positions(std::size_t(c.max_seq), -7);
+    lessons::log_case(
+        fmt::format("attended(pos {}) on a cache holding {} positions, {}", pos, c.max_seq, c.describe()));
     const int n = cache->attended(pos, slots.data(), positions.data());
     if (n != pos + 1)
         fail(fmt::format("{}: a query at position {} reads {} rows; it must read positions 0..{} ({} rows), its own "
                          "included (write first, then read)",
                          c.describe(), pos, n, pos, pos + 1));
     for (int t = 0; t <= pos; t++) {
+        lessons::log_case(fmt::format("slot({}) after attended(pos {}) on a cache holding {} positions, {}", t, pos,
+                                      c.max_seq, c.describe()));
         if (positions[std::size_t(t)] != t)
             fail(fmt::format("{}: a query at position {}: entry {} names position {}, not {} (increasing order)",
                              c.describe(), pos, t, positions[std::size_t(t)], t));
@@ -68,11 +75,14 @@ void check_p1() {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const int prompt = draw(1, int(tokens.size()));
+    lessons::log_case(fmt::format("make_lab_cache({}), for {} tokens, prompt {}", c.describe(), tokens.size(), prompt));
     const auto cache = lab03::make_lab_cache(c);
     NaiveDecoder naive(m);
     CachedDecoder cached(m, *cache);
     const std::span<const int> all(tokens);
     for (int T = prompt; T <= int(tokens.size()); T++) {
+        lessons::log_case(fmt::format("{}, {} tokens, prompt {}: {} at T = {}", c.describe(), tokens.size(), prompt,
+                                      T == prompt ? "the prefill" : "a decode step", T));
         const std::vector<float>& got = T == prompt ? cached.prefill(all.first(T)) : cached.decode(tokens[T - 1]);
         const std::string diff = lessons::describe_difference(naive.forward(all.first(T)), got);
         if (!diff.empty())
@@ -86,11 +96,13 @@ void check_rollback() {
     const Config c = draw_config(2);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> first = draw_tokens(c, draw(1, c.max_seq));
+    lessons::log_case(fmt::format("make_lab_cache({}), then prefill {} tokens", c.describe(), first.size()));
     const auto cache = lab03::make_lab_cache(c);
     NaiveDecoder naive(m);
     CachedDecoder cached(m, *cache);
     cached.prefill(first);
     const int n = draw(0, int(first.size()) - 1);
+    lessons::log_case(fmt::format("{}: prefill {} tokens, then truncate({})", c.describe(), first.size(), n));
     std::vector<std::int64_t> forgotten;  // the slots of positions n.. before the rollback
     for (int t = n; t < int(first.size()); t++) forgotten.push_back(cache->slot(t));
     cache->truncate(n);
@@ -111,6 +123,8 @@ void check_rollback() {
     std::vector<int> kept(first.begin(), first.begin() + n);
     for (int t : draw_tokens(c, draw(1, c.max_seq - n))) {
         kept.push_back(t);
+        lessons::log_case(fmt::format("{}: prefill {} tokens, truncate({}), then decode at T = {}", c.describe(),
+                                      first.size(), n, kept.size()));
         const std::string diff = lessons::describe_difference(naive.forward(kept), cached.decode(t));
         if (!diff.empty())
             fail(fmt::format("{}: after rolling back to {} positions, at T = {} the logits differ from naive decode: {}",

@@ -53,6 +53,7 @@ std::vector<float> run(const char* fn, MatmulFn f, const Product& p, Exec& ex) {
     std::vector<float> y(std::size_t(p.rows + 1) * p.ldy, std::bit_cast<float>(kGuard));
     ex.n_threads = p.threads;
     ex.parallel_min_work = 0;  // threads on every product, however small
+    lessons::log_case(fmt::format("{}({})", fn, p.describe()));
     f(ex, y.data(), p.ldy, p.x.data(), p.ldx, p.w.data(), p.ldw, p.rows, p.n_in, p.n_out);
     for (int r = 0; r <= p.rows; r++)
         for (int o = r < p.rows ? p.n_out : 0; o < p.ldy; o++)
@@ -126,6 +127,8 @@ void check_p1_fast() {
     naive.exec.n_threads = cached.exec.n_threads = d.threads;
     const std::span<const int> all(d.tokens);
     for (int T = d.prompt; T <= int(d.tokens.size()); T++) {
+        lessons::log_case(fmt::format("{}, {} tokens, prompt {}, {}: naive and cached decode on fast_matmul at T = {}",
+                                      d.c.describe(), d.tokens.size(), d.prompt, threads(d.threads), T));
         const std::vector<float> w = want.forward(all.first(T));
         const std::vector<float> n = naive.forward(all.first(T));
         const std::vector<float> c = T == d.prompt ? cached.prefill(all.first(T)) : cached.decode(d.tokens[T - 1]);
@@ -179,6 +182,8 @@ void check_split_k_caught_by_p1() {
     const std::span<const int> all(d.tokens);
     for (int T = d.prompt; T <= int(d.tokens.size()); T++) {
         const std::vector<float> c = T == d.prompt ? cached.prefill(all.first(T)) : cached.decode(d.tokens[T - 1]);
+        lessons::log_case(fmt::format("{}, {} tokens, prompt {}, {}: naive decode on planted_split_k at T = {}",
+                                      d.c.describe(), d.tokens.size(), d.prompt, threads(d.threads), T));
         const std::string diff = lessons::describe_difference(c, naive.forward(all.first(T)));
         if (!diff.empty())
             fail(fmt::format("{}, prompt of {} tokens: at T = {} naive decode on your planted_split_k ({}) "

@@ -90,6 +90,8 @@ void check_one_step() {
     ContiguousCache cache(c);
     Exec ex;
     const std::string what = c.describe();
+    lessons::log_case(fmt::format("{}: prefill of {} tokens, chunk {}, onto an empty {} cache", what, prompt.size(),
+                                  chunk, cache.name()));
     const std::vector<float> got = yours(b, cache, prompt, chunk, ex, what);
     expect_holds(cache, 0, prompt, chunk, what);
     NaiveDecoder naive(m);
@@ -124,6 +126,8 @@ void p2(const Case& k, const CacheSpec& spec, bool rows) {
     const std::span<const int> all(k.tokens), prompt = all.first(std::size_t(k.prompt));
     Exec ex;
     const std::string what = fmt::format("{}, {}", k.what, mine.cache->name());
+    lessons::log_case(
+        fmt::format("{}: prefill of the first {} tokens, chunk {}, onto the empty cache", what, k.prompt, k.chunk));
     const std::vector<float> first = yours(b, *mine.cache, prompt, k.chunk, ex, what);
     expect_holds(*mine.cache, 0, prompt, k.chunk, what);
     const std::vector<std::vector<float>> want = one_at_a_time(b, *ref.cache, all);
@@ -159,8 +163,13 @@ void check_continues() {
     ContiguousCache cache(c);
     Exec ex;
     const std::string what = c.describe();
+    lessons::log_case(fmt::format("{}: prefill of {} tokens, chunk {}, onto an empty {} cache", what, a.size(), chunk_a,
+                                  cache.name()));
     yours(b, cache, a, chunk_a, ex, what);
     expect_holds(cache, 0, a, chunk_a, what);
+    lessons::log_case(
+        fmt::format("{}: prefill of {} tokens, chunk {}, onto a {} cache holding {} (prefilled with chunk {})", what,
+                    more.size(), chunk_b, cache.name(), a.size(), chunk_a));
     const std::vector<float> got = yours(b, cache, more, chunk_b, ex, what);
     expect_holds(cache, int(a.size()), more, chunk_b, what);
     std::vector<int> all = a;

@@ -46,6 +46,7 @@ PublishedShape draw_shape(bool mla) {
 
 // Yours against kvlab memory's for one shape and precision, with a hint for the usual slips.
 void expect_bits(const PublishedShape& s, int bits) {
+    lessons::log_case(fmt::format("bits_per_token({}, bits {})", describe(s), bits));
     const std::int64_t want = kv_bits_per_token(s, bits), got = lab06::bits_per_token(s, bits);
     if (got == want) return;
     std::string hint;
@@ -60,10 +61,13 @@ void expect_bits(const PublishedShape& s, int bits) {
 }
 
 void check_kind() {
-    for (const PublishedShape& s : published_shapes())
+    for (const PublishedShape& s : published_shapes()) {
+        lessons::log_case(fmt::format("attention_kind({})", describe(s)));
         if (lab06::attention_kind(s) != kind_of(s))
             fail(fmt::format("{}: yours \"{}\", it is {}", describe(s), lab06::attention_kind(s), kind_of(s)));
+    }
     const PublishedShape s = draw_shape(draw(0, 1) == 1);
+    lessons::log_case(fmt::format("attention_kind({})", describe(s)));
     if (lab06::attention_kind(s) != kind_of(s))
         fail(fmt::format("{}: yours \"{}\", it is {}", describe(s), lab06::attention_kind(s), kind_of(s)));
 }
@@ -83,6 +87,7 @@ void check_mla_bits() {
 }
 
 void expect_bytes(const PublishedShape& s, int bits, std::int64_t context, std::int64_t batch) {
+    lessons::log_case(fmt::format("cache_bytes({}, bits {}, context {}, batch {})", describe(s), bits, context, batch));
     const std::int64_t want = kv_bytes(s, bits, context, batch), got = lab06::cache_bytes(s, bits, context, batch);
     if (got != want)
         fail(fmt::format("{} at {} bits, context {} x batch {}: yours {} bytes, kvlab memory's {} ({} bits in all{})",
@@ -114,6 +119,7 @@ void check_real_cache() {
     const Config c = draw_config();
     const ContiguousCache cache(c);
     const std::int64_t allocated = cache.memory().allocated_bytes;  // summed from the cache's buffers
+    lessons::log_case(fmt::format("cache_bytes({}, bits 32, context {}, batch 1)", describe(shape_of(c)), c.max_seq));
     const std::int64_t got = lab06::cache_bytes(shape_of(c), 32, c.max_seq, 1);
     if (got != allocated)
         fail(fmt::format("{}: a kvlab cache of max_seq = {} fp32 positions allocates {} bytes; your formula says {}",
@@ -135,6 +141,7 @@ std::string map_problem(const std::vector<int>& map, int n_heads, int n_kv_heads
 void check_head_map() {
     // Drawn as n_kv_heads and the group, so that a failure shrinks to the fewest heads that show it.
     const int n_kv_heads = draw(1, 16), group = draw(1, 8), n_heads = n_kv_heads * group;
+    lessons::log_case(fmt::format("kv_head_map(n_heads {}, n_kv_heads {})", n_heads, n_kv_heads));
     const std::vector<int> map = lab06::kv_head_map(n_heads, n_kv_heads);
     if (const std::string p = map_problem(map, n_heads, n_kv_heads); !p.empty()) fail(p);
     for (int h = 0; h < n_heads; h++)
@@ -187,6 +194,8 @@ std::string listed(const std::vector<int>& v) {
 
 void check_p1_gqa() {
     const Config c = draw_gqa_config();
+    lessons::log_case(
+        fmt::format("kv_head_map(n_heads {}, n_kv_heads {}) for {}", c.n_heads, c.n_kv_heads, c.describe()));
     std::vector<int> map = lab06::kv_head_map(c.n_heads, c.n_kv_heads);
     if (const std::string p = map_problem(map, c.n_heads, c.n_kv_heads); !p.empty()) fail(p);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
@@ -199,6 +208,8 @@ void check_p1_gqa() {
     CachedDecoder cached(backend, cache);
     const std::span<const int> all(tokens);
     for (int T = prompt; T <= int(tokens.size()); T++) {
+        lessons::log_case(fmt::format("{}, your map [{}], {} tokens, prompt {}: cached decode at T = {}", c.describe(),
+                                      listed(map), tokens.size(), prompt, T));
         const std::vector<float>& got = T == prompt ? cached.prefill(all.first(T)) : cached.decode(tokens[T - 1]);
         const std::string diff = lessons::describe_difference(naive.forward(all.first(T)), got);
         if (!diff.empty())

@@ -50,8 +50,17 @@ public:
             } catch (const Error&) {
             }
     }
+    // Your translation, checked before the decoders use it as a row index: the slot must be a row
+    // of some block (b * block_stride + 0..block_size-1, b in 0..n_blocks-1).
     std::int64_t slot(int t) const override {
-        return lab07::translate(table_, t, pool_.block_size, pool_.block_stride());
+        const std::int64_t stride = pool_.block_stride(), s = lab07::translate(table_, t, pool_.block_size, stride);
+        const int n_blocks = pool_.allocator.n_blocks();
+        if (s < 0 || s >= n_blocks * stride || s % stride >= pool_.block_size)
+            fail(
+                fmt::format("translate(table [{}], t {}, block_size {}, block_stride {}) returned slot {}, but the "
+                            "pool's slots are b * {} + 0..{} for its blocks b = 0..{}",
+                            list(table_), t, pool_.block_size, stride, s, stride, pool_.block_size - 1, n_blocks - 1));
+        return s;
     }
     const KVStorage& storage() const override { return pool_.storage; }
     MemoryStats memory() const override {
@@ -68,6 +77,11 @@ protected:
         const std::size_t had = table_.size();
         while (int(table_.size()) * pool_.block_size < new_length) {
             const int b = pool_.allocator.allocate();
+            if (b < -1 || b >= pool_.allocator.n_blocks())
+                fail(
+                    fmt::format("allocate() returned block {}, but the pool has {} blocks (0..{}, or -1 when all "
+                                "are allocated)",
+                                b, pool_.allocator.n_blocks(), pool_.allocator.n_blocks() - 1));
             if (b < 0) {  // give back what this call took: a failed append changes nothing
                 while (table_.size() > had) pool_.allocator.free(table_.back()), table_.pop_back();
                 throw Error(fmt::format("pool exhausted: {} positions do not fit", new_length));
@@ -89,6 +103,7 @@ private:
 // Allocate and free in a generated order against a model of the pool.
 void check_allocator() {
     const int n = draw(1, 12);
+    lessons::log_case(fmt::format("LabAllocator({}), then generated allocate and free calls", n));
     LabAllocator a(n);
     std::set<int> held;
     const int steps = draw(1, 60);
@@ -141,6 +156,8 @@ void check_translate() {
     }
     const std::int64_t stride = pool.slot(1, 0);
     for (int t = 0; t < c.max_seq; t++) {
+        lessons::log_case(
+            fmt::format("translate(table [{}], t {}, block_size {}, block_stride {})", list(table), t, bs, stride));
         const std::int64_t want = pool.slot(table[std::size_t(t / bs)], t % bs);
         const std::int64_t got = lab07::translate(table, t, bs, stride);
         if (got != want)
@@ -160,6 +177,8 @@ void check_p1() {
     for (int i = draw(0, pool.allocator.n_blocks() - 1); i > 0; i--) pool.allocator.allocate();  // blocks already taken
     const std::vector<int> tokens = draw_tokens(c, draw(1, std::min(c.max_seq, pool.allocator.n_free() * bs)));
     const int prompt = draw(1, int(tokens.size()));
+    lessons::log_case(fmt::format("{}, block_size {}, {} blocks ({} free), {} tokens, prompt {}", c.describe(), bs,
+                                  pool.allocator.n_blocks(), pool.allocator.n_free(), tokens.size(), prompt));
     LabPagedCache cache(pool);
     NaiveDecoder naive(m);
     CachedDecoder cached(m, cache);
@@ -180,6 +199,8 @@ void check_shared_pool() {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = draw(1, c.max_seq), n_seqs = draw(2, 3);
     LabPool pool(c, bs, draw(1, n_seqs * ((c.max_seq + bs - 1) / bs)));
+    lessons::log_case(fmt::format("{}, {} sequences over {} blocks of block_size {}", c.describe(), n_seqs,
+                                  pool.allocator.n_blocks(), bs));
     std::vector<std::unique_ptr<LabPagedCache>> caches;
     std::vector<std::vector<int>> tokens(static_cast<std::size_t>(n_seqs));
     NaiveDecoder naive(m);

@@ -1,1 +1,1 @@
-kvlab_lab(07 07-paging WRONG slot_wrong_block hands_out_twice)
+kvlab_lab(07 07-paging WRONG slot_wrong_block hands_out_twice slot_block_too_far SANITIZE_WRONG free_reads_past_end)

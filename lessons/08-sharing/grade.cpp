@@ -29,10 +29,61 @@ namespace {
 // heads (and its cases the budget they had).
 constexpr bool kWideHeads = false;
 
-// kvlab's pool, keeping its books with your manager; prefix caching on.
+// Your manager, every answer the pool would use as an index or a count checked first: a block
+// outside 0..n_blocks-1 (or a refcount or count out of range) fails the check in words, instead of
+// the pool writing rows into memory that is not a block's.
+class CheckedManager final : public BlockManager {
+public:
+    explicit CheckedManager(int n_blocks) : lab_(n_blocks), n_(n_blocks) {}
+    int n_blocks() const override { return in_range("n_blocks()", lab_.n_blocks(), n_, n_); }
+    int available() const override { return in_range("available()", lab_.available(), 0, n_); }
+    int allocate(bool& evicted) override {
+        const int b = block("allocate()", lab_.allocate(evicted));
+        if (lab_.refcount(b) != 1)
+            fail(fmt::format("allocate() returned block {} with refcount {}; an allocated block has refcount 1", b,
+                             lab_.refcount(b)));
+        return b;
+    }
+    void retain(int b) override { lab_.retain(b); }
+    bool release(int b) override { return lab_.release(b); }
+    int refcount(int b) const override {
+        return in_range(fmt::format("refcount({})", b).c_str(), lab_.refcount(b), 0, 1 << 30);
+    }
+    bool published(int b) const override { return lab_.published(b); }
+    std::uint64_t hash(const BlockKey& key) const override { return lab_.hash(key); }
+    int lookup(const BlockKey& key) const override {
+        const int b = lab_.lookup(key);
+        if (b == -1) return b;
+        block("lookup()", b);
+        if (!lab_.published(b))
+            fail(
+                fmt::format("lookup() returned block {}, which is not published: only the prefix cache's "
+                            "blocks may be found",
+                            b));
+        return b;
+    }
+    void publish(int b, const BlockKey& key) override { lab_.publish(b, key); }
+    bool needs_copy(int b) const override { return lab_.needs_copy(b); }
+
+private:
+    int block(const char* call, int b) const {
+        if (b < 0 || b >= n_)
+            fail(fmt::format("{} returned block {}, but the pool has {} blocks (0..{})", call, b, n_, n_ - 1));
+        return b;
+    }
+    static int in_range(const char* call, int v, int lo, int hi) {
+        if (v < lo || v > hi) fail(fmt::format("{} returned {}, outside {}..{}", call, v, lo, hi));
+        return v;
+    }
+    LabManager lab_;
+    int n_;
+};
+
+// kvlab's pool, keeping its books with your manager (checked); prefix caching on.
 std::unique_ptr<BlockPool> lab_pool(const Config& c, int block_size, int n_blocks) {
+    lessons::log_case(fmt::format("{}, a pool of {} blocks of block_size {}", c.describe(), n_blocks, block_size));
     return std::make_unique<BlockPool>(c, block_size, n_blocks, /*prefix_caching=*/true, host_memory(),
-                                       std::make_unique<LabManager>(n_blocks));
+                                       std::make_unique<CheckedManager>(n_blocks));
 }
 
 // One model: its backend, its naive decoder (the oracle), and an engine over the shared pool.

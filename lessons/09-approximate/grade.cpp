@@ -87,10 +87,14 @@ struct RoundTrip {
     std::vector<float> x_hat;  // [rows, cols]
 };
 RoundTrip round_trip(const Block& b) {
+    lessons::log_case(fmt::format("quantize(x, rows {}, cols {}, {}, group {}, bits {})", b.rows, b.cols,
+                                  axis_name(b.axis), b.group, b.bits));
     RoundTrip r{lab09::quantize(b.x, b.rows, b.cols, b.axis, b.group, b.bits), {}};
     if (const std::string p = storage_problem(r.q, b.rows, b.cols, b.n_groups(), b.bits); !p.empty())
         fail(fmt::format("{}: {}", b.describe(), p));
     r.x_hat.assign(b.x.size(), std::numeric_limits<float>::quiet_NaN());  // NaN: what dequantize leaves unwritten
+    lessons::log_case(fmt::format("dequantize(your quantize's block, rows {}, cols {}, {}, group {}, bits {})", b.rows,
+                                  b.cols, axis_name(b.axis), b.group, b.bits));
     lab09::dequantize(r.q, b.rows, b.cols, b.axis, b.group, b.bits, r.x_hat);
     return r;
 }
@@ -243,6 +247,7 @@ void check_cache_bounds() {
                                          cache.name(), tokens.size(), prompt);
     for (int T = prompt; T <= int(tokens.size()); T++) {
         const std::vector<float> want = T == prompt ? exact.prefill(all.first(T)) : exact.decode(tokens[T - 1]);
+        lessons::log_case(fmt::format("{}: {} at T = {}", what, T == prompt ? "the prefill" : "a decode step", T));
         std::vector<float> got;
         plugged(what, [&] { got = T == prompt ? quant.prefill(all.first(T)) : quant.decode(tokens[T - 1]); });
         const LogitError e = compare_logits(want, got);
@@ -259,6 +264,8 @@ void check_cache_memory() {
     LabQuantizedCache cache(c, spec);
     CachedDecoder quant(m, cache);
     const int T = spec.group * draw(1, c.max_seq / spec.group);  // whole key groups: no fp32 residual
+    lessons::log_case(
+        fmt::format("{} with your quantizer, stories260K shape: a prefill of {} tokens", cache.name(), T));
     plugged(cache.name(), [&] { quant.prefill(draw_tokens(c, T)); });
     const MemoryStats got = cache.memory();
     const double promised = QuantizedCache(c, spec).bytes_per_token() * T;
@@ -285,6 +292,14 @@ std::string listed(std::span<const int> v) {
     }
     return "[" + s + "]";
 }
+std::string listed(std::span<const float> v) {
+    std::string s;
+    for (float x : v) {
+        if (!s.empty()) s += ", ";
+        s += fmt::format("{}", x);
+    }
+    return "[" + s + "]";
+}
 
 // The student's positions for a query at pos, checked to be a list the caller can index.
 std::vector<int> student_positions(int pos, int sinks, int window) {
@@ -299,6 +314,7 @@ std::vector<int> student_positions(int pos, int sinks, int window) {
 
 void check_window_positions() {
     const int pos = draw(0, 40), sinks = draw(0, 6), window = draw(1, 10);
+    lessons::log_case(fmt::format("window_positions(pos {}, sinks {}, window {})", pos, sinks, window));
     const std::vector<int> got = student_positions(pos, sinks, window), want = window_rule(pos, sinks, window);
     if (got == want) return;
     std::string hint;
@@ -343,6 +359,8 @@ void window_run(Compare compare) {
     const std::string what =
         fmt::format("window S = {}, W = {} (chunk {}), {}, prompt {}", sinks, window, chunk, c.describe(), prompt);
     for (int T = prompt; T <= int(tokens.size()); T++) {
+        lessons::log_case(fmt::format("{}, {} tokens: {} at T = {}", what, tokens.size(),
+                                      T == prompt ? "the prefill" : "a decode step", T));
         std::vector<float> got;
         plugged(what, [&] { got = T == prompt ? cached.prefill(all.first(T)) : cached.decode(tokens[T - 1]); });
         compare(what, T, T - sinks - window, naive, all.first(T), got);
@@ -415,6 +433,8 @@ void check_h2o_victim() {
     std::vector<float> scores;
     for (std::size_t j = 0; j < kept.size(); j++) scores.push_back(float(draw(0, 4)) / 4.0f);  // ties happen
     int got = -1;
+    lessons::log_case(
+        fmt::format("h2o_victim(kept {}, scores {}, pos {}, recent {})", listed(kept), listed(scores), pos, recent));
     plugged("h2o", [&] { got = student_victim(kept, scores, pos, recent); });
     const int want = h2o_rule(kept, scores, pos, recent);
     if (got == want) return;
@@ -452,6 +472,7 @@ void check_h2o_cache() {
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
     const std::string what = fmt::format("h2o recent {}, heavy {}, {}", recent, heavy, c.describe());
     for (std::size_t T = 1; T <= tokens.size(); T++) {
+        lessons::log_case(fmt::format("{}, {} tokens: decode at T = {}", what, tokens.size(), T));
         std::vector<float> got;
         plugged(what, [&] { got = a.decode(tokens[T - 1]); });
         const std::vector<float>& want = b.decode(tokens[T - 1]);
@@ -518,6 +539,7 @@ void check_format(const FloatFormat& f, const char* name, Convert convert) {
     for (int i = 0; i < 32; i++) {
         const float x = draw(0, 1) ? edges[std::size_t(draw(0, int(edges.size()) - 1))]
                                    : std::bit_cast<float>(*rc::gen::arbitrary<std::uint32_t>());
+        lessons::log_case(fmt::format("{}({} = fp32 0x{:08x})", name, x, std::bit_cast<std::uint32_t>(x)));
         const std::uint32_t got = convert(x), want = proofs::oracle_encode(f, table, x);
         if (got == want) continue;
         fail(fmt::format("{}({} = fp32 0x{:08x}) gave 0x{:x}, which is {}; expected 0x{:x}, which is {}{}", name, x,

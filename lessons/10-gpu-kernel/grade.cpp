@@ -198,9 +198,12 @@ KernelCase draw_kernel_case() {
 std::vector<float> launch(const KernelCase& kc, int probe_row, float* probe) {
     std::vector<float> att(std::size_t(kc.n_rows) * kc.dim, sentinel());
     for (int i = 0; i < kc.n_rows; i++)
-        for (int h = 0; h < kc.n_heads; h++)
+        for (int h = 0; h < kc.n_heads; h++) {
+            lessons::log_case(fmt::format("attention_head(i {}, h {}, probe_row {}, max_n {}, dim {}) with {}", i, h,
+                                          probe_row, kc.max_n, kc.dim, kc.describe()));
             lab10::attention_head(att.data(), kc.q.data(), kc.rows.data(), kc.l, kc.slots.data(), kc.max_n,
                                   kc.kv_head.data(), kc.dim, kc.head_size, probe_row, probe, i, h);
+        }
     return att;
 }
 
@@ -357,6 +360,10 @@ void check_p1() {
             run[std::size_t(s)] = until;
         }
         if (who.empty()) break;
+        std::string batch;
+        for (int s : who)
+            batch += fmt::format("{}sequence {} to T = {}", batch.empty() ? "" : ", ", s, run[std::size_t(s)]);
+        lessons::log_case(fmt::format("{}: {} ({})", setup, first ? "the prefill" : "a decode step", batch));
         const std::vector<float> logits = cached.step(step_caches, step_tokens);
         assert(logits.size() == who.size() * std::size_t(c.vocab_size));
         for (std::size_t j = 0; j < who.size(); j++) {
@@ -426,6 +433,8 @@ std::string run_on_gpu(const std::string& nvcc, std::uint64_t seed) {
 
 // The property's body: the device run happens once, however many cases are asked for.
 void check_gpu(const std::string& nvcc, std::uint64_t seed) {
+    lessons::log_case(
+        fmt::format("your file compiled by {} and launched on the GPU by device_check.cu, seed {}", nvcc, seed));
     static const std::string outcome = run_on_gpu(nvcc, seed);
     if (!outcome.empty()) fail(outcome);
 }

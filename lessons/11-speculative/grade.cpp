@@ -59,6 +59,8 @@ void check_equals_greedy(bool stats_only_for_self) {
     CacheAndPool rc_ = make(k.target_shape, k.block_size);
     CachedDecoder target(target_model, *tc.cache), draft(draft_model, *dc.cache), plain(target_model, *rc_.cache);
     const DecodeRun want = greedy_decode(plain, k.prompt, k.steps);
+    lessons::log_case(fmt::format("lab_speculate(target, draft, k {}, prompt of {}, steps {}): {}; draft shape {}", k.k,
+                                  k.prompt.size(), k.steps, k.describe(), k.draft_shape.describe()));
     const DecodeRun got = lab11::lab_speculate(target, draft, k.k, k.prompt, k.steps);
     const int V = k.target_shape.vocab_size;
     if (got.tokens.size() != want.tokens.size() || got.logits.size() != want.logits.size())

@@ -83,7 +83,10 @@ void check_float64() {
     };
     const std::vector<float> q = floats(hs), k = floats(n * hs), v = floats(n * hs);
     std::vector<float> out(static_cast<std::size_t>(hs), 0.0f);  // [head_size]
-    lab12::tiled_attention(out.data(), q.data(), k.data(), v.data(), n, hs, tile, draw(1, 4));
+    const int rows = draw(1, 4);
+    lessons::log_case(fmt::format("tiled_attention(n {}, head_size {}, tile {}, rows {}), values in [-{}, {}]", n, hs,
+                                  tile, rows, range, range));
+    lab12::tiled_attention(out.data(), q.data(), k.data(), v.data(), n, hs, tile, rows);
     std::vector<double> s(static_cast<std::size_t>(n));  // [n]
     double max = -1e300, sum = 0.0, v_max = 0.0;
     for (int t = 0; t < n; t++) {
@@ -117,6 +120,9 @@ void check_prefill_decode() {
     CachedDecoder cached(yours, cache);
     const std::span<const int> all(tokens);
     for (int T = prompt; T <= int(tokens.size()); T++) {
+        lessons::log_case(fmt::format(
+            "{}, tile {}, {} tokens, prompt {}: {} at T = {}, then naive decode's step of {} rows", c.describe(), tile,
+            tokens.size(), prompt, T == prompt ? "the prefill" : "a decode step", T, T));
         const std::vector<float> got =
             T == prompt ? cached.prefill(all.first(std::size_t(T))) : cached.decode(tokens[std::size_t(T - 1)]);
         const std::string diff = lessons::describe_difference(naive.forward(all.first(std::size_t(T))), got);
@@ -147,6 +153,9 @@ void check_chunks() {
     for (int at = 0; at < int(tokens.size());) {
         const int n = draw(1, int(tokens.size()) - at);
         chunks += fmt::format(" {}", n);
+        lessons::log_case(fmt::format(
+            "{}, tile {}, blocks of {}, {} tokens: chunks of{}, the last at {}..{}; then naive decode of {} rows",
+            c.describe(), tile, bs, tokens.size(), chunks, at, at + n - 1, at + n));
         const std::vector<float> got = cached.prefill(all.subspan(std::size_t(at), std::size_t(n)));
         at += n;
         const std::string diff = lessons::describe_difference(naive.forward(all.first(std::size_t(at))), got);
