@@ -95,6 +95,14 @@ void check_flops() {
     if (ex.flops != want)
         fail(fmt::format("{}: your fast_matmul added {} to ex.flops; the kernels add 2 * rows * n_in * n_out = {}, once",
                          p.describe(), std::int64_t(ex.flops) - 5, want - 5));
+    Exec split;
+    split.flops = 5;
+    run("planted_split_k", lab04::planted_split_k, p, split);
+    if (split.flops != want)
+        fail(
+            fmt::format("{}: your planted_split_k added {} to ex.flops; a split sum does the same multiplies and adds, "
+                        "2 * rows * n_in * n_out = {}",
+                        p.describe(), std::int64_t(split.flops) - 5, want - 5));
 }
 
 std::string threads(int n) { return n == 1 ? "1 thread" : fmt::format("{} threads", n); }
@@ -199,7 +207,7 @@ int main(int argc, char** argv) {
     lab.checks = {
         {"fast_matmul == textbook loop, bitwise, any shape and stride", 3, check_shapes},
         {"... and on 1-4 threads", 2, check_threads},
-        {"fast_matmul counts 2 * rows * n_in * n_out FLOPs", 1, check_flops},
+        {"fast_matmul and planted_split_k count 2 * rows * n_in * n_out FLOPs", 1, check_flops},
         {"P1: naive and cached decode on fast_matmul == kernels", 1, check_p1_fast},
         {"planted_split_k is the same product, within rounding", 1, check_split_k_is_a_product},
         {"planted_split_k is caught: bits differ from the loop", 1, check_split_k_caught, 100,

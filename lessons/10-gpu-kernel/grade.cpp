@@ -453,8 +453,8 @@ int main(int argc, char** argv) {
         std::uint64_t seed = 1;  // the same --seed the other checks use
         for (int a = 1; a + 1 < argc; a++)
             if (std::string_view(argv[a]) == "--seed") seed = std::strtoull(argv[a + 1], nullptr, 10);
-        lab.checks.push_back(
-            {"on the GPU: your kernel (nvcc) == the CPU's, bitwise", 2, [nvcc, seed] { check_gpu(nvcc, seed); }, 1});
+        lab.checks.push_back({"on the GPU: your kernel (nvcc) == the CPU's, bitwise", 2,
+                              [nvcc, seed] { check_gpu(nvcc, seed); }, 1, "", 600});
     }
     const int status = lessons::grade(lab, argc, argv);
     if (!skip.empty()) fmt::print("\n(the GPU check was skipped, and is not in the score: {})\n", skip);

@@ -245,7 +245,8 @@ int grade(const Lab& lab, int argc, char** argv) {
     for (const LabCheck& c : lab.checks) {
         total += c.points;
         const int n = cases ? cases : c.cases;
-        PropertyOutcome r = o.fork ? run_isolated(c, n, seed, o.time_limit) : run_here(c, n, seed);
+        const int limit = std::max(o.time_limit, c.time_limit);
+        PropertyOutcome r = o.fork ? run_isolated(c, n, seed, limit) : run_here(c, n, seed);
         // Whatever the student's code put in a message (an exception's text, a value) is shown escaped.
         r.counterexample = echo(r.counterexample);
         // A stub says so on every case; say it plainly instead of as a shrunk case.

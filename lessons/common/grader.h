@@ -58,6 +58,9 @@ struct LabCheck {
     // says this phrase (an approximate cache that must differ somewhere, say); the grader prints
     // that shrunk counterexample. Finding none, or another failure, fails the check.
     std::string expect_counterexample = "";
+    // Seconds one case may take, when more than the grader's --time-limit (a case that compiles
+    // the student's file, say); 0: the grader's.
+    int time_limit = 0;
 };
 
 struct Lab {
