@@ -12,6 +12,7 @@
 #include "cache_factory.h"
 #include "cpu_backend.h"
 #include "decode.h"
+#include "forwarding.h"
 #include "grader.h"
 #include "lab.h"
 
@@ -19,11 +20,31 @@ using namespace kvlab;
 
 namespace {
 
-// The student's prefill; anything it throws (a cache refusing an append, say) fails the case.
+// The backend your steps run on, counting the most rows one step embeds: a step is at most
+// `chunk` rows (the contract), which the logits alone cannot show.
+class StepRows final : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void embed(Exec& ex, float* x, const int* tokens, int rows) override {
+        most = std::max(most, rows);
+        inner().embed(ex, x, tokens, rows);
+    }
+    int most = 0;
+};
+
+// The student's prefill; anything it throws (a cache refusing an append, say) fails the case, and
+// so does a step of more than `chunk` rows.
 std::vector<float> yours(Backend& b, Cache& cache, std::span<const int> prompt, int chunk, Exec& ex,
                          const std::string& what) {
     try {
-        return lab05::prefill(b, cache, prompt, chunk, ex);
+        StepRows counted(b);
+        std::vector<float> logits = lab05::prefill(counted, cache, prompt, chunk, ex);
+        if (counted.most > chunk)
+            fail(
+                fmt::format("{}: your prefill of {} tokens with chunk {} ran a step of {} rows; a step takes at "
+                            "most chunk rows",
+                            what, prompt.size(), chunk, counted.most));
+        return logits;
     } catch (const lessons::NotImplemented&) {
         throw;
     } catch (const std::exception& e) {
