@@ -4,12 +4,44 @@
 #include <cmath>
 
 #include "decode.h"
+#include "forwarding.h"
 #include "grader.h"
 #include "lab.h"
 
 using namespace kvlab;
 
 namespace {
+
+// Your cache as the decoders see it, each slot it gives them checked before they use it: a slot
+// whose rows (l * layer_rows + h * head_rows + slot, every layer and KV head) fall outside the
+// storage fails the check in words instead of a write into memory that is not the cache's.
+class CheckedCache final : public ForwardingCache {
+public:
+    using ForwardingCache::ForwardingCache;
+    std::int64_t write_slot(int pos) override { return checked("write_slot", pos, ForwardingCache::write_slot(pos)); }
+    std::int64_t slot(int t) const override { return checked("slot", t, ForwardingCache::slot(t)); }
+    int attended(int pos, std::int64_t* slots, int* positions = nullptr) const override {
+        const int n = ForwardingCache::attended(pos, slots, positions);
+        if (n < 0 || n > pos + 1)
+            fail(fmt::format("attended(pos {}) returned {}: a query at pos {} reads 0..{} rows", pos, n, pos, pos + 1));
+        for (int i = 0; i < n; i++) checked("attended", pos, slots[i]);
+        return n;
+    }
+
+private:
+    std::int64_t checked(const char* call, int t, std::int64_t s) const {
+        const KVStorage& st = storage();
+        const Config& c = config();
+        const std::int64_t last =
+            std::int64_t(c.n_layers - 1) * st.layer_rows + std::int64_t(c.n_kv_heads - 1) * st.head_rows + s;
+        if (s < 0 || last >= st.n_rows)
+            fail(
+                fmt::format("{}({}) gave slot {}, but the storage has {} rows: layer {}, KV head {} of that slot "
+                            "would be row {}",
+                            call, t, s, st.n_rows, c.n_layers - 1, c.n_kv_heads - 1, last));
+        return s;
+    }
+};
 
 // A cache holding `n` drawn tokens (appended, not yet written).
 std::unique_ptr<Cache> filled_cache(const Config& c, int n) {
@@ -77,8 +109,9 @@ void check_p1() {
     const int prompt = draw(1, int(tokens.size()));
     lessons::log_case(fmt::format("make_lab_cache({}), for {} tokens, prompt {}", c.describe(), tokens.size(), prompt));
     const auto cache = lab03::make_lab_cache(c);
+    CheckedCache checked(*cache);
     NaiveDecoder naive(m);
-    CachedDecoder cached(m, *cache);
+    CachedDecoder cached(m, checked);
     const std::span<const int> all(tokens);
     for (int T = prompt; T <= int(tokens.size()); T++) {
         lessons::log_case(fmt::format("{}, {} tokens, prompt {}: {} at T = {}", c.describe(), tokens.size(), prompt,
@@ -97,9 +130,11 @@ void check_rollback() {
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> first = draw_tokens(c, draw(1, c.max_seq));
     lessons::log_case(fmt::format("make_lab_cache({}), then prefill {} tokens", c.describe(), first.size()));
-    const auto cache = lab03::make_lab_cache(c);
+    const auto lab_cache = lab03::make_lab_cache(c);
+    CheckedCache checked(*lab_cache);
+    Cache* const cache = &checked;
     NaiveDecoder naive(m);
-    CachedDecoder cached(m, *cache);
+    CachedDecoder cached(m, checked);
     cached.prefill(first);
     const int n = draw(0, int(first.size()) - 1);
     lessons::log_case(fmt::format("{}: prefill {} tokens, then truncate({})", c.describe(), first.size(), n));
