@@ -38,10 +38,22 @@ public:
     int n_blocks() const override { return in_range("n_blocks()", lab_.n_blocks(), n_, n_); }
     int available() const override { return in_range("available()", lab_.available(), 0, n_); }
     int allocate(bool& evicted) override {
+        std::vector<char> was_published(std::size_t(n_), 0);  // [n_blocks] before the call
+        for (int b = 0; b < n_; b++) was_published[std::size_t(b)] = lab_.published(b);
         const int b = block("allocate()", lab_.allocate(evicted));
         if (lab_.refcount(b) != 1)
             fail(fmt::format("allocate() returned block {} with refcount {}; an allocated block has refcount 1", b,
                              lab_.refcount(b)));
+        if (evicted != bool(was_published[std::size_t(b)]))
+            fail(
+                fmt::format("allocate() returned block {} with evicted = {}, but that block was {} before the call: "
+                            "evicted says whether a cached (published) block was taken",
+                            b, evicted, was_published[std::size_t(b)] ? "published" : "not published"));
+        if (lab_.published(b))
+            fail(
+                fmt::format("allocate() returned block {}, which is still published: an evicted block leaves the "
+                            "prefix cache",
+                            b));
         return b;
     }
     void retain(int b) override { lab_.retain(b); }
@@ -62,7 +74,16 @@ public:
                             b));
         return b;
     }
-    void publish(int b, const BlockKey& key) override { lab_.publish(b, key); }
+    // A hash already published keeps its first block: publishing another under it changes nothing.
+    void publish(int b, const BlockKey& key) override {
+        const int before = lab_.lookup(key);
+        lab_.publish(b, key);
+        if (before >= 0 && before != b && (lab_.lookup(key) != before || lab_.published(b)))
+            fail(
+                fmt::format("publish(block {}) under a key block {} already holds: the lookup now finds block {}, "
+                            "and block {} is {}; the first block keeps its hash and nothing changes",
+                            b, before, lab_.lookup(key), b, lab_.published(b) ? "published" : "not published"));
+    }
     bool needs_copy(int b) const override { return lab_.needs_copy(b); }
 
 private:
