@@ -4,8 +4,26 @@
 # unsanitized; here the check that runs into it must FAIL, the grader's table stay whole (status
 # 1, the score line), and the sanitizer's report name the fixture's line in the lab file.
 #   grade_sanitize_test.sh BUILD N NAME
+#   grade_sanitize_test.sh BUILD --every-lab   `lessons/grade N --sanitize --solution` passes for
+#                                              every lab (a few cases each): the command works everywhere
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${2:-}" = "--every-lab" ]; then
+  status=0
+  for dir in "$root"/lessons/[0-9][0-9]-*/; do
+    n=$((10#$(basename "$dir" | cut -c1-2)))
+    out=$(KVLAB_SANITIZE_BUILD_DIR=$1 "$root/lessons/grade" "$n" --sanitize --solution --cases 3 2>&1)
+    code=$?
+    if [ "$code" -ne 0 ] || ! grep -qE '^score ([0-9]+)/\1$' <<<"$out"; then
+      printf '%s\n' "$out"
+      echo "grade_sanitize_test: lessons/grade $n --sanitize --solution ended with status $code" >&2
+      status=1
+    else
+      echo "grade_sanitize_test: lab $n: $(grep -E '^score' <<<"$out")"
+    fi
+  done
+  exit $status
+fi
 build=$1 n=$2 name=$3
 nn=$(printf '%02d' "$n")
 out=$(mktemp)
