@@ -50,7 +50,7 @@ else
 
   # Hardening (README "Fuzzing and sanitizers"): the suite again, built by clang with
   # AddressSanitizer and UndefinedBehaviorSanitizer into build-san, then the fuzz targets for
-  # KVLAB_FUZZ_SECONDS each (default 30), one per core. Left out under the sanitizers: tests/limits.sh, whose
+  # KVLAB_FUZZ_SECONDS each (default 20), one per core. Left out under the sanitizers: tests/limits.sh, whose
   # `ulimit -v` leaves no room for ASan's shadow memory (it runs in build/); the Coq proofs,
   # which compile no C++; and two numeric searches at large sizes (verify's long profile, 8192
   # positions, and six 200-step demos on stories260K) that take 10 of CI's minutes under ASan and
@@ -67,5 +67,5 @@ else
     ctest --test-dir build-san --output-on-failure -j "$(nproc)" -LE slow \
       -E '^(limits|proofs)[:,] |^verify --profile long |^kvlab demo --kv-format on stories260K'
   )
-  fuzz/run.sh build-san "${KVLAB_FUZZ_SECONDS:-30}"
+  fuzz/run.sh build-san "${KVLAB_FUZZ_SECONDS:-20}"
 fi
