@@ -135,19 +135,18 @@ MemoryCharge::MemoryCharge(std::string what, std::int64_t bytes) : what_(std::mo
     Ledger& l = ledger();
     const std::lock_guard lock(l.mutex);
     const std::int64_t budget = memory_budget();
-    const std::string budget_name =
-        budget == kMaxBytes ? "of 1 GiB (kMaxBytes)" : "of " + mib(budget) + " (KVLAB_MEMORY_BUDGET)";
-    if (bytes > budget - l.total && l.held.empty())
-        throw Error(fmt::format("{} would take {}, over kvlab's memory budget {}", what_, mib(bytes), budget_name));
-    if (bytes > budget - l.total) {
+    if (bytes > budget - l.total) {  // the refusal's words are built only when one is made
+        const std::string name =
+            budget == kMaxBytes ? "of 1 GiB (kMaxBytes)" : "of " + mib(budget) + " (KVLAB_MEMORY_BUDGET)";
+        if (l.held.empty())
+            throw Error(fmt::format("{} would take {}, over kvlab's memory budget {}", what_, mib(bytes), name));
         const auto biggest = std::max_element(l.held.begin(), l.held.end(), [](const auto& a, const auto& b) {
             return a.second.second < b.second.second;
         });
-        throw Error(
-            fmt::format("{} would take {}, but kvlab's memory budget {} already holds {} in {} things, "
-                        "the biggest {} ({})",
-                        what_, mib(bytes), budget_name, mib(l.total), l.held.size(), biggest->second.first,
-                        mib(biggest->second.second)));
+        throw Error(fmt::format(
+            "{} would take {}, but kvlab's memory budget {} already holds {} in {} things, "
+            "the biggest {} ({})",
+            what_, mib(bytes), name, mib(l.total), l.held.size(), biggest->second.first, mib(biggest->second.second)));
     }
     id_ = l.next_id++, bytes_ = bytes;
     l.held.emplace(id_, std::pair{what_, bytes});
