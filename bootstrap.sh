@@ -23,7 +23,10 @@ packages=(cmake ninja-build g++ pkg-config coreutils
           libhiredis-dev redis-server
           # the sanitized build and the fuzz targets (build-san): clang with its sanitizer and
           # libFuzzer runtimes, and its OpenMP
-          clang libclang-rt-14-dev libomp-dev)
+          clang libclang-rt-14-dev libomp-dev
+          # the Debian package (`cpack -G DEB`) and its dependencies read from the binaries;
+          # groff checks the man pages
+          dpkg-dev file groff-base)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -46,7 +46,7 @@ int run_beam(const BeamOptions& o) {
                             {"beam_steps_bitwise_equal_naive", equal}};
         for (const BeamState& b : last)
             j["beams"].push_back({{"tokens", b.tokens}, {"logprob", b.logprob}, {"text", text(b)}});
-        fmt::print("{}\n", json_text(j, 2));
+        fmt::print("{}\n", json_document(j));
         return equal == checked ? 0 : 1;
     }
     fmt::print("kvlab beam: width {}, {} steps after a prompt of {} on {} ({} KV)\n", o.width, o.steps, prompt.size(),

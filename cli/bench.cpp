@@ -223,7 +223,7 @@ int run_bench_device(const BenchOptions& o) {
     }
     if (o.json)
         fmt::print("{}\n",
-                   json_text(nlohmann::json{{"device", devices[0]}, {"config", c.describe()}, {"rows", rows}}, 2));
+                   json_document(nlohmann::json{{"device", devices[0]}, {"config", c.describe()}, {"rows", rows}}));
     return 0;
 }
 
@@ -270,7 +270,7 @@ void print_format_table(const Config& c, const BenchOptions& o, const std::vecto
                                     {"bytes_per_token", r.bytes_per_token},
                                     {"kv_bytes", r.kv_bytes},
                                     {"decode_tokens_per_second", 1.0 / r.decode_s}});
-        fmt::print("{}\n", json_text(j, 2));
+        fmt::print("{}\n", json_document(j));
         return;
     }
     fmt::print(
@@ -522,7 +522,7 @@ void print_bench_json(const Config& c, const BenchOptions& o, const BenchResult&
                          {"prefill_seconds_without", b.prefix.without_s},
                          {"bitwise_equal", b.prefix.equal}};
     j["all_bitwise_equal"] = b.all_equal();
-    fmt::print("{}\n", json_text(j, 2));
+    fmt::print("{}\n", json_document(j));
 }
 
 void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult& b) {

@@ -87,7 +87,7 @@ int run_bench_startup(const BenchOptions& o) {
                          {"kv_reserved_bytes", kv},
                          {"peak_over_weights_and_kv", peak / (weights + kv)},
                          {"model_over_weights_and_kv", (peak - baseline) / (weights + kv)}};
-        fmt::print("{}\n", json_text(j, 2));
+        fmt::print("{}\n", json_document(j));
         return 0;
     }
     fmt::print("kvlab bench --startup: {} ({}), {} thread(s); panels {}\n", o.startup, c.describe(), o.threads, source);

@@ -243,7 +243,7 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
         if (!run.scales.empty()) j["summary"]["kv_scales"] = run.scales;
         j["summary"]["same_top1_as_fp32_steps"] = s.same_top1;
     }
-    fmt::print("{}\n", json_text(j, 2));
+    fmt::print("{}\n", json_document(j));
 }
 
 // The title, the model, the prompt and the table's column names.

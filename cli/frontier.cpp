@@ -554,7 +554,7 @@ void print_json(const FrontierRun& run, const FrontierOptions& o) {
                   {"other_fact_logprob", number(run.probe_other_fact)}};
     j["settings"] = nlohmann::json::array();
     for (const Result& r : run.results) j["settings"].push_back(result_json(r, exact.probe));
-    fmt::print("{}\n", json_text(j, 2));
+    fmt::print("{}\n", json_document(j));
 }
 
 // --plot: mean KL (log) against bytes per token (log2), a colour per family, the front as a line.

@@ -105,7 +105,7 @@ int run_generate(const GenerateOptions& o) {
                             {"seconds", secs},
                             {"tokens_per_second", generated / secs}};
         if (o.logprobs) j["logprobs"] = logprobs, j["rescored_logprobs_bitwise_equal"] = rescore_equal;
-        fmt::print("{}\n", json_text(j, 2));
+        fmt::print("{}\n", json_document(j));
     } else {
         fmt::print("\n");
         if (o.logprobs) print_logprobs(lm, tokens, P, logprobs, rescore_equal);

@@ -98,7 +98,7 @@ int write_golden(const GoldenOptions& o, const std::string& models) {
         index["traces"].push_back({{"name", g.name}, {"run", run_json(g)}, {"manifest_sha256", sha256_hex(manifest)}});
         fmt::print("wrote {}/ ({})\n", one_line(dir), sha256_hex(manifest).substr(0, 16));
     }
-    const std::string text = json_text(index, 2) + "\n";
+    const std::string text = json_document(index) + "\n";
     FileWriter out((fs::path(o.out) / "golden.json").string(), "golden.json");
     out.bytes(text.data(), std::int64_t(text.size()));
     out.close();

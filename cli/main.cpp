@@ -10,6 +10,7 @@
 #include <limits>
 #include <system_error>
 
+#include "build_info.h"
 #include "cache_factory.h"
 #include "checkpoint.h"
 #include "commands.h"
@@ -494,6 +495,10 @@ int main(int argc, char** argv) {
     using namespace kvlab::cli;
     CLI::App app{"kvlab: naive and KV-cached decode of a tiny Llama-style transformer, bitwise equal"};
     app.require_subcommand(1);
+    // Which kvlab this is, for a bug report: version, commit, compiler, build type (core/build_info.h).
+    app.set_version_flag(
+        "--version", [] { return kvlab::version_line(); },
+        "print kvlab's version, commit, compiler and build type, and exit");
     Commands commands;
     add_commands(app, commands);
     ViewCommand view(app);

@@ -174,7 +174,7 @@ void print_json(const MemoryOptions& o, const Figures& f) {
           {"wasted_bytes", f.paged_wasted_bytes},
           {"waste_fraction", w.paged_waste_fraction}}},
     };
-    fmt::print("{}\n", json_text(j, 2));
+    fmt::print("{}\n", json_document(j));
 }
 
 // The two tables (bytes per token, and for --context x --batch) and their sources.

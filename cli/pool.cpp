@@ -474,7 +474,7 @@ int Session::finish(int n_commands) {
                           {"blocks_cached", m.blocks_cached},
                           {"blocks_free", m.blocks_free}}},
                         {"final", show_json()}};
-        fmt::print("{}\n", json_text(j, 2));
+        fmt::print("{}\n", json_document(j));
     } else {
         fmt::print("\nsummary\n");
         fmt::print("  prefill        {} positions run, {} served by prefix hits instead\n", prefilled_, saved);

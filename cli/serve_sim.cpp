@@ -301,7 +301,7 @@ int run_serve_sim(const ServeSimOptions& o) {
     const int flushed = store ? s.pool().flush_to_store() : 0;
     const json j = serve_report(o, lm, s, requests, seconds, blocks_from, flushed);
     if (o.json)
-        fmt::print("{}\n", json_text(j, 2));
+        fmt::print("{}\n", json_document(j));
     else
         print_serve_report(j, lm, s.config());
     return j["ok"].get<bool>() ? 0 : 1;

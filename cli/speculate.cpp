@@ -122,7 +122,7 @@ void print_json(const SpeculateOptions& o, const LoadedModel& lm, const Draft& d
                         {"tokens_equal", r.tokens_equal},
                         {"logits_bitwise_equal", r.cmp.equal},
                         {"bitwise_equal", r.equal()}};
-    fmt::print("{}\n", json_text(j, 2));
+    fmt::print("{}\n", json_document(j));
 }
 
 // The text, then the acceptance, steps, time and equality lines.

@@ -106,7 +106,7 @@ void write_trace(const std::string& dir, json manifest, const std::map<std::stri
         manifest["arrays"][name] = {
             {"file", file}, {"dtype", a.dtype}, {"shape", a.shape}, {"sha256", sha256_hex(bytes)}};
     }
-    const std::string text = json_text(manifest, 2) + "\n";
+    const std::string text = json_document(manifest) + "\n";
     FileWriter out((fs::path(dir) / "manifest.json").string(), "trace manifest");
     out.bytes(text.data(), std::int64_t(text.size()));
     out.close();
@@ -399,7 +399,7 @@ int run_trace(const TraceOptions& o) {
     const Trace tr = read_trace(o.out);  // what was written reads back, every SHA-256 checked
     const NpyArray& tokens = tr.arrays.at("tokens");
     if (o.json) {
-        fmt::print("{}\n", json_text(json{{"out", o.out}, {"manifest", tr.manifest}}, 2));
+        fmt::print("{}\n", json_document(json{{"out", o.out}, {"manifest", tr.manifest}}));
         return 0;
     }
     fmt::print("kvlab trace: {} tokens ({} prompt, {} greedy steps) of {} on {} with a {} cache in {}; wrote {}/\n",
@@ -416,9 +416,8 @@ int run_diff_trace(const DiffTraceOptions& o) {
     const Trace a = read_trace(o.a), b = read_trace(o.b);
     const TraceDiff d = diff_traces(a, b);
     if (o.json)
-        fmt::print(
-            "{}\n",
-            json_text(json{{"a", o.a}, {"b", o.b}, {"equal", d.equal}, {"first", d.first}, {"counts", d.counts}}, 2));
+        fmt::print("{}\n", json_document(json{
+                               {"a", o.a}, {"b", o.b}, {"equal", d.equal}, {"first", d.first}, {"counts", d.counts}}));
     else
         fmt::print("kvlab diff-trace {} {}\n{}", one_line(o.a), one_line(o.b), d.text);
     return d.equal ? 0 : 1;

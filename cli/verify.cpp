@@ -202,7 +202,7 @@ int run_verify(const VerifyCommandOptions& o) {
         j["all_ok"] = n_ok == int(rows.size());
         if (n_mutants) j["kill_rate"] = double(n_caught) / n_mutants;
         for (const VerifyRow& r : rows) j["rows"].push_back(row_json(r));
-        fmt::print("{}\n", json_text(j, 2));
+        fmt::print("{}\n", json_document(j));
         return n_ok == int(rows.size()) ? 0 : 1;
     }
     fmt::print("kvlab verify: cache variants against naive decode, logits compared bit for bit at every step\n");

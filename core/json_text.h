@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "build_info.h"
 #include "config.h"
 
 namespace kvlab {
@@ -34,6 +35,21 @@ inline std::string json_text(const nlohmann::json& j, int indent = -1) {
     } catch (const nlohmann::json::type_error&) {
         return with_valid_utf8(j).dump(indent);
     }
+}
+
+// Which kvlab wrote a JSON document (build_info.h), as the "kvlab" member every top-level
+// document carries: a result quoted in a bug report says what produced it.
+inline nlohmann::json build_json() {
+    const BuildInfo& b = build_info();
+    return {{"version", b.version},       {"commit", b.commit},         {"compiler", b.compiler},
+            {"build_type", b.build_type}, {"sanitizers", b.sanitizers}, {"native", b.native}};
+}
+
+// A top-level JSON document (a --json output, a trace manifest, a layout file) as text, with
+// build_json() under "kvlab".
+inline std::string json_document(nlohmann::json j, int indent = 2) {
+    j["kvlab"] = build_json();
+    return json_text(j, indent);
 }
 
 }  // namespace kvlab

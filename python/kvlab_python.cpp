@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "build_info.h"
 #include "cache_factory.h"
 #include "decode.h"
 #include "model_loader.h"
@@ -182,4 +183,15 @@ PYBIND11_MODULE(_kvlab, m) {
     py::register_exception<Error>(m, "Error", PyExc_ValueError);
     bind_models(m);
     bind_decoder(m);
+    // Which kvlab this is (core/build_info.h), as `kvlab --version` and the JSON outputs say it.
+    m.attr("__version__") = build_info().version;
+    m.def(
+        "build_info",
+        [] {
+            const BuildInfo& b = build_info();
+            return py::dict(py::arg("version") = b.version, py::arg("commit") = b.commit,
+                            py::arg("compiler") = b.compiler, py::arg("build_type") = b.build_type,
+                            py::arg("sanitizers") = b.sanitizers, py::arg("native") = b.native);
+        },
+        "The version, commit, compiler and build type of this module's kvlab.");
 }

@@ -132,7 +132,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
                           {"n_free", s.pool->n_free},
                           {"n_cached", s.pool->n_cached}};
     }
-    write_file(path, fmt::format("--layout '{}'", one_line(path)), json_text(j, 2) + "\n");
+    write_file(path, fmt::format("--layout '{}'", one_line(path)), json_document(j) + "\n");
 }
 
 std::string make_gif(const std::string& dir, int delay_centiseconds) {

@@ -20,9 +20,9 @@ import subprocess
 import tempfile
 import types
 
-from ._kvlab import Decoder, Error, Model, load, naive_logits, random_model
+from ._kvlab import Decoder, Error, Model, __version__, build_info, load, naive_logits, random_model
 
-__all__ = ["Decoder", "Error", "Model", "VerifyResult", "load", "naive_logits", "random_model", "verify"]
+__all__ = ["Decoder", "Error", "Model", "VerifyResult", "build_info", "load", "naive_logits", "random_model", "verify"]
 
 _REQUIRED = ("create", "reserve", "slot", "release")
 _OPTIONAL = ("fork", "attach_prefix", "attended")
