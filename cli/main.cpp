@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "commands.h"
 #include "common.h"
+#include "completions.h"
 #include "file_writer.h"
 #include "memory.h"
 #include "model.h"
@@ -68,8 +69,10 @@ struct Commands {
     ServeSimOptions serve;
     BeamOptions beam;
     FrontierOptions frontier;
+    CompletionsOptions completions;
+    ManOptions man;
     CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd, *trace_cmd,
-        *diff_cmd, *golden_cmd, *serve_cmd, *beam_cmd, *frontier_cmd;
+        *diff_cmd, *golden_cmd, *serve_cmd, *beam_cmd, *frontier_cmd, *completions_cmd, *man_cmd;
 };
 
 constexpr const char* kKvCalibrateHelp =
@@ -421,6 +424,8 @@ void add_commands(CLI::App& app, Commands& c) {
     c.serve_cmd = add_serve_sim(app, c.serve);
     c.beam_cmd = add_beam(app, c.beam);
     c.frontier_cmd = add_frontier(app, c.frontier);
+    c.completions_cmd = add_completions(app, c.completions);
+    c.man_cmd = add_man(app, c.man);
 }
 
 // CLI11 would call a mistyped command "a missing subcommand"; name it instead, with the commands
@@ -437,8 +442,9 @@ bool refused_unknown_command(CLI::App& app, int argc, char** argv) {
     return true;
 }
 
-// Runs the parsed command: its exit code, or 1 after one line on stderr for what it threw.
-int run_command(Commands& c, ViewCommand& view) {
+// Runs the parsed command: its exit code, or 1 after one line on stderr for what it threw. The
+// whole app is passed for completions and man, which describe every command.
+int run_command(const CLI::App& app, Commands& c, ViewCommand& view) {
     try {
         if (*c.demo_cmd) return run_demo(c.demo);
         if (*c.gen_cmd) return run_generate(c.gen);
@@ -460,6 +466,8 @@ int run_command(Commands& c, ViewCommand& view) {
         if (*c.serve_cmd) return run_serve_sim(c.serve);
         if (*c.beam_cmd) return run_beam(c.beam);
         if (*c.frontier_cmd) return run_frontier(c.frontier);
+        if (*c.completions_cmd) return run_completions(app, c.completions);
+        if (*c.man_cmd) return run_man(app, c.man);
         if (view.command()) return view.run();
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvlab: error: out of memory\n");
@@ -477,8 +485,8 @@ int run_command(Commands& c, ViewCommand& view) {
 }
 
 // The command, then its output flushed: a full disk or a closed pipe is an error, never status 0.
-int run_and_flush(Commands& c, ViewCommand& view) {
-    const int status = run_command(c, view);
+int run_and_flush(const CLI::App& app, Commands& c, ViewCommand& view) {
+    const int status = run_command(app, c, view);
     if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
         if (status == 0)
             fmt::print(stderr, "kvlab: error: cannot write to standard output: {}\n", std::strerror(errno));
@@ -516,5 +524,5 @@ int main(int argc, char** argv) {
     // interrupt removes the temporary files of unfinished writes (core/file_writer.h).
     std::signal(SIGPIPE, SIG_IGN);
     kvlab::remove_temporaries_on_signal();
-    return run_and_flush(commands, view);
+    return run_and_flush(app, commands, view);
 }
