@@ -9,13 +9,31 @@ scratch=$(mktemp -d "${TMPDIR:-/tmp}/kvlab-version.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# The commit this build should name: the checkout's HEAD, "-dirty" when tracked files differ;
-# "" (printed as unknown) outside a git checkout.
+# The commit this build should name: the checkout's HEAD; "" (printed as unknown) outside a git
+# checkout. Whether it ends in "-dirty" depends on the tree when it was built, which this test
+# cannot see: the binary's own answer is taken, and cmake/commit.cmake's rule is checked apart.
 commit=""
 if top=$(git -C "$src" rev-parse --show-toplevel 2>/dev/null) && [ "$(realpath "$top")" = "$(realpath "$src")" ]; then
   commit=$(git -C "$src" rev-parse --short=12 HEAD)
-  [ -z "$(git -C "$src" status --porcelain --untracked-files=no)" ] || commit+="-dirty"
+  if "$kvlab" --version | grep -q "(commit $commit-dirty, "; then commit+="-dirty"; fi
 fi
+
+# cmake/commit.cmake on a scratch repository: a clean checkout, the same with a tracked file
+# changed (-dirty), an untracked file (still clean), and a folder inside it (not a checkout: "").
+check_commit_rule() {
+  local repo=$scratch/repo out=$scratch/commit.cpp head
+  mkdir -p "$repo/sub"
+  git -C "$repo" init -q && echo one >"$repo/file" && git -C "$repo" add file &&
+    git -C "$repo" -c user.name=t -c user.email=t@t commit -qm one || fail "cannot make a scratch git repository"
+  head=$(git -C "$repo" rev-parse --short=12 HEAD)
+  run_rule() { cmake -DSRC="$1" -DOUT="$out" -P "$src/cmake/commit.cmake" && grep -o 'kBuildCommit = "[^"]*"' "$out"; }
+  [ "$(run_rule "$repo")" = "kBuildCommit = \"$head\"" ] || fail "commit.cmake on a clean checkout: $(run_rule "$repo")"
+  echo new >"$repo/untracked"
+  [ "$(run_rule "$repo")" = "kBuildCommit = \"$head\"" ] || fail "commit.cmake counts an untracked file as a change"
+  echo two >"$repo/file"
+  [ "$(run_rule "$repo")" = "kBuildCommit = \"$head-dirty\"" ] || fail "commit.cmake missed a changed file"
+  [ "$(run_rule "$repo/sub")" = 'kBuildCommit = ""' ] || fail "commit.cmake named a commit for a folder inside a checkout"
+}
 
 # FILE is a JSON document whose "kvlab" member names this version and commit.
 check_json() {
@@ -44,6 +62,7 @@ if [ "$mode" = --counter ]; then
   exit 0
 fi
 
+check_commit_rule
 line=$("$kvlab" --version)
 echo "$line"
 [[ "$line" == "kvlab $version (commit ${commit:-unknown: not built from a git checkout}, "* ]] ||
