@@ -115,6 +115,15 @@ def test_stories260k_decodes_bit_for_bit():
         logits = d.decode(tokens[-1])
 
 
+def test_the_module_names_the_kvlab_it_was_built_with():
+    # kvlab.__version__ and kvlab.build_info() say what `kvlab --version` says (core/build_info.h).
+    info = kvlab.build_info()
+    assert info["version"] == kvlab.__version__ and kvlab.__version__.count(".") == 2
+    line = subprocess.run([kvlab._binary(), "--version"], capture_output=True, text=True, check=True).stdout
+    assert line.startswith(f"kvlab {kvlab.__version__} (commit {info['commit'] or 'unknown'}")
+    assert info["compiler"] in line and info["build_type"] in line
+
+
 def test_verify_passes_the_block_manager():
     r = kvlab.verify(BlockManager)
     assert r, r.counterexample
