@@ -25,8 +25,8 @@ packages=(cmake ninja-build g++ pkg-config coreutils
           # libFuzzer runtimes, and its OpenMP
           clang libclang-rt-14-dev libomp-dev
           # the Debian package (`cpack -G DEB`) and its dependencies read from the binaries;
-          # groff checks the man pages
-          dpkg-dev file groff-base)
+          # groff and zsh check the man pages and the zsh completion script
+          dpkg-dev file groff-base zsh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
