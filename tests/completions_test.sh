@@ -69,6 +69,10 @@ if ((counter)); then
     cp -r "$share" "$tmp/share"
     sed -i "/else _kvlab_words/ s/ $gone / /" "$tmp/share/bash-completion/completions/kvlab"
     grep -vF "\\fB$(roff "$option")\\fR" "$man_dir/kvlab-$victim.1" >"$tmp/share/man/man1/kvlab-$victim.1"
+    # With zsh: the zsh script no longer dispatches the last command to its function, which only
+    # running zsh's completion shows (the function and its options are all still in the file).
+    last=${commands[-1]}
+    sed -i "s/^        $last) /        $last-gone) /" "$tmp/share/zsh/vendor-completions/_kvlab"
     if bash "$0" "$kvlab" "$tmp/share" >"$tmp/out" 2>&1; then
         cat "$tmp/out"
         echo "FAIL: the check passed on a bash script without '$gone' and a page without $option" >&2
@@ -76,8 +80,12 @@ if ((counter)); then
     fi
     grep -q "FAIL: bash.*'$gone'" "$tmp/out" || fail "the check did not name the command '$gone' the bash script lost"
     grep -q -- "FAIL: kvlab-$victim.1.*$option" "$tmp/out" || fail "the check did not name $option, gone from kvlab-$victim.1"
+    if command -v zsh >/dev/null; then
+        grep -q -- "FAIL: zsh: 'kvlab $last --' does not offer" "$tmp/out" ||
+            fail "the check did not see zsh offer nothing after 'kvlab $last --'"
+    fi
     ((status)) && cat "$tmp/out"
-    ((status)) || echo "ok: the check fails on planted staleness and names '$gone' and kvlab-$victim.1's $option"
+    ((status)) || echo "ok: the check fails on planted staleness and names '$gone', kvlab-$victim.1's $option and the command '$last' zsh lost"
     exit $status
 fi
 
@@ -94,6 +102,23 @@ if command -v zsh >/dev/null; then
     zsh -n "$zsh_script" || fail "zsh -n $zsh_script"
 else
     echo "skip: zsh is not installed, so zsh -n is not run on $zsh_script"
+fi
+
+# zsh for real, where it is installed: after "kvlab " it offers exactly the --help list, and after
+# "kvlab [CMD] --" every long option that command's --help lists (tests/zsh_complete.zsh).
+if command -v zsh >/dev/null; then
+    lines=("kvlab " "kvlab --")
+    for cmd in "${commands[@]}"; do lines+=("kvlab $cmd --"); done
+    timeout 60 zsh -f "$(dirname "$0")/zsh_complete.zsh" "$(dirname "$zsh_script")" "$tmp/zsh.out" "${lines[@]}" ||
+        fail "zsh: the completion run failed or hung"
+    offered() { awk -v head="== $1" '/^== / { on = ($0 == head); next } on' "$tmp/zsh.out" | sort -u; }
+    got=$(offered "kvlab ")
+    [[ $got == "$(sort <<<"$expected")" ]] || fail "zsh completes 'kvlab ' to: $(paste -sd' ' <<<"$got")"
+    for cmd in "" "${commands[@]}"; do
+        got=$(offered "kvlab ${cmd:+$cmd }--")
+        missing=$(comm -23 <(help_options ${cmd:+"$cmd"}) <(cat <<<"$got") | paste -sd' ')
+        [[ -z $missing ]] || fail "zsh: 'kvlab ${cmd:+$cmd }--' does not offer $missing"
+    done
 fi
 
 # The commands: bash completes exactly the --help list after "kvlab ", the zsh script describes
