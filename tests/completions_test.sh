@@ -111,7 +111,7 @@ if command -v zsh >/dev/null; then
     for cmd in "${commands[@]}"; do lines+=("kvlab $cmd --"); done
     timeout 60 zsh -f "$(dirname "$0")/zsh_complete.zsh" "$(dirname "$zsh_script")" "$tmp/zsh.out" "${lines[@]}" ||
         fail "zsh: the completion run failed or hung"
-    offered() { awk -v head="== $1" '/^== / { on = ($0 == head); next } on' "$tmp/zsh.out" | sort -u; }
+    offered() { awk -v head="== $1" '/^== / { on = ($0 == head); next } on && $0 != "-- end"' "$tmp/zsh.out" | sort -u; }
     got=$(offered "kvlab ")
     [[ $got == "$(sort <<<"$expected")" ]] || fail "zsh completes 'kvlab ' to: $(paste -sd' ' <<<"$got")"
     for cmd in "" "${commands[@]}"; do
