@@ -25,5 +25,4 @@ endif()
 # Building against kvlab::core or kvlab.pc needs these; running kvlab does not.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libfmt-dev, libhiredis-dev, cmake | pkg-config, g++")
 set(CPACK_DEBIAN_COMPRESSION_TYPE gzip)  # fast to build in the tests; xz saves little on binaries
-set(CPACK_SOURCE_IGNORE_FILES "/build[^/]*/" "/\\\\.git/")
 include(CPack)

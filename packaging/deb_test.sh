@@ -27,25 +27,33 @@ out=$("$root/usr/bin/kvlab" demo --model "$models/stories260K.bin" --tokenizer "
 grep -qi "bitwise equal" <<<"$out" || { echo "$out"; fail "kvlab demo did not report bitwise equality"; }
 echo "kvlab demo from the package: $(grep -i "bitwise" <<<"$out" | tail -1)"
 
-# Every library the program links belongs to a Debian package that Depends names.
+# Every library the program links (its NEEDED; theirs come with their own packages' Depends)
+# belongs to a Debian package that the Depends field $1 names. Prints what is missing, if any.
+missing_depends() {
+  local names needed lib pkg
+  names=$(sed 's/([^)]*)//g; s/|/,/g' <<<"$1" | tr ',' '\n' | tr -d ' ')  # package names, one a line
+  needed=$(objdump -p "$root/usr/bin/kvlab" | awk '$1 == "NEEDED" {print $2}')
+  [ -n "$needed" ] || { echo "objdump found no NEEDED libraries in kvlab"; return; }
+  for lib in $(ldd "$root/usr/bin/kvlab" | awk -v want=" $(tr '\n' ' ' <<<"$needed")" '/=>/ && index(want, " " $1 " ") {print $3}'); do
+    pkg=$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null | head -1 | cut -d: -f1) ||
+      pkg=$(dpkg -S "$lib" 2>/dev/null | head -1 | cut -d: -f1) || true
+    if [ -z "$pkg" ]; then echo "$lib belongs to no Debian package"; continue; fi
+    grep -Fxq "$pkg" <<<"$names" || echo "$lib is $pkg's, which Depends does not name"
+  done
+}
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "Depends: $depends"
-# The package names alone, one a line (versions and alternatives dropped).
-names=$(sed 's/([^)]*)//g; s/|/,/g' <<<"$depends" | tr ',' '\n' | tr -d ' ')
-# The libraries kvlab names itself (NEEDED); theirs come with their own packages' Depends.
-needed=$(objdump -p "$root/usr/bin/kvlab" | awk '$1 == "NEEDED" {print $2}')
-[ -n "$needed" ] || fail "objdump found no NEEDED libraries in kvlab"
-for lib in $(ldd "$root/usr/bin/kvlab" | awk -v want=" $(tr '\n' ' ' <<<"$needed")" '/=>/ && index(want, " " $1 " ") {print $3}'); do
-  pkg=$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null | head -1 | cut -d: -f1) ||
-    pkg=$(dpkg -S "$lib" 2>/dev/null | head -1 | cut -d: -f1) || true
-  [ -n "$pkg" ] || fail "$lib (loaded by kvlab) belongs to no Debian package"
-  grep -Fxq "$pkg" <<<"$names" || fail "kvlab loads $lib from $pkg, which Depends does not name"
-done
+gaps=$(missing_depends "$depends")
+[ -z "$gaps" ] || fail "kvlab links libraries its package does not depend on: $gaps"
+# Counter-check: the same field without libfmt9 must be caught, naming it.
+gaps=$(missing_depends "$(sed 's/libfmt9[^,]*,\? *//' <<<"$depends")")
+grep -q "libfmt" <<<"$gaps" || fail "a Depends without libfmt9 was not caught: '$gaps'"
 
 # Where Debian looks: man pages, completions, the CMake and pkg-config files, the headers.
 for f in usr/share/man/man1/kvlab.1 usr/share/man/man1/kvlab-demo.1 usr/share/bash-completion/completions/kvlab \
          usr/share/zsh/vendor-completions/_kvlab usr/include/kvlab/decode.h usr/include/kvlab/cache_plugin.h \
-         usr/share/doc/kvlab/README.md usr/share/doc/kvlab/lessons/README.md; do
+         usr/share/doc/kvlab/README.md usr/share/doc/kvlab/lessons/README.md \
+         usr/share/doc/kvlab/examples/consumer/CMakeLists.txt; do
   [ -f "$root/$f" ] || fail "the package lacks /$f"
 done
 [ -n "$(find "$root/usr/lib" -path "*/cmake/kvlab/kvlabConfig.cmake")" ] || fail "the package lacks kvlabConfig.cmake"

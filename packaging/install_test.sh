@@ -25,12 +25,25 @@ check_consumer() {
   grep -q "DIFFERS" <<<"$out" || fail "decode_both failed without naming the difference: $out"
 }
 
-# Each header compiles alone from include/ with kvlab.pc's flags: the installed set is closed.
+# The flags a consumer's compile line must carry: C++20 (GNU mode too: the explicit
+# -ffp-contract=off is what keeps a*b+c unfused) and the numeric contract's, so that inline
+# arithmetic from kvlab's headers rounds as the library's does.
+check_contract_flags() {
+  local flag
+  grep -qE -- "-std=(c|gnu)\+\+20" <<<"$1" || fail "$2 lacks -std=c++20: $1"
+  for flag in -ffp-contract=off -fno-fast-math -fno-associative-math; do
+    grep -qF -- "$flag" <<<"$1" || fail "$2 lacks $flag: $1"
+  done
+}
+
+# Each header compiles alone with kvlab.pc's flags: the installed set is closed.
 check_headers() {
-  local inc=$1 h n=0
+  local inc=$1 h n=0 cflags
+  cflags=$(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags kvlab) || fail "pkg-config --cflags kvlab"
   for h in "$inc"/kvlab/*.h; do
     echo "#include <kvlab/$(basename "$h")>" >"$scratch/one.cpp"
-    g++ -std=c++20 -fsyntax-only -I"$inc" "$scratch/one.cpp" 2>"$scratch/err" ||
+    # shellcheck disable=SC2086  # cflags: several words
+    g++ $cflags -fsyntax-only "$scratch/one.cpp" 2>"$scratch/err" ||
       fail "$(basename "$h") does not compile from the installed tree: $(grep -m1 error "$scratch/err")"
     n=$((n + 1))
   done
@@ -41,9 +54,10 @@ check_headers() {
 case "$mode" in
 find_package)
   cp -r "$src/examples/consumer" "$scratch/consumer"
-  cmake -S "$scratch/consumer" -B "$scratch/b" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >"$scratch/cfg.log" ||
-    { cat "$scratch/cfg.log"; fail "find_package(kvlab) did not configure"; }
+  cmake -S "$scratch/consumer" -B "$scratch/b" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >"$scratch/cfg.log" || { cat "$scratch/cfg.log"; fail "find_package(kvlab) did not configure"; }
   cmake --build "$scratch/b" >"$scratch/build.log" || { cat "$scratch/build.log"; fail "the consumer did not build"; }
+  check_contract_flags "$(grep '"command"' "$scratch/b/compile_commands.json")" "the consumer's compile line"
   check_consumer "$scratch/b/decode_both"
   # A version the package cannot give is refused by kvlabConfigVersion.cmake.
   sed -i 's/find_package(kvlab 0\.[0-9]*/find_package(kvlab 99.0/' "$scratch/consumer/CMakeLists.txt"
@@ -52,6 +66,7 @@ find_package)
 pkg_config)
   cp -r "$src/examples/consumer" "$scratch/consumer"
   export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+  check_contract_flags "$(pkg-config --cflags kvlab)" "pkg-config --cflags kvlab"
   make -s -C "$scratch/consumer" >"$scratch/build.log" 2>&1 || { cat "$scratch/build.log"; fail "make did not build"; }
   check_consumer "$scratch/consumer/decode_both"
   want=$("$prefix/bin/kvlab" --version | awk '{print $2}')
