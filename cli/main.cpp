@@ -381,9 +381,11 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
                            "(default: simple, and the tiled-attention row draws its tiles)");
     verify_cmd->add_option("--tile", ver.attention.tile, "tiled attention's keys per tile (1..256)");
     verify_cmd->add_option("--profile", ver.profile,
-                           "fast (default: tiny models, sequences up to 20) or long (thin models, contexts up to "
-                           "8192, sizes biased to 96/97, 255-257 and powers of two; a progress line on stderr; "
-                           "runs the planted bugs whose threshold lies past the fast profile)");
+                           "fast (default: tiny models, sequences up to 20; a plugin's checks also draw thin models "
+                           "to position 257 and pools filled to a refusal) or long (thin models, contexts up to "
+                           "8192, sizes biased to 96-98, 255-258 and powers of two; a plugin's pools hold 1-64 "
+                           "sequences; a progress line on stderr; runs the planted bugs whose threshold lies past "
+                           "the fast profile)");
     auto* plugin = verify_cmd->add_option(
         "--plugin", ver.plugin,
         "a cache plugin (a shared library with include/kvlab/cache_plugin.h's table): its "
@@ -391,7 +393,8 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     verify_cmd
         ->add_option("--plugin-timeout", ver.plugin_timeout,
                      "with --plugin: seconds without progress before the plugin is called hung (default 60)")
-        ->check(CLI::Range(1, 86400));
+        ->check(CLI::Range(1, 86400))
+        ->needs(plugin);
     auto* stdio = verify_cmd->add_flag(
         "--plugin-stdio", ver.plugin_stdio,
         "a cache plugin served over stdin and stdout, one JSON object a line each way (docs/plugin-protocol.md; "

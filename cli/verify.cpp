@@ -75,11 +75,22 @@ nlohmann::json row_json(const VerifyRow& r) {
             {"ok", r.ok},
             {"counterexample", r.counterexample},
             {"counterexample_T", r.counterexample_T},
+            {"counterexample_fill", r.counterexample_fill},
+            {"counterexample_sequences", r.counterexample_sequences},
             {"figures", r.figures}};
 }
 VerifyRow row_from_json(const nlohmann::json& j) {
-    return {j.at("variant"), j.at("kind"),           j.at("parameters"), j.at("cases"),           j.at("result"),
-            j.at("ok"),      j.at("counterexample"), j.at("figures"),    j.at("counterexample_T")};
+    return {j.at("variant"),
+            j.at("kind"),
+            j.at("parameters"),
+            j.at("cases"),
+            j.at("result"),
+            j.at("ok"),
+            j.at("counterexample"),
+            j.at("figures"),
+            j.at("counterexample_T"),
+            j.at("counterexample_fill"),
+            j.at("counterexample_sequences")};
 }
 
 std::string one_line(std::string s) {

@@ -165,7 +165,9 @@ PluginPool::PluginPool(const Config& config, const CachePlugin& plugin, Memory& 
                          std::int64_t(config.n_kv_heads) * n_slots_, n_slots_);
     holders_.resize(std::size_t(n_slots_));
     content_.assign(std::size_t(n_slots_), nullptr);
+    block_held_.assign(std::size_t(n_blocks()), 0);
     assert(holders_.size() == std::size_t(n_slots_) && content_.size() == std::size_t(n_slots_));
+    assert(block_held_.size() * std::size_t(block_size_) == std::size_t(n_slots_));
     const kvlab_cache_config cc{config.max_seq,     n_slots_,       config.n_layers, config.n_kv_heads,
                                 config.head_size(), max_sequences_, block_size_};
     char err[kErrLen] = {};
@@ -205,12 +207,24 @@ const PrefixNode* PluginPool::child(const PrefixNode* parent, int token, int pos
 }
 
 void PluginPool::hold(std::int64_t slot, const PluginCache* seq, int pos) {
-    holders_[std::size_t(slot)].push_back({seq, pos});
+    auto& h = holders_[std::size_t(slot)];
+    if (h.empty()) {
+        held_slots_++;
+        if (block_held_[std::size_t(slot / block_size_)]++ == 0) blocks_in_use_++;
+        peak_held_slots_ = std::max(peak_held_slots_, held_slots_);
+        peak_blocks_in_use_ = std::max(peak_blocks_in_use_, blocks_in_use_);
+    }
+    h.push_back({seq, pos});
 }
 
 void PluginPool::unhold(std::int64_t slot, const PluginCache* seq) {
     auto& h = holders_[std::size_t(slot)];
+    const bool was_held = !h.empty();
     h.erase(std::remove_if(h.begin(), h.end(), [&](const Hold& x) { return x.seq == seq; }), h.end());
+    if (was_held && h.empty()) {
+        held_slots_--;
+        if (--block_held_[std::size_t(slot / block_size_)] == 0) blocks_in_use_--;
+    }
 }
 
 std::string PluginPool::holder_text(std::int64_t slot) const {
@@ -321,9 +335,20 @@ void PluginCache::reserve(int new_length) {
     std::vector<kvlab_slot_copy> copies(std::size_t(config_.max_seq));         // [max_seq] room for the copies
     std::int32_t n_copies = 0;
     char err[kErrLen] = {};
+    asked_ = 0;
     if (t.reserve(handle_, length, n, tokens.data(), copies.data(), std::int32_t(copies.size()), &n_copies, err,
-                  sizeof err) != 0)
-        throw Error(fmt::format("{}: {} refused: {}", who(), call, plugin_message(err)));
+                  sizeof err) != 0) {
+        // A refusal is the pool's answer when it is full, a bug when kvlab's books show room.
+        const int free_blocks = pool_->n_blocks() - pool_->blocks_in_use(), need = pool_->blocks_needed(n);
+        const std::string refused = fmt::format("{}: {} refused: {}", who(), call, plugin_message(err));
+        if (free_blocks < need)
+            throw PoolFull(fmt::format("{} ({} of {} blocks wholly free; it may need {})", refused, free_blocks,
+                                       pool_->n_blocks(), need));
+        throw Error(
+            fmt::format("{}, but {} of the pool's {} blocks of {} slots are wholly free (no slot held), and "
+                        "a reserve of {} positions needs at most {}",
+                        refused, free_blocks, pool_->n_blocks(), pool_->block_size(), n, need));
+    }
     if (n_copies < 0 || n_copies > std::int32_t(copies.size()))
         throw Error(
             fmt::format("{}: {} said it asked for {} copies, of at most {}", who(), call, n_copies, copies.size()));
@@ -382,17 +407,19 @@ int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
                             who(), pos, k, std::min(kept, pos), pos));
     }
     for (int p = 0; p <= pos; p++) {
-        const std::int64_t s = slot(p);
+        const std::int64_t s = p < asked_ ? slots_[std::size_t(p)] : slot(p);
         if (pool_->content_[std::size_t(s)] != nodes_[std::size_t(p)])
             throw Error(fmt::format("{}: a query at {} reads position {} from slot {}, which holds {}", who(), pos, p,
                                     s, pool_->content_text(s)));
         slots[p] = s;
         if (positions) positions[p] = p;
     }
+    asked_ = std::max(asked_, pos + 1);
     return pos + 1;
 }
 
 void PluginCache::release(int n) {
+    asked_ = 0;
     pool_->plugin().table().release(handle_, n);
     for (int p = n; p < int(slots_.size()); p++) pool_->unhold(slots_[std::size_t(p)], this);
     slots_.resize(std::size_t(n));

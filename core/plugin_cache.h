@@ -60,6 +60,13 @@ private:
 
 class PluginCache;
 
+// A reserve the plugin refused when the pool had no room for it: fewer wholly free blocks (no
+// slot held, in kvlab's books) than the reserve could need. A refusal with room is an Error
+// naming the call instead. The checks catch this, note the full pool, and go on.
+struct PoolFull : Error {
+    using Error::Error;
+};
+
 // The prefix a slot's rows were computed for: position pos holding `token`, after `parent`'s.
 // Interned by the pool, so two rows were computed for the same prefix iff their nodes are equal.
 struct PrefixNode {
@@ -71,8 +78,8 @@ struct PrefixNode {
 // One pool of the plugin, its rows and kvlab's books on them.
 class PluginPool {
 public:
-    // n_slots: rows per layer and KV head (0: max_sequences * (max_seq + 2 * block_size), the
-    // least the header promises); block_size: the plugin's hint, 1..64, dividing n_slots.
+    // n_slots: rows per layer and KV head (0: max_sequences * (max_seq + 2 * block_size), room
+    // for every sequence); block_size: the plugin's hint, 1..64, dividing n_slots.
     PluginPool(const Config& config, const CachePlugin& plugin, Memory& memory = host_memory(), int n_slots = 0,
                int max_sequences = 1, int block_size = 1);
     ~PluginPool();  // after its sequences (asserted)
@@ -88,6 +95,16 @@ public:
     // The KV format of every slot; changes only while no sequence holds a position.
     void set_kv_format(KVFormat format, std::span<const float> scales = {});
     std::int64_t bookkeeping_bytes() const;  // the plugin's memory() answer
+    // Fill, from kvlab's books: slots some sequence holds, blocks (block_size slots from a
+    // multiple of it) with at least one such slot, and the most of each so far.
+    int held_slots() const { return held_slots_; }
+    int blocks_in_use() const { return blocks_in_use_; }
+    int n_blocks() const { return n_slots_ / block_size_; }
+    int peak_held_slots() const { return peak_held_slots_; }
+    int peak_blocks_in_use() const { return peak_blocks_in_use_; }
+    // Blocks a reserve of n positions may need: n / block_size rounded up, and one for a copy of
+    // a shared last block. A refusal while more blocks than that are wholly free is an Error.
+    int blocks_needed(int n) const { return (n + block_size_ - 1) / block_size_ + 1; }
 
 private:
     friend class PluginCache;
@@ -111,7 +128,9 @@ private:
     std::vector<std::vector<Hold>> holders_;            // [n_slots] the sequences holding each slot
     std::vector<const PrefixNode*> content_;            // [n_slots] the prefix each slot's rows are for (null: none)
     std::map<int, std::unique_ptr<PrefixNode>> roots_;  // the interned prefixes, by first token
+    std::vector<int> block_held_;                       // [n_blocks] the held slots of each block
     int live_ = 0;
+    int held_slots_ = 0, blocks_in_use_ = 0, peak_held_slots_ = 0, peak_blocks_in_use_ = 0;
 };
 
 class PluginCache final : public Cache {
@@ -156,6 +175,9 @@ private:
     std::vector<std::int64_t> slots_;       // [length()] the slot each held position has in kvlab's books
     std::vector<const PrefixNode*> nodes_;  // [length()] the prefix ending at each held position
     std::vector<int> pending_;              // the tokens of the append being reserved
+    // Positions 0..asked_-1 were asked of the plugin since the last reserve or release: within a
+    // step, a read of them uses kvlab's books (one call per position a step, not one per query).
+    mutable int asked_ = 0;
 };
 
 }  // namespace kvlab

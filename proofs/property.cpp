@@ -85,9 +85,9 @@ Config draw_config(int min_seq, int min_vocab, bool wide_heads) {
 
 const std::vector<int>& size_thresholds() {
     static const std::vector<int> sizes = [] {
-        std::vector<int> s{96, 97};
+        std::vector<int> s{96, 97, 98};
         for (int p = 2; p <= 8192; p *= 2)
-            for (int d : {-1, 0, 1}) s.push_back(p + d);
+            for (int d : {-1, 0, 1, 2}) s.push_back(p + d);
         std::sort(s.begin(), s.end());
         s.erase(std::unique(s.begin(), s.end()), s.end());
         return s;
@@ -103,7 +103,10 @@ int draw_size(int lo, int hi) {
     return draw(lo, hi);
 }
 
-Config draw_long_config(int min_seq) {
+namespace {
+
+// A thin model (draw_long_config's shape): a naive decode of thousands of positions takes milliseconds.
+Config draw_thin_config() {
     Config c;
     c.n_layers = draw(1, 2);
     c.n_heads = draw(1, 2);
@@ -111,14 +114,45 @@ Config draw_long_config(int min_seq) {
     c.dim = c.n_heads * draw(c.n_heads == 1 ? 2 : 1, 4);
     c.hidden_dim = draw(1, 8);
     c.vocab_size = draw(2, 16);
+    return c;
+}
+
+}  // namespace
+
+Config draw_long_config(int min_seq) {
+    Config c = draw_thin_config();
     // The longest an eighth of the time (on the last value: shrinking moves to the other branch).
     c.max_seq = draw(0, 7) == 7 ? 8192 : draw_size(std::max(min_seq, 2), 8192);
     return c;
 }
 
+Config draw_reaching_config(bool long_profile, int min_seq) {
+    if (long_profile) return draw_long_config(min_seq);
+    // Shrinking moves to the first branch of each choice: the usual small models, any length.
+    if (!*rc::gen::arbitrary<bool>()) return draw_config(min_seq);
+    Config c = draw_thin_config();
+    const int lo = std::max(min_seq, 2);
+    // Lengths that hold position 97 or 257 (and one more) half the time.
+    c.max_seq = draw(0, 1) == 0 ? draw_size(lo, kFastMaxPositions) : *rc::gen::element(98, 99, 258, 259);
+    c.max_seq = std::max(c.max_seq, lo);
+    return c;
+}
+
 std::vector<int> draw_tokens(const Config& c, int n) {
     std::vector<int> t(std::size_t(std::max(n, 0)));
-    for (int& x : t) x = draw(0, c.vocab_size - 1);
+    if (n <= kPickedTokens) {
+        for (int& x : t) x = draw(0, c.vocab_size - 1);
+        return t;
+    }
+    // A long run's tokens come from one drawn seed (splitmix64): shrinking then tries a few dozen
+    // values, not one per token (thousands of cases of thousands of positions).
+    std::uint64_t state = *rc::gen::arbitrary<std::uint64_t>();
+    for (int& x : t) {
+        std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        x = int((z ^ (z >> 31)) % std::uint64_t(c.vocab_size));
+    }
     return t;
 }
 

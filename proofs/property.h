@@ -43,13 +43,23 @@ Config draw_config(int min_seq = 1, int min_vocab = 1, bool wide_heads = true);
 // eighth of the time, else from draw_size(max(min_seq, 2), 8192), so that a naive decode of
 // thousands of positions takes milliseconds and every size threshold up to 8192 is reached.
 Config draw_long_config(int min_seq = 1);
-// Inside a property: an integer in [lo, hi], half the time one of the sizes where kernels switch
-// (powers of two and their neighbours, 96 and 97, 255-257), when one lies in the range.
+// Inside a property: an integer in [lo, hi], half the time one of the sizes where kernels and
+// caches switch (powers of two and their neighbours, 96-98, 255-258: a length that holds position
+// 97 or 257 too), when one lies in the range.
 int draw_size(int lo, int hi);
+// The sizes every cache under test reaches, kvlab's own or not (a plugin, a server over a pipe, a
+// Python class): the fast profile's thin models reach positions 97 and 257, the long profile's
+// 4097 and 8191. Inside a property: half the time draw_config(min_seq), half the time a thin model
+// (as draw_long_config) whose max_seq is 98, 99, 258 or 259 half the time, else
+// draw_size(min_seq, kFastMaxPositions); with long_profile, draw_long_config(min_seq).
+inline constexpr int kFastMaxPositions = 260;
+Config draw_reaching_config(bool long_profile, int min_seq = 1);
 // The sizes draw_size favours, ascending.
 const std::vector<int>& size_thresholds();
 
-// Inside a property: n token ids of c's vocabulary.
+// Inside a property: n token ids of c's vocabulary, each drawn (and shrunk) on its own up to
+// kPickedTokens of them, else from one drawn seed.
+inline constexpr int kPickedTokens = 64;
 std::vector<int> draw_tokens(const Config& c, int n);
 
 }  // namespace kvlab

@@ -887,31 +887,68 @@ void speculate_property(const Devices& devices, Mutant mutant) {
 // ----------------------------------------------------------------------------------------------
 // A cache kvlab did not write (plugin_cache.h): the plugin keeps the books, kvlab the rows
 
+// What a plugin check's cases reached, over a run (shrinking included): how many held each
+// threshold position, the largest sequence, pool fill and sequence count, and how many drove
+// the pool to a refusal.
+struct PluginReach {
+    static constexpr int kMarks[] = {97, 257, 1025, 4097, 8191};  // positions held
+    int cases = 0, marks[5] = {0, 0, 0, 0, 0};
+    int longest = 0, fill_percent = 0, sequences = 0, held_slots = 0, full_cases = 0, fill95_cases = 0;
+    std::string text() const {
+        if (cases == 0) return "";
+        return fmt::format(
+            "cases run (shrinking included) {}: position >= 97 held in {}, >= 257 in {}, >= 1025 in {}, >= 4097 "
+            "in {}, 8191 in {}; largest T {}, pool fill {}%, {} sequences at once, {} slots held at once; {} cases "
+            "filled a pool to 95% or more, {} to a refusal",
+            cases, marks[0], marks[1], marks[2], marks[3], marks[4], longest, fill_percent, sequences, held_slots,
+            fill95_cases, full_cases);
+    }
+};
+
 // A pool of a plugin and the sequences it holds, each with the tokens it holds, driven by drawn
 // operations as an engine drives its block manager: new requests (a fresh prompt, one sharing
 // another's prefix, or one edited part-way so that later blocks repeat after another prefix,
 // which a prefix hash must tell apart), forks, batched steps mixing prompt chunks and decode
-// rows, rollbacks, speculative decoding with a draft of another model, finished requests. Every
-// logit is checked against naive decode of its sequence's tokens; each plugin answer is checked
-// by plugin_cache.h first, so a bad one fails with its call.
+// rows, rollbacks, speculative decoding with a draft of another model, finished requests, and
+// fills: requests and chunks until the pool refuses, then a release and a request that reuses
+// the room. Sizes come from draw_reaching_config (positions 97 and 257 in the fast profile, 4097
+// and 8191 in the long one); pools are roomy a third of the time, else tighter than their
+// sequences could fill, so a plugin meets a full pool, high slot ids and block ids past 256.
+// Every read is checked by plugin_cache.h against kvlab's books first, so a bad answer fails
+// with its call; every logit is checked against naive decode of its sequence's tokens up to
+// kNaiveAlways positions, and past that (the long profile) the first kBigChecks of a case.
 class PluginFamily {
 public:
+    static constexpr int kNaiveAlways = 1024, kBigChecks = 4;
+    static constexpr int kLongPoolSlots = 24576;         // the long profile's pools: filled in seconds
+    static constexpr std::int64_t kStepSlots = 1 << 22;  // a batched step's rows x max_seq at most
+
     PluginFamily(const CachePlugin& plugin, const Devices& devices,
                  const std::function<void(std::string_view)>& progress)
         : plugin_(plugin),
           devices_(devices),
           progress_(progress),
-          c_(draw_shape(devices, 1, false)),
+          c_(draw_reaching_config(devices.long_profile)),
           m_(random_model(c_, *rc::gen::arbitrary<std::uint64_t>())),
           format_(draw_kv_format(devices)),
           oracle_(m_, devices, Mutant::none) {
         oracle_.set_kv_format(format_, {});
-        // Mostly several sequences, and small blocks half the time: most cases then share blocks.
-        max_sequences_ = plugin.one_sequence() || draw(0, 4) == 0 ? 1 : draw(2, 4);
-        const int bs = *rc::gen::arbitrary<bool>() ? draw(1, 4) : draw(1, 16),
-                  need = max_sequences_ * (c_.max_seq + 2 * bs);  // the header's promise
-        n_slots_ = bs * draw((need + bs - 1) / bs, 2 * ((need + bs - 1) / bs));
-        what_ = fmt::format("plugin {}: pool of {} slots, block_size {}, {}; {} in {}", plugin.name(), n_slots_, bs,
+        const bool long_run = devices.long_profile;
+        // Mostly several sequences (8-64 half the time in the long profile), and small blocks
+        // half the time: most cases then share blocks.
+        max_sequences_ = plugin.one_sequence()         ? 1
+                         : long_run && draw(0, 1) == 1 ? draw(8, 64)
+                         : draw(0, 4) == 0             ? 1
+                                                       : draw(2, 8);
+        const int bs = *rc::gen::arbitrary<bool>() ? draw(1, 4) : draw(1, long_run ? 64 : 16);
+        // Room for every sequence's max_seq positions, a partly filled block and a copy each, a
+        // third of the time; else fewer blocks, down to two, so that fills meet a refusal.
+        const int roomy = (max_sequences_ * (c_.max_seq + 2 * bs) + bs - 1) / bs,
+                  cap = long_run ? std::max(2, kLongPoolSlots / bs) : 2 * roomy;
+        const int n_blocks = draw(0, 2) == 0 ? draw(std::min(roomy, cap), std::min(2 * roomy, cap))
+                                             : draw(std::min(2, roomy), std::min(roomy, cap));
+        n_slots_ = bs * n_blocks;
+        what_ = fmt::format("pool of {} slots, block_size {}, {}; {} in {}", n_slots_, bs,
                             max_sequences_ == 1 ? "one sequence" : fmt::format("up to {} sequences", max_sequences_),
                             c_.describe(), kv_format_name(format_));
         pool_.emplace(c_, plugin, oracle_.memory(), n_slots_, max_sequences_, bs);
@@ -920,34 +957,71 @@ public:
     ~PluginFamily() { seqs_.clear(); }  // before the pool
 
     void run() {
-        for (int op = 0, n_ops = draw(1, 12); op < n_ops; op++) {
+        for (int op = 0, n_ops = draw(1, devices_.long_profile ? 16 : 12); op < n_ops; op++) {
             const int n = int(seqs_.size());
-            std::vector<int> kinds{1};  // 0 new, 1 step, 2 rollback, 3 fork, 4 finish, 5 speculate
+            std::vector<int> kinds{1, 6};  // 0 new, 1 step, 2 rollback, 3 fork, 4 finish, 5 speculate, 6 fill
             if (n < max_sequences_) kinds.insert(kinds.end(), {0, 5});
             if (n < max_sequences_ && n > 0 && plugin_.can_fork()) kinds.push_back(3);
             if (n > 0) kinds.push_back(2);
             if (n > 1) kinds.push_back(4);
             const int kind = n == 0 ? 0 : kinds[draw(std::size_t{0}, kinds.size() - 1)];
-            if (kind == 0) start(false);
-            if (kind == 5) start(true);
+            if (kind == 0) start(false, c_.max_seq);
+            if (kind == 5) start(true, c_.max_seq);
             if (kind == 1) step();
             if (kind == 2) rollback(draw(0, n - 1));
             if (kind == 3) fork(draw(0, n - 1));
             if (kind == 4) finish(draw(0, n - 1));
+            if (kind == 6) fill();
         }
     }
     const std::string& what() const { return what_; }
+    // The case's sizes, first in its counterexample: "T = 258, pool 97% full, 5 sequences".
+    std::string sizes() const {
+        return fmt::format("T = {}, pool {}% full, {} sequences", longest_, fill_percent(), most_sequences_);
+    }
+    void count(PluginReach& r) const {
+        r.cases++;
+        for (int i = 0; i < 5; i++) r.marks[i] += longest_ > PluginReach::kMarks[i];
+        r.longest = std::max(r.longest, longest_);
+        r.fill_percent = std::max(r.fill_percent, fill_percent());
+        r.sequences = std::max(r.sequences, most_sequences_);
+        r.held_slots = std::max(r.held_slots, pool_->peak_held_slots());
+        r.full_cases += refusals_ > 0;
+        r.fill95_cases += fill_percent() >= 95;
+    }
 
 private:
+    // The most of the pool in use at once: blocks with a held slot, as a block allocator sees it.
+    int fill_percent() const { return int(100 * std::int64_t(pool_->peak_blocks_in_use()) / pool_->n_blocks()); }
+    // An operation about to run: a sequence of T positions, `extra` sequences beyond the live
+    // ones (a failure inside it then names the sizes it reached).
+    void reaching(int T, int extra = 0) {
+        longest_ = std::max(longest_, T);
+        most_sequences_ = std::max(most_sequences_, int(seqs_.size()) + extra);
+    }
     void note(const std::string& about) {
         what_ += about;
-        if (progress_) progress_(what_);
+        if (progress_) progress_(fmt::format("plugin {}: {}", plugin_.name(), what_));
     }
+    // A refusal the pool's room allows: noted, and the operation is dropped (the decoders put
+    // every cache back as it was).
+    void refused(const PoolFull&) {
+        refusals_++;
+        note(fmt::format(" (refused: the pool is full, {} of {} blocks in use)", pool_->blocks_in_use(),
+                         pool_->n_blocks()));
+    }
+    // Logits of a sequence's tokens against naive decode (see the class comment for which).
+    void expect_naive(const std::vector<int>& t, std::span<const float> logits) {
+        if (int(t.size()) > kNaiveAlways && big_checks_++ >= kBigChecks) return;
+        oracle_.expect_naive(t, logits, what_);
+    }
+    // A length in 1..room: the whole room half the time, else biased to the size thresholds.
+    int draw_chunk(int room) { return draw(0, 1) == 0 ? draw_size(1, room) : room; }
     // A prompt: fresh, or another sequence's tokens (all, up to a drawn point, or from a drawn
     // point on, so the same tokens sit at other positions; edited at one position half the
     // time), then fresh tokens. A prefix cache must map only rows computed for the same tokens at
     // the same positions after the same prefix.
-    std::vector<int> prompt(std::string& how) {
+    std::vector<int> prompt(std::string& how, int max_length) {
         std::vector<int> p;
         if (!seqs_.empty() && draw(0, 2) > 0) {
             const int i = draw(0, int(seqs_.size()) - 1);
@@ -965,27 +1039,36 @@ private:
                 how += fmt::format(" edited at {}", e);
             }
         }
-        const std::vector<int> more = draw_tokens(c_, draw(p.empty() ? 1 : 0, c_.max_seq - int(p.size())));
+        if (int(p.size()) > max_length) p.resize(std::size_t(max_length));
+        const int room = max_length - int(p.size());
+        const std::vector<int> more = draw_tokens(c_, room == 0 ? 0 : p.empty() ? draw_chunk(room) : draw(0, room));
         p.insert(p.end(), more.begin(), more.end());
-        if (p.empty()) p = draw_tokens(c_, 1);
         return p;
     }
-    void start(bool speculative) {
+    // A new request of at most max_length prompt tokens; false when the pool refused it.
+    bool start(bool speculative, int max_length) {
         std::string how;
-        const std::vector<int> p = prompt(how);
+        const std::vector<int> p = prompt(how, std::min(max_length, c_.max_seq));
         const int id = next_id_++;
+        reaching(int(p.size()), 1);
         auto cache = std::make_unique<PluginCache>(*pool_, id);
         const auto cached = oracle_.cached(*cache);
         if (speculative) return speculate(std::move(cache), *cached, p);
         note(fmt::format(", sequence {} starts: a prompt of {}{}", id, p.size(), how));
-        oracle_.expect_naive(p, cached->extend(p), what_);
+        try {
+            expect_naive(p, cached->extend(p));
+        } catch (const PoolFull& e) {
+            refused(e);
+            return false;
+        }
         if (cached->prefix_hit() > 0) note(fmt::format(" ({} reused)", cached->prefix_hit()));
         seqs_.push_back(std::move(cache));
         tokens_.push_back(p);
+        return true;
     }
     // Greedy speculative decoding on the new sequence: the target rolls back every rejected draft.
-    void speculate(std::unique_ptr<PluginCache> cache, CachedDecoder& target, const std::vector<int>& p) {
-        const int k = draw(1, 4), steps = draw(1, c_.max_seq - int(p.size()) + 1);
+    bool speculate(std::unique_ptr<PluginCache> cache, CachedDecoder& target, const std::vector<int>& p) {
+        const int k = draw(1, 4), steps = draw(1, std::min(c_.max_seq - int(p.size()) + 1, 32));
         note(fmt::format(", sequence {} starts: a prompt of {} and {} tokens speculated {} at a time", cache->seq_id,
                          p.size(), steps, k));
         if (!draft_model_) {
@@ -995,11 +1078,18 @@ private:
         CachedDecoder draft(*draft_backend_);
         draft.cache().set_kv_format(format_);
         SpeculativeDecoder spec(target, draft, k);
-        const DecodeRun run = spec.generate(p, steps);
+        DecodeRun run;
+        reaching(int(p.size()) + steps - 1, 1);
+        try {
+            run = spec.generate(p, steps);
+        } catch (const PoolFull& e) {
+            refused(e);  // the sequence is dropped, as an engine drops a request it cannot place
+            return false;
+        }
         std::vector<int> sequence = p;
         const std::size_t V = std::size_t(c_.vocab_size);
         for (int i = 0; i < steps; i++) {
-            oracle_.expect_naive(sequence, std::span(run.logits).subspan(std::size_t(i) * V, V), what_);
+            expect_naive(sequence, std::span(run.logits).subspan(std::size_t(i) * V, V));
             sequence.push_back(run.tokens[std::size_t(i)]);
         }
         sequence.pop_back();  // the last token needs no position
@@ -1008,29 +1098,95 @@ private:
                              cache->length(), sequence.size()));
         seqs_.push_back(std::move(cache));
         tokens_.push_back(sequence);
+        return true;
     }
-    // One batched step over the sequences that take part: a chunk of new tokens each.
+    // One batched step over the sequences that take part: a chunk of new tokens each (at most
+    // kStepSlots / max_seq rows in all, the step's plan of slots).
     void step() {
         std::vector<Cache*> caches;
         std::vector<std::vector<int>> rows;
         std::vector<std::size_t> who;
         std::string about = ", step";
-        for (std::size_t i = 0; i < seqs_.size(); i++) {
-            const int room = c_.max_seq - int(tokens_[i].size());
+        int budget = int(std::max<std::int64_t>(1, kStepSlots / c_.max_seq));
+        for (std::size_t i = 0; i < seqs_.size() && budget > 0; i++) {
+            const int room = std::min(c_.max_seq - int(tokens_[i].size()), budget);
             if (room == 0 || (!who.empty() && *rc::gen::arbitrary<bool>())) continue;
             rows.push_back(draw_tokens(c_, draw(1, std::min(room, draw(0, 2) == 0 ? room : 2))));
+            budget -= int(rows.back().size());
             caches.push_back(seqs_[i].get());
             who.push_back(i);
             about += fmt::format(" [sequence {} +{}]", seqs_[i]->seq_id, rows.back().size());
         }
         if (who.empty()) return;
         note(about);
+        for (std::size_t r = 0; r < who.size(); r++) reaching(int(tokens_[who[r]].size() + rows[r].size()));
         const auto decoder = oracle_.cached(*caches[0]);
-        const std::vector<float>& logits = decoder->step(caches, rows);
+        const std::vector<float>* logits = nullptr;
+        try {
+            logits = &decoder->step(caches, rows);
+        } catch (const PoolFull& e) {
+            return refused(e);
+        }
         for (std::size_t r = 0; r < who.size(); r++) {
             std::vector<int>& t = tokens_[who[r]];
             t.insert(t.end(), rows[r].begin(), rows[r].end());
-            oracle_.expect_naive(t, std::span(logits).subspan(r * std::size_t(c_.vocab_size), c_.vocab_size), what_);
+            expect_naive(t, std::span(*logits).subspan(r * std::size_t(c_.vocab_size), c_.vocab_size));
+        }
+    }
+    // Sequence i grows by n drawn tokens in one request (its chunks commit together); false when
+    // the pool refused.
+    bool grow(std::size_t i, int n) {
+        std::vector<int> t = tokens_[i];
+        const std::vector<int> more = draw_tokens(c_, n);
+        t.insert(t.end(), more.begin(), more.end());
+        note(fmt::format(", sequence {} +{}", seqs_[i]->seq_id, n));
+        reaching(int(t.size()));
+        const auto decoder = oracle_.cached(*seqs_[i]);
+        try {
+            expect_naive(t, decoder->extend(t));
+        } catch (const PoolFull& e) {
+            refused(e);
+            return false;
+        }
+        tokens_[i] = std::move(t);
+        return true;
+    }
+    // New requests and chunks until the pool refuses one position or every sequence is full
+    // (each refusal halves the chunks, so the pool ends 95-100% full); then a release (a
+    // finished request or a rollback) and one more request or chunk in the room it left.
+    void fill() {
+        note(", fill");
+        bool full = false;
+        for (int round = 0, cap = c_.max_seq; round < 4 * max_sequences_ + 32 && !full; round++) {
+            std::vector<std::size_t> growable;
+            for (std::size_t i = 0; i < seqs_.size(); i++)
+                if (int(tokens_[i].size()) < c_.max_seq) growable.push_back(i);
+            const bool can_start = int(seqs_.size()) < max_sequences_;
+            if (growable.empty() && !can_start) break;
+            bool placed;
+            int n = 1;
+            if (can_start && (growable.empty() || *rc::gen::arbitrary<bool>())) {
+                placed = start(false, cap);
+                n = seqs_.empty() || !placed ? cap : int(tokens_.back().size());
+            } else {
+                const std::size_t i = growable[draw(std::size_t{0}, growable.size() - 1)];
+                n = std::min(cap, draw_chunk(c_.max_seq - int(tokens_[i].size())));
+                placed = grow(i, n);
+            }
+            if (!placed) full = n <= 1, cap = std::max(1, std::min(cap, n) / 2);
+        }
+        if (!full || seqs_.empty()) return;
+        const int i = draw(0, int(seqs_.size()) - 1);
+        if (seqs_.size() > 1 && *rc::gen::arbitrary<bool>())
+            finish(i);
+        else
+            rollback(i);
+        if (int(seqs_.size()) < max_sequences_ && *rc::gen::arbitrary<bool>()) {
+            start(false, c_.max_seq);
+        } else {
+            const std::size_t j = std::size_t(draw(0, int(seqs_.size()) - 1));
+            const int room = c_.max_seq - int(tokens_[j].size());
+            if (room > 0) grow(j, draw_chunk(room));
         }
     }
     void rollback(int i) {
@@ -1041,6 +1197,7 @@ private:
     }
     void fork(int i) {
         const int id = next_id_++;
+        reaching(0, 1);
         note(fmt::format(", sequence {} = fork of sequence {} at {}", id, seqs_[std::size_t(i)]->seq_id,
                          tokens_[std::size_t(i)].size()));
         seqs_.push_back(seqs_[std::size_t(i)]->fork(id));
@@ -1060,6 +1217,7 @@ private:
     const KVFormat format_;
     Oracle oracle_;
     int max_sequences_ = 1, n_slots_ = 0, next_id_ = 0;
+    int longest_ = 0, most_sequences_ = 0, refusals_ = 0, big_checks_ = 0;
     std::string what_;
     std::optional<PluginPool> pool_;
     std::vector<std::unique_ptr<PluginCache>> seqs_;  // the live sequences
@@ -1068,15 +1226,28 @@ private:
     std::unique_ptr<Backend> draft_backend_;
 };
 
+// One case of the plugin property: a drawn family run; a failure names the case's sizes first
+// ("T = 258, pool 97% full, 5 sequences"), then every operation that led there.
 void plugin_property(const CachePlugin& plugin, const Devices& devices,
-                     const std::function<void(std::string_view)>& progress) {
+                     const std::function<void(std::string_view)>& progress, PluginReach& reach) {
     std::optional<PluginFamily> family;
+    const auto counted = [&] {
+        if (family) family->count(reach);
+    };
+    const auto framed = [&](const std::string& message) {
+        return family ? fmt::format("plugin {} ({}): {}", plugin.name(), family->sizes(), message) : message;
+    };
     try {
         family.emplace(plugin, devices, progress);
         family->run();
     } catch (const Error& e) {
-        fail(family ? fmt::format("{}: {}", family->what(), e.what()) : std::string(e.what()));
+        counted();
+        fail(framed(family ? fmt::format("{}: {}", family->what(), e.what()) : std::string(e.what())));
+    } catch (const rc::detail::CaseResult& r) {  // a logit that differs from naive decode
+        counted();
+        fail(framed(r.description));
     }
+    counted();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1425,6 +1596,18 @@ int counterexample_T(const std::string& text) {
     return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + 4);
 }
 
+// A row's counterexample sizes: its T, and the pool fill and sequence count a case names as
+// "pool N% full, M sequences" (0 when it names none).
+void set_counterexample_sizes(VerifyRow& row) {
+    const std::string& text = row.counterexample;
+    row.counterexample_T = counterexample_T(text);
+    if (const std::size_t full = text.find("% full, "); full != std::string::npos) {
+        const std::size_t pool = text.rfind("pool ", full);
+        if (pool != std::string::npos) row.counterexample_fill = std::atoi(text.c_str() + pool + 5);
+        row.counterexample_sequences = std::atoi(text.c_str() + full + 8);
+    }
+}
+
 // The long profile's record of a row: how many cases reached each threshold, and the progress line.
 struct Reach {
     static constexpr int kMarks[] = {97, 257, 1025, 4097, 8192};
@@ -1623,22 +1806,28 @@ VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
 VerifyRow verify_plugin(const CachePlugin& plugin, const VerifyOptions& o) {
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
     const Devices d = devices_of(o);
-    const PropertyOutcome r = check_property([&] { plugin_property(plugin, d, o.progress); }, o.cases, o.seed);
-    return {fmt::format("plugin {}", plugin.name()),
-            "exact",
-            plugin.one_sequence()
-                ? "version 1: any model (a fifth with wide heads) and KV format, one sequence: prompts, "
-                  "chunks, decode, rollbacks, speculative decoding"
-                : fmt::format("any model (a fifth with wide heads) and KV format, pools of 1-4 sequences, block sizes "
-                              "1-16: prompts{}, batched chunks and decode, rollbacks{}, speculative decoding, "
-                              "finished requests",
-                              plugin.reuses_prefixes() ? " (prefix reuse)" : "", plugin.can_fork() ? ", forks" : ""),
-            r.cases,
-            r.passed ? "bitwise equal" : "FAILED",
-            r.passed,
-            r.counterexample,
-            "",
-            counterexample_T(r.counterexample)};
+    PluginReach reach;
+    const PropertyOutcome r = check_property([&] { plugin_property(plugin, d, o.progress, reach); }, o.cases, o.seed);
+    const std::string sizes = d.long_profile
+                                  ? "thin models to position 8191 and any KV format, pools of up to 24576 slots"
+                                  : "any model (half the time a thin one to position 257) and KV format, pools";
+    const std::string ops = fmt::format(
+        "prompts{}, batched chunks and decode, rollbacks{}, speculative decoding, finished requests, "
+        "fills to a refusal",
+        plugin.reuses_prefixes() ? " (prefix reuse)" : "", plugin.can_fork() ? ", forks" : "");
+    VerifyRow row{fmt::format("plugin {}", plugin.name()),
+                  "exact",
+                  plugin.one_sequence()
+                      ? fmt::format("version 1: {}, one sequence: {}", sizes, ops)
+                      : fmt::format("{} of {} sequences, block sizes 1-{}, a third roomy, else filled: {}", sizes,
+                                    d.long_profile ? "1-64" : "1-8", d.long_profile ? 64 : 16, ops),
+                  r.cases,
+                  r.passed ? "bitwise equal" : "FAILED",
+                  r.passed,
+                  r.counterexample,
+                  reach.text()};
+    set_counterexample_sizes(row);
+    return row;
 }
 
 std::vector<VerifyEntry> verify_list() {

@@ -35,8 +35,8 @@ namespace kvlab {
 class CachePlugin;  // plugin_cache.h
 
 struct VerifyOptions {
-    int cases = 100;            // generated cases per property
-    std::uint64_t seed = 1;     // RapidCheck's seed: the same seed draws the same cases
+    int cases = 100;             // generated cases per property
+    std::uint64_t seed = 1;      // RapidCheck's seed: the same seed draws the same cases
     std::string device = "cpu";  // gpu/device.h's --device: where the decoders run. With two
                                  // ("both" = cpu,gpu), naive decode on the first is the reference
                                  // and the second's naive and cached decode must both equal it.
@@ -69,6 +69,9 @@ struct VerifyRow {
     std::string counterexample;  // the shrunk failing case, in one line ("" when none)
     std::string figures;         // measured figures (quantized error; the long profile's sizes reached), "" when none
     int counterexample_T = 0;    // the sequence length of the counterexample ("T = N" in it), 0 when none
+    // The counterexample's largest pool fill (percent of its slots held) and the most sequences
+    // it held at once ("pool N% full, M sequences" in it), 0 when it names none.
+    int counterexample_fill = 0, counterexample_sequences = 0;
 };
 
 // A name verify() accepts: a group ("all", "exact", "approximate", "mutants"), a registry variant

@@ -3,7 +3,9 @@
 // crashes, hangs, refuses, answers out of range or breaks a rule of the ABI gets a verdict
 // naming the call, and kvlab never crashes.
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <string>
+#include <tuple>
 
 #include "cli_util.h"
 #include "decode.h"
@@ -21,9 +23,12 @@ const Config kConfig{16, 8, 2, 4, 2, 32, 12};
 
 std::string plugin_path(const std::string& name) { return std::string(KVLAB_PLUGIN_DIR) + "/libkvlab_" + name + ".so"; }
 
-VerifyRow verify_named(const std::string& name, std::uint64_t seed = 1) {
+VerifyRow verify_named(const std::string& name, std::uint64_t seed = 1, const std::string& profile = "fast",
+                       int cases = 100) {
     VerifyOptions o;
     o.seed = seed;
+    o.profile = profile;
+    o.cases = cases;
     return verify_plugin(plugin_path(name), o);
 }
 
@@ -68,7 +73,8 @@ TEST_CASE("cache plugin counter-tests: each planted bookkeeping bug is caught, s
         CHECK_FALSE(off.ok);
         CHECK_THAT(off.counterexample, Catch::Contains("rolls back to") && Catch::Contains("which is still held") &&
                                            Catch::Contains("reserve(length="));
-        CHECK(off.counterexample_T == 0);  // a bookkeeping verdict, not a logit difference
+        CHECK(off.counterexample_T > 0);  // the case's longest sequence, first in the counterexample
+        CHECK(off.counterexample_sequences > 0);
         const VerifyRow no_cow = verify_named("block_manager_no_cow", seed);
         INFO(no_cow.counterexample);
         CHECK_FALSE(no_cow.ok);
@@ -85,7 +91,7 @@ TEST_CASE("cache plugins that break one rule of the ABI each get a verdict namin
     const std::vector<std::pair<std::string, std::string>> verdicts = {
         {"hostile_range", "slot(pos=2) returned"},
         {"hostile_refuse", "reserve(length=0, n=1) refused: no room"},
-        {"hostile_v2_move", "was given slot 0 and is still held"},
+        {"hostile_v2_move", "still held"},  // position 0's slot, moved onto a later position's
         {"hostile_v2_copy", "asked for a copy of slots"},
         {"hostile_v2_fork", "fork(): the child's slot(pos=0)"},
         {"hostile_v2_window", "without position 0: an exact cache attends all of"},
@@ -140,4 +146,65 @@ TEST_CASE("kvlab verify --plugin: exact passes, a planted bug fails, and a crash
 TEST_CASE("kvlab verify --plugin-stdio: a server that does not answer ends the run in one line", "[plugin][cli]") {
     check_refused("verify --plugin-stdio", "closed the pipe instead of answering hello");
     check_refused("verify --plugin-stdio --plugin " + plugin_path("free_list"), "excludes");
+}
+
+// Bugs that show only at a size (plugins/threshold.c): the fast profile reaches positions 97 and
+// 257, block 21 of a sequence, block ids past 256, slot ids past 1024 and pools 7/8 full; each is
+// caught with a counterexample of that size, across seeds (each run draws its own, printed).
+TEST_CASE("cache plugins: bugs planted at the sizes where caches break are caught in the fast profile",
+          "[plugin][counter][sizes]") {
+    const std::uint64_t seed = test::run_seed();
+    const std::vector<std::tuple<std::string, std::string, int>> bugs = {
+        // plugin, what its verdict names, the least T its counterexample can have
+        {"threshold_pos_97", "slot(pos=97)", 98},
+        {"threshold_pos_257", "slot(pos=257)", 258},
+        {"threshold_block_21", "which is still held", 0},
+        {"threshold_block_id_256", "which is still held", 0},
+        {"threshold_slot_1024", "which is still held", 0},
+        {"threshold_full_7_8", "which is still held", 0},
+        {"threshold_leak", "blocks of", 0},
+    };
+    for (const auto& [name, verdict, least_T] : bugs) {
+        const VerifyRow r = verify_named(name, seed);
+        INFO(name << " (seed " << seed << "): " << r.counterexample);
+        CHECK_FALSE(r.ok);
+        CHECK_THAT(r.counterexample, Catch::Contains(verdict) && Catch::StartsWith("plugin " + name + " (T = "));
+        CHECK(r.counterexample_T >= least_T);
+    }
+}
+
+TEST_CASE("cache plugins: the fast profile's report shows the sizes reached and full pools refused, not failed",
+          "[plugin][sizes]") {
+    const std::uint64_t seed = test::run_seed();
+    for (const char* name : {"threshold_clean", "free_list", "block_manager"}) {
+        const VerifyRow r = verify_named(name, seed);
+        INFO(name << " (seed " << seed << "): " << r.counterexample << "\n" << r.figures);
+        CHECK(r.ok);
+        // Each mark is reached by some cases, and pools are filled to a refusal in some.
+        for (const char* mark : {"position >= 97 held in ", ">= 257 in ", "or more, "}) {
+            const std::size_t at = r.figures.find(mark);
+            REQUIRE(at != std::string::npos);
+            CHECK(std::atoi(r.figures.c_str() + at + std::strlen(mark)) > 0);
+        }
+        CHECK_THAT(r.figures, Catch::Contains("pool fill 100%"));
+    }
+}
+
+// The long profile: position 4097 (a thin model, a pool filled in seconds), out of the fast
+// profile's reach.
+// (Named "verify --profile long ..." so that CI's sanitized run leaves it to the Release one.)
+TEST_CASE("verify --profile long --plugin: a bug at position 4097 is caught, and the exact plugins pass",
+          "[plugin][counter][sizes][long]") {
+    const std::uint64_t seed = test::run_seed();
+    const VerifyRow bug = verify_named("threshold_pos_4097", seed, "long", 20);
+    INFO("seed " << seed << ": " << bug.counterexample);
+    CHECK_FALSE(bug.ok);
+    CHECK_THAT(bug.counterexample, Catch::Contains("slot(pos=4097)"));
+    CHECK(bug.counterexample_T >= 4098);
+    for (const char* name : {"threshold_clean", "block_manager"}) {
+        const VerifyRow r = verify_named(name, seed, "long", 5);
+        INFO(name << ": " << r.counterexample << "\n" << r.figures);
+        CHECK(r.ok);
+        CHECK_THAT(r.parameters, Catch::Contains("position 8191"));
+    }
 }

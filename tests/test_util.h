@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -77,6 +78,16 @@ inline std::string model_file(const std::string& name) {
 #define KVLAB_MODEL_FILE_OR_SKIP(var, name)                \
     const std::string var = kvlab::test::model_file(name); \
     if (var.empty()) return
+
+// The seed of a test that runs kvlab's own property checks (verify, verify_plugin): drawn per
+// run, so that runs together cover more than one seed's cases, or KVLAB_TEST_SEED's to replay
+// one. The test names it in every failure (INFO).
+inline std::uint64_t run_seed() {
+    if (const char* s = std::getenv("KVLAB_TEST_SEED"); s && *s) return std::strtoull(s, nullptr, 10);
+    static std::atomic<std::uint64_t> drawn{std::uint64_t(::getpid()) * 0x9E3779B97F4A7C15ull ^
+                                            std::uint64_t(::time(nullptr))};
+    return drawn.fetch_add(0x9E3779B97F4A7C15ull) % 1000000007ull;
+}
 
 // Runs a property that must fail (a planted bug, a wrong expectation) with a fixed seed, so a
 // printed counterexample can be replayed. Returns RapidCheck's failure; an empty optional means

@@ -40,9 +40,12 @@ typedef struct kvlab_cache_config {
     int32_t n_kv_heads;
     int32_t head_size;
     /* Version 2: the most sequences the pool holds at once (created or forked, not yet destroyed).
-     * n_slots >= max_sequences * (max_seq + 2 * block_size): room for every sequence to hold
-     * max_seq positions in private blocks, plus a partly filled block and one copy each. A
-     * reserve refused within that room fails the check. */
+     * n_slots may be less than every sequence could hold: kvlab drives pools until a reserve is
+     * refused, then frees and reuses. A refusal is accepted only when the pool is full: fewer
+     * blocks wholly free (block_size slots from a multiple of block_size, none of them held by a
+     * sequence; a prefix cache's unheld blocks count as free) than n / block_size rounded up,
+     * plus one for a copy of a shared last block. A reserve refused with more room fails the
+     * check, naming the room. */
     int32_t max_sequences;
     /* A block size for a plugin that maps positions in blocks (1..64, and n_slots is a multiple
      * of it). kvlab draws it, so a block-based plugin's checks meet every block geometry; a

@@ -22,9 +22,17 @@ import types
 
 from ._kvlab import Decoder, Error, Model, __version__, build_info, load, naive_logits, random_model
 
-__all__ = ["Decoder", "Error", "Model", "VerifyResult", "build_info", "load", "naive_logits", "random_model", "verify"]
+__all__ = ["Decoder", "Error", "Model", "Refused", "VerifyResult", "build_info", "load", "naive_logits", "random_model",
+           "verify"]
 
 _REQUIRED = ("create", "reserve", "slot", "release")
+_REFUSABLE = ("create_pool", "create", "fork", "reserve")
+
+
+class Refused(Exception):
+    """Raised by a cache's create, fork or reserve (or its pool's constructor) to refuse: no room.
+    kvlab accepts a refusal of reserve only when the pool is full by its own books; any other
+    exception, in any method, is a crash in that call and fails the case, naming it."""
 _OPTIONAL = ("fork", "attach_prefix", "attended")
 
 
@@ -49,6 +57,12 @@ class VerifyResult:
         self.result = row["result"]
         self.parameters = row["parameters"]
         self.counterexample = row["counterexample"]
+        # The counterexample's sizes (0 when it passed): its longest sequence, the largest pool
+        # fill in percent, the most sequences at once; figures: the sizes the run reached.
+        self.counterexample_T = row.get("counterexample_T", 0)
+        self.counterexample_fill = row.get("counterexample_fill", 0)
+        self.counterexample_sequences = row.get("counterexample_sequences", 0)
+        self.figures = row.get("figures", "")
 
     def __bool__(self):
         return self.ok
@@ -79,9 +93,10 @@ class _Server:
         op = msg.get("op")
         try:
             return self._answer(op, msg)
-        except Exception as e:  # the class's own exception: a refusal, or an error naming the call
+        except Exception as e:  # the class's own: a refusal (Refused, MemoryError), else a crash in the call
             text = f"{type(e).__name__}: {e}".replace("\n", " ")
-            return {"refused": text} if op in ("create_pool", "create", "fork", "reserve") else {"error": text}
+            refusal = isinstance(e, (Refused, MemoryError)) and op in _REFUSABLE
+            return {"refused": text} if refusal else {"error": text}
 
     def _answer(self, op, msg):
         if op == "hello":
@@ -121,7 +136,7 @@ class _Server:
         raise ValueError(f"unknown op {op!r}")
 
 
-def verify(cache, cases=100, seed=1, kv_format=""):
+def verify(cache, cases=100, seed=1, kv_format="", profile="fast"):
     """Checks a cache class written in Python for exactness, as `kvlab verify --plugin` checks a
     C plugin: drawn engine operations (requests sharing or editing prompts, forks, batched
     steps, rollbacks, speculative decoding), every logit against naive decode bit for bit, every
@@ -132,20 +147,25 @@ def verify(cache, cases=100, seed=1, kv_format=""):
       create() -> seq                         a new empty sequence (any object)
       reserve(seq, length, tokens) -> copies  room for positions length.., len(tokens) of them;
                                               None or [(from, to, count), ...] slot copies kvlab
-                                              makes first (copy-on-write); raise to refuse
+                                              makes first (copy-on-write); raise kvlab.Refused
+                                              (or MemoryError) to refuse when the pool is full
       slot(seq, pos) -> int                   the slot of a held position
       release(seq, n)                         forget positions n and later
       fork(seq) -> seq                        optional: a child sharing every position's slot
       attach_prefix(seq, tokens) -> int       optional: positions of tokens already held (reuse)
       attended(seq, pos) -> [positions]       optional: what a query at pos reads (exact: 0..pos)
       destroy(seq), memory() -> int           optional
+    profile "fast" reaches positions 97 and 257, "long" 4097 and 8191 with 8-64 sequences; pools
+    are filled until reserve refuses (a refusal is accepted only when the pool is full).
+    Any other exception a method raises is a crash in that call: the case fails, naming it.
     Returns a VerifyResult (true when every case passed; its counterexample otherwise).
     """
     for name in _REQUIRED:
         if not callable(getattr(cache, name, None)):
             raise Error(f"kvlab.verify: {getattr(cache, '__name__', cache)!r} has no method {name}() "
                         f"({', '.join(_REQUIRED)} are required)")
-    cmd = [_binary(), "verify", "--plugin-stdio", "--cases", str(int(cases)), "--seed", str(int(seed))]
+    cmd = [_binary(), "verify", "--plugin-stdio", "--cases", str(int(cases)), "--seed", str(int(seed)),
+           "--profile", str(profile)]
     if kv_format:
         cmd += ["--kv-format", kv_format]
     server = _Server(cache)

@@ -159,6 +159,9 @@ class FreeList:
         self.free.extend(seq[n:])
         del seq[n:]
 
+    def destroy(self, seq):  # without it a finished sequence's slots leak: kvlab sees refusals with room
+        self.release(seq, 0)
+
 
 class LeakyRollback(FreeList):
     def release(self, seq, n):  # frees one slot too many: a held position's slot is given again
@@ -178,6 +181,26 @@ class NoPool(FreeList):
         raise RuntimeError("no pool today")
 
 
+class NoDestroy(FreeList):
+    destroy = None  # a finished sequence's slots are never freed
+
+
+class CrashesWhenFull(FreeList):
+    def reserve(self, seq, length, tokens):  # no room check: pop() from an empty list raises IndexError
+        seq.extend(self.free.pop() for _ in tokens)
+
+
+class RefusesWithRoom(FreeList):
+    def __init__(self, config):
+        super().__init__(config)
+        self.n_slots = config.n_slots
+
+    def reserve(self, seq, length, tokens):  # refuses to fill more than half the pool, though it has room
+        if len(self.free) - len(tokens) < self.n_slots // 2:
+            raise kvlab.Refused("half full")
+        super().reserve(seq, length, tokens)
+
+
 def test_verify_a_plain_free_list_and_its_leaky_copy():
     assert kvlab.verify(FreeList, cases=50)
     leaky = kvlab.verify(LeakyRollback)
@@ -188,7 +211,22 @@ def test_verify_names_what_a_python_cache_raised():
     r = kvlab.verify(RaisingSlot)
     assert not r and "slot(pos=1) raised KeyError: 1" in r.counterexample
     r = kvlab.verify(NoPool, cases=5)
-    assert not r and "refused: RuntimeError: no pool today" in r.counterexample
+    assert not r and "create_pool() raised RuntimeError: no pool today" in r.counterexample
+
+
+def test_verify_tells_a_crash_in_reserve_from_a_refusal_and_fills_pools():
+    # A refusal (kvlab.Refused or MemoryError) is accepted only when the pool is full; any other
+    # exception is a crash in its call, even on a full pool. The plain free list refuses only when
+    # full, and the run fills pools to a refusal and reaches position 257.
+    ok = kvlab.verify(FreeList, cases=30, seed=3)
+    assert ok and " to a refusal" in ok.figures and int(ok.figures.split("largest T ")[1].split(",")[0]) >= 98
+    crash = kvlab.verify(CrashesWhenFull, seed=3)
+    assert not crash and "raised IndexError" in crash.counterexample and "reserve(length=" in crash.counterexample
+    assert crash.counterexample_T > 0 and crash.counterexample_sequences > 0
+    early = kvlab.verify(RefusesWithRoom, seed=3)
+    assert not early and "refused: Refused: half full, but" in early.counterexample
+    leak = kvlab.verify(NoDestroy, seed=3)
+    assert not leak and "refused: MemoryError: full, but" in leak.counterexample
     with pytest.raises(kvlab.Error, match="no method reserve"):
         kvlab.verify(type("Nothing", (), {"create": lambda self: None}))
 
