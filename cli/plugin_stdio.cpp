@@ -56,15 +56,16 @@ std::string read_line(const std::string& call) {
     return line;
 }
 
-// Sends a request and returns the answer, checked to be an object (an {"error"} is an Error).
-json ask(const json& request, const std::string& call) {
+// Sends a request and returns the answer, checked to be an object (an {"error"} is an Error,
+// unless `errors` asks for it as an answer).
+json ask(const json& request, const std::string& call, bool errors = false) {
     if (!channel.broken.empty()) throw Error(channel.broken);
     const std::string line = json_text(request) + "\n";
     if (std::fwrite(line.data(), 1, line.size(), channel.out) != line.size() || std::fflush(channel.out) != 0)
         broken(fmt::format("the plugin server's pipe is closed: {} was not sent", call));
     const std::string answer = read_line(call);
     try {
-        return stdio_parse_answer(answer, call);
+        return stdio_parse_answer(answer, call, errors);
     } catch (const StdioProtocolError& e) {
         broken(e.what());
     }
@@ -94,25 +95,37 @@ std::vector<std::int64_t> integers(const json& list, std::int64_t lo, std::int64
     return out;
 }
 
-// Handles: the server's ids, boxed.
+// Handles: the server's ids, boxed. A sequence's box also keeps, for a server that answers
+// "slots", its length (from the calls that change it) and the slots of its held positions as last
+// answered, good until the next call that may change any mapping (every one but slot, slots,
+// attended and memory): then one round trip a sequence a step asks all of them, not one a
+// position, and kvlab's per-step check of each answer (plugin_cache.h) is unchanged.
 struct Handle {
     std::int64_t id;
+    std::int32_t length = 0;
+    std::vector<std::int64_t> slots;  // [length] while `epoch` is the channel's
+    std::uint64_t epoch = 0;
 };
+std::uint64_t epoch = 1;  // the channel's: a call that may change a mapping moves it on
+bool batched_slots = false;
 std::int64_t id(const void* h) { return static_cast<const Handle*>(h)->id; }
+Handle* handle(const void* h) { return static_cast<Handle*>(const_cast<void*>(h)); }
 template <class T>
-T* box(std::int64_t id) {
-    return reinterpret_cast<T*>(new Handle{id});
+T* box(std::int64_t id, std::int32_t length = 0) {
+    return reinterpret_cast<T*>(new Handle{id, length, {}, 0});
 }
 void unbox(void* h) { delete static_cast<Handle*>(h); }
 
-// A refusal's text into err, or the id the answer names.
+// A refusal's text into err, or the id the answer names (a sequence of `length` positions).
 template <class T>
-T* made(const json& answer, const char* name, const std::string& call, char* err, std::size_t err_len) {
+T* made(const json& answer, const char* name, const std::string& call, char* err, std::size_t err_len,
+        std::int32_t length = 0) {
+    epoch++;
     if (const auto r = answer.find("refused"); r != answer.end()) {
         std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
         return nullptr;
     }
-    return box<T>(integer(answer, name, call));
+    return box<T>(integer(answer, name, call), length);
 }
 
 void s_destroy_pool(kvlab_cache_pool* p) {
@@ -128,19 +141,24 @@ kvlab_cache* s_create(kvlab_cache_pool* p, char* err, std::size_t err_len) {
 }
 
 kvlab_cache* s_fork(kvlab_cache* parent, char* err, std::size_t err_len) {
-    return made<kvlab_cache>(ask({{"op", "fork"}, {"seq", id(parent)}}, "fork()"), "seq", "fork()", err, err_len);
+    return made<kvlab_cache>(ask({{"op", "fork"}, {"seq", id(parent)}}, "fork()"), "seq", "fork()", err, err_len,
+                             handle(parent)->length);
 }
 
 std::int32_t s_attach_prefix(kvlab_cache* c, const std::int32_t* tokens, std::int32_t n) {
     const std::string call = fmt::format("attach_prefix(n={})", n);
+    epoch++;
     const json a =
         ask({{"op", "attach_prefix"}, {"seq", id(c)}, {"tokens", std::vector<int>(tokens, tokens + n)}}, call);
-    return std::int32_t(std::clamp<std::int64_t>(integer(a, "n", call), INT32_MIN, INT32_MAX));
+    const auto hit = std::int32_t(std::clamp<std::int64_t>(integer(a, "n", call), INT32_MIN, INT32_MAX));
+    handle(c)->length = std::clamp(hit, 0, n);  // kvlab refuses any other answer before a slot is asked
+    return hit;
 }
 
 int s_reserve(kvlab_cache* c, std::int32_t length, std::int32_t n, const std::int32_t* tokens, kvlab_slot_copy* copies,
               std::int32_t max_copies, std::int32_t* n_copies, char* err, std::size_t err_len) {
     const std::string call = fmt::format("reserve(length={}, n={})", length, n);
+    epoch++;
     const json a =
         ask({{"op", "reserve"}, {"seq", id(c)}, {"length", length}, {"tokens", std::vector<int>(tokens, tokens + n)}},
             call);
@@ -158,10 +176,33 @@ int s_reserve(kvlab_cache* c, std::int32_t length, std::int32_t n, const std::in
                                quoted(json_text(list[i]))));
         copies[i] = {t[0], t[1], std::int32_t(std::clamp<std::int64_t>(t[2], INT32_MIN, INT32_MAX))};
     }
+    handle(c)->length = length + n;
     return 0;
 }
 
+// Every held position's slot in one answer (a server that says "slots"), kept until the epoch
+// moves. An exception in one slot answers {"error": text, "pos": p}: the verdict names slot(pos=p).
+const std::vector<std::int64_t>& held_slots(const kvlab_cache* c) {
+    Handle* h = handle(c);
+    if (h->epoch == epoch) return h->slots;
+    const std::string call = fmt::format("slots(n={})", h->length);
+    const json a = ask({{"op", "slots"}, {"seq", h->id}, {"n", h->length}}, call, true);
+    if (const auto e = a.find("error"); e != a.end()) {
+        const auto at = a.find("pos");
+        const std::string where =
+            at != a.end() && at->is_number_integer() ? fmt::format("slot(pos={})", at->get<std::int64_t>()) : call;
+        throw Error(fmt::format("{} raised {}", where, quoted(e->is_string() ? e->get<std::string>() : e->dump())));
+    }
+    const json& list = field(a, "slots", false, call);
+    if (list.size() != std::size_t(h->length))
+        broken(fmt::format("the plugin server answered {} with {} slots, not {}", call, list.size(), h->length));
+    h->slots = integers(list, INT64_MIN, INT64_MAX, call);
+    h->epoch = epoch;
+    return h->slots;
+}
+
 std::int64_t s_slot(const kvlab_cache* c, std::int32_t pos) {
+    if (batched_slots && pos >= 0 && pos < handle(c)->length) return held_slots(c)[std::size_t(pos)];
     const std::string call = fmt::format("slot(pos={})", pos);
     return integer(ask({{"op", "slot"}, {"seq", id(c)}, {"pos", pos}}, call), "slot", call);
 }
@@ -175,6 +216,8 @@ std::int32_t s_attended(const kvlab_cache* c, std::int32_t pos, std::int32_t* po
 }
 
 void s_release(kvlab_cache* c, std::int32_t n) {
+    epoch++;
+    handle(c)->length = std::min(handle(c)->length, n);
     ask({{"op", "release"}, {"seq", id(c)}, {"n", n}}, fmt::format("release(n={})", n));
 }
 
@@ -184,6 +227,7 @@ std::int64_t s_memory(const kvlab_cache_pool* p) {
 
 // Called from a destructor: nothing escapes.
 void s_destroy(kvlab_cache* c) {
+    epoch++;
     try {
         ask({{"op", "destroy"}, {"seq", id(c)}}, "destroy()");
     } catch (const Error&) {
@@ -201,12 +245,12 @@ kvlab_cache_pool* s_create_pool(const kvlab_cache_config& c, char* err, std::siz
 
 }  // namespace
 
-json stdio_parse_answer(const std::string& line, const std::string& call) {
+json stdio_parse_answer(const std::string& line, const std::string& call, bool errors) {
     json a = json::parse(line, nullptr, false);
     if (a.is_discarded() || !a.is_object())
         throw StdioProtocolError(
             fmt::format("the plugin server answered {} with {}, not a JSON object", call, quoted(line)));
-    if (const auto e = a.find("error"); e != a.end())
+    if (const auto e = a.find("error"); e != a.end() && !errors)
         throw Error(fmt::format("{} raised {}", call, quoted(e->is_string() ? e->get<std::string>() : e->dump())));
     return a;
 }
@@ -215,6 +259,7 @@ const std::string& stdio_broken() { return channel.broken; }
 
 std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
     channel = {in, out, ""};
+    epoch = 1;
     const json hello = ask({{"op", "hello"}, {"abi", 2}}, "hello");
     const auto name = hello.find("name");
     const auto methods = hello.find("methods");
@@ -231,6 +276,7 @@ std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
     t.reserve = s_reserve;
     t.slot = s_slot;
     t.attended = has("attended") ? s_attended : nullptr;
+    batched_slots = has("slots");
     t.release = s_release;
     t.memory = s_memory;
     t.destroy = s_destroy;

@@ -11,6 +11,9 @@
 //   kvlab -> {"op": "reserve", "seq": id, "length": L, "tokens": [...]}
 //                                                   <- {"copies": [[from, to, count], ...]} or {"refused": "why"}
 //   kvlab -> {"op": "slot", "seq": id, "pos": p}    <- {"slot": s}
+//   kvlab -> {"op": "slots", "seq": id, "n": n}     <- {"slots": [s0, ..., s(n-1)]}   (a server that says
+//            "slots" in hello: every held position's slot in one answer, asked once per step; an
+//            exception in one slot answers {"error": "text", "pos": p})
 //   kvlab -> {"op": "attach_prefix", "seq": id, "tokens": [...]} <- {"n": k}
 //   kvlab -> {"op": "attended", "seq": id, "pos": p} <- {"positions": [...]}
 //   kvlab -> {"op": "release", "seq": id, "n": n}   <- {}
@@ -46,7 +49,7 @@ struct StdioProtocolError : Error {
     using Error::Error;
 };
 // One answer as the protocol reads it: `line` parsed and checked to be an object (else a
-// StdioProtocolError); {"error": ...} becomes an Error naming `call`.
-nlohmann::json stdio_parse_answer(const std::string& line, const std::string& call);
+// StdioProtocolError); {"error": ...} becomes an Error naming `call`, unless `errors` keeps it.
+nlohmann::json stdio_parse_answer(const std::string& line, const std::string& call, bool errors = false);
 
 }  // namespace kvlab

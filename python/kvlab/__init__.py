@@ -99,8 +99,8 @@ class _Server:
             return {"refused": text} if refusal else {"error": text}
 
     def _answer(self, op, msg):
-        if op == "hello":
-            methods = [m for m in _OPTIONAL if callable(getattr(self.cls, m, None))]
+        if op == "hello":  # "slots": every held position's slot in one answer, from slot() each
+            methods = [m for m in _OPTIONAL if callable(getattr(self.cls, m, None))] + ["slots"]
             return {"name": self.cls.__name__, "methods": methods}
         if op == "create_pool":
             return {"pool": self._new(self.pools, self.cls(types.SimpleNamespace(**msg["config"])))}
@@ -121,6 +121,14 @@ class _Server:
             return {"copies": [[int(f), int(t), int(n)] for f, t, n in copies]}
         if op == "slot":
             return {"slot": int(pool.slot(handle, msg["pos"]))}
+        if op == "slots":
+            slots = []
+            for pos in range(msg["n"]):
+                try:
+                    slots.append(int(pool.slot(handle, pos)))
+                except Exception as e:  # named as slot(pos=...) by kvlab
+                    return {"error": f"{type(e).__name__}: {e}".replace("\n", " "), "pos": pos}
+            return {"slots": slots}
         if op == "attach_prefix":
             return {"n": int(pool.attach_prefix(handle, msg["tokens"]))}
         if op == "attended":

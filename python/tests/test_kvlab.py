@@ -227,6 +227,13 @@ def test_verify_tells_a_crash_in_reserve_from_a_refusal_and_fills_pools():
     assert not early and "refused: Refused: half full, but" in early.counterexample
     leak = kvlab.verify(NoDestroy, seed=3)
     assert not leak and "refused: MemoryError: full, but" in leak.counterexample
+
+
+def test_verify_long_profile_reaches_thousands_of_positions():
+    # One round trip a sequence a step ("slots"), so a Python cache meets the long profile's sizes.
+    r = kvlab.verify(FreeList, cases=3, seed=2, profile="long")
+    assert r and "position 8191" in r.parameters
+    assert int(r.figures.split("largest T ")[1].split(",")[0]) > 1024, r.figures
     with pytest.raises(kvlab.Error, match="no method reserve"):
         kvlab.verify(type("Nothing", (), {"create": lambda self: None}))
 
