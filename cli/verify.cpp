@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 #include "common.h"
 #include "device.h"
 #include "json_text.h"
+#include "plugin_cache.h"
 #include "plugin_stdio.h"
 
 namespace kvlab::cli {
@@ -117,18 +119,35 @@ std::string one_line(std::string s) {
     _exit(0);
 }
 
+// The plugin call a child is inside (set_plugin_call_note), in memory its parent reads after it.
+struct SharedNote {
+    static constexpr std::size_t kSize = 512;
+    char* text = static_cast<char*>(::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    SharedNote() {
+        if (text == MAP_FAILED) throw Error(fmt::format("verify --plugin: no shared memory: {}", std::strerror(errno)));
+        text[0] = '\0';
+    }
+    ~SharedNote() { ::munmap(text, kSize); }
+    SharedNote(const SharedNote&) = delete;
+    SharedNote& operator=(const SharedNote&) = delete;
+    std::string read() const { return std::string(text, strnlen(text, kSize)); }
+};
+
 // --plugin: the property runs in a child process, so that a crash or a hang in the plugin's code
 // is a verdict on the plugin, never the end of kvlab. The parent reads the child's lines; no line
 // for plugin_timeout seconds is a hang (the child is killed). A child that ends without a row
-// gets a row of its own: the signal or exit status, and the last step it reported.
+// gets a row of its own: the signal or exit status, the plugin call it was inside, and the last
+// step it reported.
 VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
     int fds[2];
     if (::pipe(fds) != 0) throw Error(fmt::format("verify --plugin: no pipe: {}", std::strerror(errno)));
+    const SharedNote call;
     std::fflush(stdout), std::fflush(stderr);
     const pid_t pid = ::fork();
     if (pid < 0) throw Error(fmt::format("verify --plugin: cannot start a process: {}", std::strerror(errno)));
     if (pid == 0) {
         ::close(fds[0]);
+        set_plugin_call_note(call.text, SharedNote::kSize);
         plugin_child(o, vo, fds[1]);
     }
     ::close(fds[1]);
@@ -168,6 +187,7 @@ VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
         what = fmt::format("crashed: signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
     else
         what = fmt::format("ended with exit status {} and no result", WEXITSTATUS(status));
+    if (const std::string inside = call.read(); !inside.empty()) what += " inside the plugin's " + inside;
     VerifyRow r;
     r.name = fmt::format("plugin {}", o.plugin);
     r.kind = "exact";

@@ -13,6 +13,23 @@ namespace {
 
 constexpr std::size_t kErrLen = 512;  // the message buffer a plugin writes into (>= 256, as the header promises)
 
+// The plugin call under way (set_plugin_call_note), written before each call and cleared after it.
+char* call_note = nullptr;
+std::size_t call_note_size = 0;
+struct CallNote {
+    template <class... Args>
+    explicit CallNote(fmt::format_string<Args...> format, Args&&... args) {
+        if (!call_note) return;
+        const auto end = fmt::format_to_n(call_note, call_note_size - 1, format, std::forward<Args>(args)...);
+        *end.out = '\0';
+    }
+    ~CallNote() {
+        if (call_note) call_note[0] = '\0';
+    }
+    CallNote(const CallNote&) = delete;
+    CallNote& operator=(const CallNote&) = delete;
+};
+
 // A plugin's message: its text up to the first NUL or line break, or a note that it wrote none.
 std::string plugin_message(const char* err) {
     std::string s(err, strnlen(err, kErrLen));
@@ -139,7 +156,15 @@ CachePlugin::~CachePlugin() {
     if (handle_) dlclose(handle_);
 }
 
+void set_plugin_call_note(char* buffer, std::size_t size) {
+    call_note = size > 0 ? buffer : nullptr;
+    call_note_size = size;
+    if (call_note) call_note[0] = '\0';
+}
+
 kvlab_cache_pool* CachePlugin::create_pool(const kvlab_cache_config& config, char* err, std::size_t err_len) const {
+    const CallNote note("create_pool(max_seq={}, n_slots={}, block_size={})", config.max_seq, config.n_slots,
+                        config.block_size);
     if (v1_table_) return reinterpret_cast<kvlab_cache_pool*>(new V1Pool{v1_table_, config});
     if (make_pool_) return make_pool_(config, err, err_len);
     return table_.create_pool(&config, err, err_len);
@@ -181,6 +206,7 @@ PluginPool::PluginPool(const Config& config, const CachePlugin& plugin, Memory& 
 
 PluginPool::~PluginPool() {
     assert(live_ == 0);
+    const CallNote note("destroy_pool()");
     plugin_.table().destroy_pool(handle_);
 }
 
@@ -197,7 +223,10 @@ void PluginPool::set_kv_format(KVFormat format, std::span<const float> scales) {
     std::fill(content_.begin(), content_.end(), nullptr);  // every row reads NaN again
 }
 
-std::int64_t PluginPool::bookkeeping_bytes() const { return plugin_.table().memory(handle_); }
+std::int64_t PluginPool::bookkeeping_bytes() const {
+    const CallNote note("memory()");
+    return plugin_.table().memory(handle_);
+}
 
 const PrefixNode* PluginPool::child(const PrefixNode* parent, int token, int pos) {
     auto& children = parent ? const_cast<PrefixNode*>(parent)->children : roots_;
@@ -265,6 +294,7 @@ void PluginPool::copy(std::span<const kvlab_slot_copy> copies, const std::string
 PluginCache::PluginCache(PluginPool& pool, int seq_id) : Cache(pool.config()), pool_(&pool) {
     this->seq_id = seq_id;
     char err[kErrLen] = {};
+    const CallNote note("create() of sequence {}", seq_id);
     handle_ = pool.plugin().table().create(pool.handle_, err, sizeof err);
     if (!handle_) throw Error(fmt::format("{}: create() refused: {}", who(), plugin_message(err)));
     pool.live_++;
@@ -273,6 +303,7 @@ PluginCache::PluginCache(PluginPool& pool, int seq_id) : Cache(pool.config()), p
 PluginCache::PluginCache(const Config& config, const CachePlugin& plugin, Memory& memory, int n_slots)
     : Cache(config), own_pool_(std::make_unique<PluginPool>(config, plugin, memory, n_slots)), pool_(own_pool_.get()) {
     char err[kErrLen] = {};
+    const CallNote note("create()");
     handle_ = plugin.table().create(pool_->handle_, err, sizeof err);
     if (!handle_) throw Error(fmt::format("{}: create() refused: {}", who(), plugin_message(err)));
     pool_->live_++;
@@ -286,6 +317,7 @@ PluginCache::PluginCache(PluginPool& pool, int seq_id, kvlab_cache* handle)
 
 PluginCache::~PluginCache() {
     for (std::int64_t s : slots_) pool_->unhold(s, this);
+    const CallNote note("destroy() of sequence {}", seq_id);
     pool_->plugin().table().destroy(handle_);
     pool_->live_--;
 }
@@ -297,6 +329,7 @@ std::string PluginCache::who() const {
 }
 
 std::int64_t PluginCache::ask_slot(int pos) const {
+    const CallNote note("slot(pos={}) of sequence {}", pos, seq_id);
     const std::int64_t s = pool_->plugin().table().slot(handle_, pos);
     if (s < 0 || s >= pool_->n_slots())
         throw Error(fmt::format("{}: slot(pos={}) returned {}, but there are {} slots (0..{})", who(), pos, s,
@@ -336,8 +369,13 @@ void PluginCache::reserve(int new_length) {
     std::int32_t n_copies = 0;
     char err[kErrLen] = {};
     asked_ = 0;
-    if (t.reserve(handle_, length, n, tokens.data(), copies.data(), std::int32_t(copies.size()), &n_copies, err,
-                  sizeof err) != 0) {
+    int refused = 0;
+    {
+        const CallNote note("{} of sequence {}", call, seq_id);
+        refused = t.reserve(handle_, length, n, tokens.data(), copies.data(), std::int32_t(copies.size()), &n_copies,
+                            err, sizeof err);
+    }
+    if (refused != 0) {
         // A refusal is the pool's answer when it is full, a bug when kvlab's books show room.
         const int free_blocks = pool_->n_blocks() - pool_->blocks_in_use(), need = pool_->blocks_needed(n);
         const std::string refused = fmt::format("{}: {} refused: {}", who(), call, plugin_message(err));
@@ -397,7 +435,11 @@ int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
     const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
     if (t.attended) {
         std::vector<std::int32_t> got(std::size_t(pos) + 1);  // [pos + 1] an exact cache's answer fills it
-        const std::int32_t k = t.attended(handle_, pos, got.data(), std::int32_t(got.size()));
+        std::int32_t k = 0;
+        {
+            const CallNote note("attended(pos={}) of sequence {}", pos, seq_id);
+            k = t.attended(handle_, pos, got.data(), std::int32_t(got.size()));
+        }
         int kept = 0;  // positions 0..kept-1 answered in order
         while (kept <= pos && kept < k && got[std::size_t(kept)] == kept) kept++;
         if (k != pos + 1 || kept <= pos)
@@ -420,7 +462,10 @@ int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
 
 void PluginCache::release(int n) {
     asked_ = 0;
-    pool_->plugin().table().release(handle_, n);
+    {
+        const CallNote note("release(n={}) of sequence {}", n, seq_id);
+        pool_->plugin().table().release(handle_, n);
+    }
     for (int p = n; p < int(slots_.size()); p++) pool_->unhold(slots_[std::size_t(p)], this);
     slots_.resize(std::size_t(n));
     nodes_.resize(std::size_t(n));
@@ -431,7 +476,11 @@ int PluginCache::attach_prefix(std::span<const int> tokens) {
     const std::vector<std::int32_t> tk(tokens.begin(), tokens.end());  // [n] the request's tokens
     const int n = int(tk.size());
     const std::string call = fmt::format("attach_prefix(n={})", n);
-    const int hit = pool_->plugin().table().attach_prefix(handle_, tk.data(), n);
+    int hit = 0;
+    {
+        const CallNote note("{} of sequence {}", call, seq_id);
+        hit = pool_->plugin().table().attach_prefix(handle_, tk.data(), n);
+    }
     if (hit < 0 || hit > n - 1)
         throw Error(
             fmt::format("{}: {} returned {}, not one of 0..{} (the last token always runs)", who(), call, hit, n - 1));
@@ -463,7 +512,11 @@ std::unique_ptr<PluginCache> PluginCache::fork(int new_seq_id) {
     const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
     if (!t.fork) throw Error(fmt::format("{}: the plugin has no fork", who()));
     char err[kErrLen] = {};
-    kvlab_cache* h = t.fork(handle_, err, sizeof err);
+    kvlab_cache* h = nullptr;
+    {
+        const CallNote note("fork() of sequence {}", seq_id);
+        h = t.fork(handle_, err, sizeof err);
+    }
     if (!h) throw Error(fmt::format("{}: fork() refused: {}", who(), plugin_message(err)));
     std::unique_ptr<PluginCache> child(new PluginCache(*pool_, new_seq_id, h));
     child->trace = trace;

@@ -60,6 +60,11 @@ private:
 
 class PluginCache;
 
+// Where kvlab writes the plugin call under way ("reserve(length=4, n=2) of sequence 1"),
+// NUL-terminated, before each call into a plugin, and "" after it returns: `kvlab verify --plugin`
+// points it at memory its parent reads when the child dies inside a call. Null or size 0: none.
+void set_plugin_call_note(char* buffer, std::size_t size);
+
 // A reserve the plugin refused when the pool had no room for it: fewer wholly free blocks (no
 // slot held, in kvlab's books) than the reserve could need. A refusal with room is an Error
 // naming the call instead. The checks catch this, note the full pool, and go on.

@@ -138,9 +138,12 @@ TEST_CASE("kvlab verify --plugin: exact passes, a planted bug fails, and a crash
     CHECK(!crash.signaled);
     CHECK(crash.exit_code == 1);
     CHECK_THAT(crash.out, Catch::Contains("CRASHED") && Catch::Contains("the last step: plugin hostile"));
+    // The call it died in: hostile_crash reads through a null pointer in slot() of position 3.
+    CHECK_THAT(crash.out, Catch::Contains("inside the plugin's slot(pos=3) of sequence"));
     const Run hang = run_kvlab("verify --plugin " + plugin_path("hostile_hang") + " --plugin-timeout 2");
     CHECK(hang.exit_code == 1);
-    CHECK_THAT(hang.out, Catch::Contains("HUNG") && Catch::Contains("no answer in 2 s"));
+    CHECK_THAT(hang.out,
+               Catch::Contains("HUNG") && Catch::Contains("no answer in 2 s inside the plugin's slot(pos=2)"));
 }
 
 TEST_CASE("kvlab verify --plugin-stdio: a server that does not answer ends the run in one line", "[plugin][cli]") {
