@@ -656,3 +656,102 @@ TEST_CASE(
     CHECK_THROWS_WITH(calibrate_kv_scales(random_model(c, 1), std::vector<int>{1}, KVFormat::bf16),
                       Catch::Contains("bf16 takes no scale"));
 }
+
+// ----------------------------------------------------------------------------------------------
+// Integer formats at their rounding rule's ties (NUMERICS.md: code = round((x - min) / scale), half
+// away from zero, clamped). Random inputs never land on a tie, so a rule that rounds ties another
+// way passes every other test: these rows are built so that most elements are exact ties.
+
+namespace {
+
+using Encode = std::function<unsigned(float, QuantRange, int)>;
+
+// The rule, written another way: the quotient as NUMERICS.md states it (two IEEE operations),
+// then the nearest integer in double, half away from zero (q >= 0 here), clamped.
+unsigned oracle_code(float x, QuantRange r, int bits) {
+    if (r.scale == 0.0f) return 0;
+    const float q = (x - r.min) / r.scale;
+    if (!(q > 0.0f)) return 0;
+    return unsigned(std::min(std::floor(double(q) + 0.5), double((1u << bits) - 1)));
+}
+
+// A group of n values whose range fits exactly: min m and scale 2^e (so max = m + levels * 2^e is
+// exact and the fitted scale is 2^e again), elements min, max, and k + 1/2 or k steps above min
+// (an exact tie for most), m any multiple of 2^(e - 1) of either sign.
+std::vector<float> draw_tie_group(int bits, int n) {
+    const int levels = (1 << bits) - 1, e = draw(-20, 10);
+    const float step = std::ldexp(1.0f, e), m = float(draw(-4000, 4000)) * step / 2;
+    std::vector<float> x(std::size_t(std::max(n, 2)));  // [n] (at least min and max)
+    x[0] = m, x[1] = m + float(levels) * step;
+    for (std::size_t i = 2; i < x.size(); i++)
+        x[i] = m + (float(draw(0, levels - 1)) + (draw(0, 3) > 0 ? 0.5f : 0.0f)) * step;
+    std::vector<int> order(x.size());
+    for (std::size_t i = 0; i < order.size(); i++) order[i] = int(i);
+    for (std::size_t i = order.size(); i > 1; i--) std::swap(order[i - 1], order[std::size_t(draw(0, int(i) - 1))]);
+    std::vector<float> shuffled(x.size());
+    for (std::size_t i = 0; i < x.size(); i++) shuffled[i] = x[std::size_t(order[i])];
+    return shuffled;
+}
+
+// Every element of drawn tie groups encodes to the oracle's code under `encode`.
+void tie_property(const Encode& encode) {
+    const int bits = draw(0, 1) ? 8 : 4;
+    const std::vector<float> x = draw_tie_group(bits, draw(2, 40));
+    const QuantRange r = quant_fit(x.data(), int(x.size()), 1, bits);
+    for (float xi : x) {
+        const unsigned got = encode(xi, r, bits), want = oracle_code(xi, r, bits);
+        if (got != want)
+            fail(fmt::format("int{}: x = {} (min {}, scale {}, (x - min) / scale = {}): code {}, the rule gives {}",
+                             bits, xi, r.min, r.scale, (xi - r.min) / r.scale, got, want));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("integer formats: codes follow the rounding rule at exact ties (half away from zero), and elsewhere",
+          "[kv-format]") {
+    rc::prop("groups of 2-40 values at exact ties, any power-of-two scale and minimum",
+             [] { tie_property([](float x, QuantRange r, int bits) { return quant_encode(x, r, bits); }); });
+}
+
+TEST_CASE("integer formats counter-test: an encoder that rounds ties down (or to even) is caught",
+          "[kv-format][counter]") {
+    test::expect_failure(
+        [] {
+            tie_property([](float x, QuantRange r, int bits) {
+                const unsigned c = quant_encode(x, r, bits);
+                const float q = (x - r.min) / r.scale;
+                return r.scale != 0.0f && c > 0 && float(c) - q == 0.5f ? c - 1 : c;  // a tie rounded down
+            });
+        },
+        "the rule gives");
+    test::expect_failure(
+        [] {
+            tie_property([](float x, QuantRange r, int bits) {
+                const float q = r.scale == 0.0f ? 0.0f : (x - r.min) / r.scale;
+                return unsigned(std::clamp(std::nearbyint(q), 0.0f, float((1 << bits) - 1)));  // ties to even
+            });
+        },
+        "the rule gives");
+}
+
+TEST_CASE("integer formats: a stored row reads back each element's code at the rule's ties, int8 and int4",
+          "[kv-format]") {
+    rc::prop("rows of 1-4 tie groups, stored through kv_store_element and read through kv_load", [] {
+        const KVFormat f = draw(0, 1) ? KVFormat::int8 : KVFormat::int4;
+        const int bits = kv_int_bits(int(f)), group = draw(2, 12), n_groups = draw(1, 4), hs = group * n_groups;
+        std::vector<float> x;  // [head_size] n_groups tie groups
+        for (int g = 0; g < n_groups; g++) {
+            const std::vector<float> part = draw_tie_group(bits, group);
+            x.insert(x.end(), part.begin(), part.end());
+        }
+        std::vector<std::uint32_t> row(std::size_t(kv_row_bytes(int(f), hs, group) / 4 + 1));  // [row_bytes / 4]
+        for (int d = 0; d < hs; d++) kv_store_element(int(f), row.data(), d, x.data(), 1.0f, group, hs);
+        for (int d = 0; d < hs; d++) {
+            const QuantRange r = quant_fit(x.data() + d / group * group, group, 1, bits);
+            const float want = quant_decode(oracle_code(x[std::size_t(d)], r, bits), r),
+                        got = kv_load(int(f), row.data(), d, 1.0f, group, hs);
+            RC_ASSERT(float_bits(got) == float_bits(want));
+        }
+    });
+}
