@@ -376,10 +376,12 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
                            "cpu (default), gpu or gpu-host: the decoders and caches under test and naive decode run "
                            "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "
                            "second's naive and cached decode must equal it");
-    verify_cmd->add_option("--attention", ver.attention.kind,
-                           "simple or tiled: naive decode and the decoders under test run it in every exact row "
-                           "(default: simple, and the tiled-attention row draws its tiles)");
-    verify_cmd->add_option("--tile", ver.attention.tile, "tiled attention's keys per tile (1..256)");
+    auto* attention = verify_cmd->add_option(
+        "--attention", ver.attention.kind,
+        "simple or tiled: naive decode and the decoders under test run it in every exact row "
+        "(default: simple, and the tiled-attention row draws its tiles)");
+    verify_cmd->add_option("--tile", ver.attention.tile, "with --attention: tiled attention's keys per tile (1..256)")
+        ->needs(attention);
     verify_cmd->add_option("--profile", ver.profile,
                            "fast (default: tiny models, sequences up to 20; a plugin's checks also draw thin models "
                            "to position 257 and pools filled to a refusal) or long (thin models, contexts up to "

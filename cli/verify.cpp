@@ -202,8 +202,10 @@ VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
 // --plugin-stdio: the plugin is served over stdin and stdout by the process that started kvlab;
 // stdout carries the protocol only, and its last line is the result.
 int run_plugin_stdio(const VerifyCommandOptions& o) {
+    const VerifyOptions vo = verify_options(o);
+    check_verify_options(vo);  // before hello: a bad option ends the run in one line, no server needed
     const std::unique_ptr<CachePlugin> plugin = stdio_plugin(stdin, stdout);
-    const VerifyRow row = verify_plugin(*plugin, verify_options(o));
+    const VerifyRow row = verify_plugin(*plugin, vo);
     if (!stdio_broken().empty()) throw Error(stdio_broken());
     stdio_send_result(row_json(row));
     return row.ok ? 0 : 1;

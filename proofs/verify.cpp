@@ -1796,9 +1796,13 @@ Devices devices_of(const VerifyOptions& o) {
 
 }  // namespace
 
-VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
+void check_verify_options(const VerifyOptions& o) {
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
-    devices_of(o);  // a bad option is refused before the plugin loads
+    devices_of(o);
+}
+
+VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
+    check_verify_options(o);  // a bad option is refused before the plugin loads
     const CachePlugin plugin(path);
     return verify_plugin(plugin, o);
 }

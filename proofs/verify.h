@@ -86,6 +86,9 @@ std::vector<VerifyEntry> verify_list();
 std::vector<std::string> verify_names();  // verify_list()'s names
 // Runs the named checks; throws Error for an unknown name.
 std::vector<VerifyRow> verify(std::string_view which, const VerifyOptions& options);
+// Throws Error, in one line, for options verify() and verify_plugin() refuse (cases, device, KV
+// format, attention, profile): `kvlab verify --plugin-stdio` checks them before it says hello.
+void check_verify_options(const VerifyOptions& options);
 // Runs the exact property on a cache plugin's bookkeeping (include/kvlab/cache_plugin.h, loaded
 // from `path`): prefill, decode and rollback against naive decode, shrunk on failure. Throws
 // Error when the plugin does not load. A crash inside the plugin is not caught here: `kvlab

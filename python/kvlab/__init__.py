@@ -144,7 +144,7 @@ class _Server:
         raise ValueError(f"unknown op {op!r}")
 
 
-def verify(cache, cases=100, seed=1, kv_format="", profile="fast"):
+def verify(cache, cases=100, seed=1, kv_format="", profile="fast", device="", attention="", tile=None):
     """Checks a cache class written in Python for exactness, as `kvlab verify --plugin` checks a
     C plugin: drawn engine operations (requests sharing or editing prompts, forks, batched
     steps, rollbacks, speculative decoding), every logit against naive decode bit for bit, every
@@ -163,8 +163,11 @@ def verify(cache, cases=100, seed=1, kv_format="", profile="fast"):
       attach_prefix(seq, tokens) -> int       optional: positions of tokens already held (reuse)
       attended(seq, pos) -> [positions]       optional: what a query at pos reads (exact: 0..pos)
       destroy(seq), memory() -> int           optional
-    profile "fast" reaches positions 97 and 257, "long" 4097 and 8191 with 8-64 sequences; pools
-    are filled until reserve refuses (a refusal is accepted only when the pool is full).
+    The options are `kvlab verify`'s: kv_format (K and V stored in it, naive decode too; "": drawn
+    per case), profile ("fast" reaches positions 97 and 257, "long" 4097 and 8191 with 8-64
+    sequences; pools are filled until reserve refuses, accepted only when the pool is full),
+    device ("cpu", "gpu-host", "gpu" or two joined by a comma), attention ("simple" or "tiled")
+    and tile (keys per tile). A value kvlab refuses raises kvlab.Error with its one line.
     Any other exception a method raises is a crash in that call: the case fails, naming it.
     Returns a VerifyResult (true when every case passed; its counterexample otherwise).
     """
@@ -174,8 +177,11 @@ def verify(cache, cases=100, seed=1, kv_format="", profile="fast"):
                         f"({', '.join(_REQUIRED)} are required)")
     cmd = [_binary(), "verify", "--plugin-stdio", "--cases", str(int(cases)), "--seed", str(int(seed)),
            "--profile", str(profile)]
-    if kv_format:
-        cmd += ["--kv-format", kv_format]
+    for flag, value in (("--kv-format", kv_format), ("--device", device), ("--attention", attention)):
+        if value:
+            cmd += [flag, str(value)]
+    if tile is not None:
+        cmd += ["--tile", str(int(tile))]
     server = _Server(cache)
     row = None
     with tempfile.TemporaryFile(mode="w+") as errors:

@@ -229,6 +229,16 @@ def test_verify_tells_a_crash_in_reserve_from_a_refusal_and_fills_pools():
     assert not leak and "refused: MemoryError: full, but" in leak.counterexample
 
 
+def test_verify_takes_the_cli_s_options_and_refuses_a_bad_one_in_one_line():
+    assert kvlab.verify(FreeList, cases=10, seed=4, kv_format="fp8-e4m3", device="gpu-host", attention="tiled", tile=3)
+    leaky = kvlab.verify(LeakyRollback, seed=4, kv_format="int4")  # the failing case names its format
+    assert not leaky and " in int4, " in leaky.counterexample, leaky.counterexample
+    for bad, needle in ((dict(profile="deep"), "unknown profile 'deep'"), (dict(tile=0), "tile"),
+                        (dict(attention="sparse"), "sparse")):
+        with pytest.raises(kvlab.Error, match=needle):
+            kvlab.verify(FreeList, cases=1, **bad)
+
+
 def test_verify_long_profile_reaches_thousands_of_positions():
     # One round trip a sequence a step ("slots"), so a Python cache meets the long profile's sizes.
     r = kvlab.verify(FreeList, cases=3, seed=2, profile="long")
