@@ -934,19 +934,23 @@ public:
           oracle_(m_, devices, Mutant::none) {
         oracle_.set_kv_format(format_, {});
         const bool long_run = devices.long_profile;
-        // Mostly several sequences (8-64 half the time in the long profile), and small blocks
-        // half the time: most cases then share blocks.
+        // Mostly several sequences (8-64 half the time in the long profile, 4-8 with a thin
+        // model, so that pools pass slot 1024 and block 256), and small blocks half the time:
+        // most cases then share blocks.
         max_sequences_ = plugin.one_sequence()         ? 1
                          : long_run && draw(0, 1) == 1 ? draw(8, 64)
+                         : thin()                      ? draw(4, 8)
                          : draw(0, 4) == 0             ? 1
                                                        : draw(2, 8);
         const int bs = *rc::gen::arbitrary<bool>() ? draw(1, 4) : draw(1, long_run ? 64 : 16);
         // Room for every sequence's max_seq positions, a partly filled block and a copy each, a
-        // third of the time; else fewer blocks, down to two, so that fills meet a refusal.
+        // third of the time; else fewer blocks, down to two (with a thin model, half of those at
+        // least half the room: wide pools), so that fills meet a refusal.
         const int roomy = (max_sequences_ * (c_.max_seq + 2 * bs) + bs - 1) / bs,
                   cap = long_run ? std::max(2, kLongPoolSlots / bs) : 2 * roomy;
+        const int least = thin() && *rc::gen::arbitrary<bool>() ? roomy / 2 : 2;
         const int n_blocks = draw(0, 2) == 0 ? draw(std::min(roomy, cap), std::min(2 * roomy, cap))
-                                             : draw(std::min(2, roomy), std::min(roomy, cap));
+                                             : draw(std::min(least, cap), std::min(roomy, cap));
         n_slots_ = bs * n_blocks;
         what_ = fmt::format("pool of {} slots, block_size {}, {}; {} in {}", n_slots_, bs,
                             max_sequences_ == 1 ? "one sequence" : fmt::format("up to {} sequences", max_sequences_),
@@ -957,6 +961,7 @@ public:
     ~PluginFamily() { seqs_.clear(); }  // before the pool
 
     void run() {
+        if (thin() && *rc::gen::arbitrary<bool>()) fill();  // a wide pool filled first, half the time
         for (int op = 0, n_ops = draw(1, devices_.long_profile ? 16 : 12); op < n_ops; op++) {
             const int n = int(seqs_.size());
             std::vector<int> kinds{1, 6};  // 0 new, 1 step, 2 rollback, 3 fork, 4 finish, 5 speculate, 6 fill
@@ -991,6 +996,8 @@ public:
     }
 
 private:
+    // A thin model of draw_reaching_config (past the small models' kFastMaxSeq positions).
+    bool thin() const { return c_.max_seq > kFastMaxSeq; }
     // The most of the pool in use at once: blocks with a held slot, as a block allocator sees it.
     int fill_percent() const { return int(100 * std::int64_t(pool_->peak_blocks_in_use()) / pool_->n_blocks()); }
     // An operation about to run: a sequence of T positions, `extra` sequences beyond the live
