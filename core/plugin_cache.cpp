@@ -369,13 +369,13 @@ void PluginCache::reserve(int new_length) {
     std::int32_t n_copies = 0;
     char err[kErrLen] = {};
     asked_ = 0;
-    int refused = 0;
+    int status = 0;
     {
         const CallNote note("{} of sequence {}", call, seq_id);
-        refused = t.reserve(handle_, length, n, tokens.data(), copies.data(), std::int32_t(copies.size()), &n_copies,
-                            err, sizeof err);
+        status = t.reserve(handle_, length, n, tokens.data(), copies.data(), std::int32_t(copies.size()), &n_copies,
+                           err, sizeof err);
     }
-    if (refused != 0) {
+    if (status != 0) {
         // A refusal is the pool's answer when it is full, a bug when kvlab's books show room.
         const int free_blocks = pool_->n_blocks() - pool_->blocks_in_use(), need = pool_->blocks_needed(n);
         const std::string refused = fmt::format("{}: {} refused: {}", who(), call, plugin_message(err));

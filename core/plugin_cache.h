@@ -100,9 +100,8 @@ public:
     // The KV format of every slot; changes only while no sequence holds a position.
     void set_kv_format(KVFormat format, std::span<const float> scales = {});
     std::int64_t bookkeeping_bytes() const;  // the plugin's memory() answer
-    // Fill, from kvlab's books: slots some sequence holds, blocks (block_size slots from a
-    // multiple of it) with at least one such slot, and the most of each so far.
-    int held_slots() const { return held_slots_; }
+    // Fill, from kvlab's books: blocks (block_size slots from a multiple of it) with a slot some
+    // sequence holds, and the most of those blocks and of such slots so far.
     int blocks_in_use() const { return blocks_in_use_; }
     int n_blocks() const { return n_slots_ / block_size_; }
     int peak_held_slots() const { return peak_held_slots_; }
