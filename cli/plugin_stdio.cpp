@@ -221,6 +221,37 @@ void s_release(kvlab_cache* c, std::int32_t n) {
     ask({{"op", "release"}, {"seq", id(c)}, {"n", n}}, fmt::format("release(n={})", n));
 }
 
+// The server's moves, as [[pos, count, slot], ...]: kvlab checks each against its books.
+int s_step_done(kvlab_cache* c, kvlab_slot_move* moves, std::int32_t max_moves, std::int32_t* n_moves, char* err,
+                std::size_t err_len) {
+    const std::string call = "step_done()";
+    epoch++;
+    const json a = ask({{"op", "step_done"}, {"seq", id(c)}}, call);
+    if (const auto r = a.find("refused"); r != a.end()) {
+        std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
+        return 1;
+    }
+    const auto list = a.find("moves");
+    if (list == a.end()) return 0;  // {}: nothing moved
+    if (!list->is_array())
+        broken(fmt::format("the plugin server answered {} with {}, whose \"moves\" is not a list", call,
+                           quoted(json_text(a))));
+    *n_moves = std::int32_t(std::min<std::size_t>(list->size(), std::size_t(max_moves) + 1));
+    for (std::size_t i = 0; i < list->size() && i < std::size_t(max_moves); i++) {
+        const json& m = (*list)[i];
+        const std::vector<std::int64_t> t =
+            m.is_array() ? integers(m, INT64_MIN, INT64_MAX, call) : std::vector<std::int64_t>{};
+        if (t.size() != 3)
+            broken(fmt::format("the plugin server answered {} with a move {}, not [pos, count, slot]", call,
+                               quoted(json_text(m))));
+        const auto narrow = [](std::int64_t x) {
+            return std::int32_t(std::clamp<std::int64_t>(x, INT32_MIN, INT32_MAX));
+        };
+        moves[i] = {narrow(t[0]), narrow(t[1]), t[2]};
+    }
+    return 0;
+}
+
 std::int64_t s_memory(const kvlab_cache_pool* p) {
     return integer(ask({{"op", "memory"}, {"pool", id(p)}}, "memory()"), "bytes", "memory()");
 }
@@ -260,15 +291,30 @@ const std::string& stdio_broken() { return channel.broken; }
 std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
     channel = {in, out, ""};
     epoch = 1;
-    const json hello = ask({{"op", "hello"}, {"abi", 2}}, "hello");
+    const json hello = ask({{"op", "hello"}, {"abi", 3}}, "hello");
     const auto name = hello.find("name");
     const auto methods = hello.find("methods");
     if (name == hello.end() || !name->is_string() || methods == hello.end() || !methods->is_array())
         broken(fmt::format("the plugin server answered hello with {}, not {{\"name\": ..., \"methods\": [...]}}",
                            quoted(json_text(hello))));
     const auto has = [&](const char* m) { return std::find(methods->begin(), methods->end(), m) != methods->end(); };
-    kvlab_cache_plugin_abi2 t{};
-    t.abi_version = 2;
+    // A server of version 3 says so, and lists release among its methods when it has one; an
+    // older server always has it. Its block sizes and most sequences, when it names them.
+    const auto abi = hello.find("abi");
+    const bool v3 = abi != hello.end() && abi->is_number_integer() && abi->get<std::int64_t>() >= 3;
+    static std::vector<std::int32_t> block_sizes;  // the table points at them while the run lasts
+    block_sizes.clear();
+    if (const auto b = hello.find("block_sizes"); b != hello.end() && !b->is_null()) {
+        if (!b->is_array() || b->empty() || b->size() > 1024)
+            broken(fmt::format("the plugin server answered hello with block_sizes {}, not a list of 1..1024 sizes",
+                               quoted(json_text(*b))));
+        for (std::int64_t x : integers(*b, 1, 1024, "hello")) block_sizes.push_back(std::int32_t(x));
+    }
+    std::int64_t most = 0;
+    if (const auto m = hello.find("max_sequences"); m != hello.end() && !m->is_null())
+        most = integers(json::array({*m}), 0, INT32_MAX, "hello").front();
+    kvlab_cache_plugin_abi3 t{};
+    t.abi_version = 3;
     t.destroy_pool = s_destroy_pool;
     t.create = s_create;
     t.attach_prefix = has("attach_prefix") ? s_attach_prefix : nullptr;
@@ -277,9 +323,13 @@ std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
     t.slot = s_slot;
     t.attended = has("attended") ? s_attended : nullptr;
     batched_slots = has("slots");
-    t.release = s_release;
+    t.release = !v3 || has("release") ? s_release : nullptr;
     t.memory = s_memory;
     t.destroy = s_destroy;
+    t.block_sizes = block_sizes.empty() ? nullptr : block_sizes.data();
+    t.n_block_sizes = std::int32_t(block_sizes.size());
+    t.max_sequences = std::int32_t(most);
+    t.step_done = v3 && has("step_done") ? s_step_done : nullptr;
     std::string n = quoted(name->get<std::string>());
     if (n.size() > 64) n.resize(64);
     return std::make_unique<CachePlugin>(n, t, s_create_pool);

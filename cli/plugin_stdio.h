@@ -4,7 +4,8 @@
 // checks a shared library's (plugin_cache.h). The protocol, which docs/plugin-protocol.md
 // spells out, is include/kvlab/cache_plugin.h's table as messages:
 //
-//   kvlab -> {"op": "hello", "abi": 2}              <- {"name": "...", "methods": ["fork", ...]}
+//   kvlab -> {"op": "hello", "abi": 3}              <- {"name": "...", "abi": 3, "methods": ["fork", ...],
+//            "block_sizes": [...], "max_sequences": n}   (no "abi": 3: a version 2 server, release assumed)
 //   kvlab -> {"op": "create_pool", "config": {...}} <- {"pool": id}  or {"refused": "why"}
 //   kvlab -> {"op": "create", "pool": id}           <- {"seq": id}   or {"refused": "why"}
 //   kvlab -> {"op": "fork", "seq": id}              <- {"seq": id}   or {"refused": "why"}
@@ -17,6 +18,7 @@
 //   kvlab -> {"op": "attach_prefix", "seq": id, "tokens": [...]} <- {"n": k}
 //   kvlab -> {"op": "attended", "seq": id, "pos": p} <- {"positions": [...]}
 //   kvlab -> {"op": "release", "seq": id, "n": n}   <- {}
+//   kvlab -> {"op": "step_done", "seq": id}         <- {} or {"moves": [[pos, count, slot], ...]}
 //   kvlab -> {"op": "memory", "pool": id}           <- {"bytes": b}
 //   kvlab -> {"op": "destroy", "seq": id} / {"op": "destroy_pool", "pool": id} <- {}
 //   kvlab -> {"op": "result", "row": {...}}         (the last line; no answer)

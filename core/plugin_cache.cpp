@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstddef>
 #include <cstring>
+#include <limits>
 
 namespace kvlab {
 
@@ -92,28 +94,32 @@ CachePlugin::CachePlugin(const std::string& path) : path_(path) {
         const char* e = dlerror();
         throw Error(fmt::format("cache plugin {}: does not load: {}", path, plugin_message(e ? e : "")));
     }
-    using Entry2 = const kvlab_cache_plugin_abi2* (*)();
-    using Entry1 = const kvlab_cache_plugin_abi1* (*)();
-    const auto get2 = reinterpret_cast<Entry2>(dlsym(handle_, KVLAB_CACHE_PLUGIN_SYMBOL_V2));
-    const auto get1 = get2 ? nullptr : reinterpret_cast<Entry1>(dlsym(handle_, KVLAB_CACHE_PLUGIN_SYMBOL_V1));
-    const kvlab_cache_plugin_abi2* t2 = get2 ? get2() : nullptr;
-    const kvlab_cache_plugin_abi1* t1 = get1 ? get1() : nullptr;
-    const char* symbol = get2 ? KVLAB_CACHE_PLUGIN_SYMBOL_V2 : KVLAB_CACHE_PLUGIN_SYMBOL_V1;
-    const unsigned want = get2 ? 2 : 1;
+    // The newest entry the library exports; a version 2 table is read as version 3's first part.
+    using Entry = const void* (*)();
+    const char* const symbols[] = {KVLAB_CACHE_PLUGIN_SYMBOL_V3, KVLAB_CACHE_PLUGIN_SYMBOL_V2,
+                                   KVLAB_CACHE_PLUGIN_SYMBOL_V1};
+    unsigned want = 0;
+    Entry get = nullptr;
+    for (unsigned v = 3; v >= 1 && !get; v--)
+        if ((get = reinterpret_cast<Entry>(dlsym(handle_, symbols[3 - v])))) want = v;
+    const void* t = get ? get() : nullptr;
+    const auto* t1 = want == 1 ? static_cast<const kvlab_cache_plugin_abi1*>(t) : nullptr;
+    // A version 2 table ends at destroy: only fields up to there are read from it.
+    const auto* t2 = want >= 2 ? static_cast<const kvlab_cache_plugin_abi3*>(t) : nullptr;
     const unsigned got = t2 ? t2->abi_version : t1 ? t1->abi_version : 0;
     std::string problem;
-    if (!get2 && !get1)
-        problem =
-            fmt::format("exports neither {}() nor {}()", KVLAB_CACHE_PLUGIN_SYMBOL_V2, KVLAB_CACHE_PLUGIN_SYMBOL_V1);
-    else if (!t2 && !t1)
-        problem = fmt::format("{}() returned NULL", symbol);
+    if (!get)
+        problem = fmt::format("exports none of {}(), {}() and {}()", symbols[0], symbols[1], symbols[2]);
+    else if (!t)
+        problem = fmt::format("{}() returned NULL", symbols[3 - want]);
     else if (got != want)
-        problem = fmt::format("{}() returned a table of ABI version {}, not {}", symbol, got, want);
-    else if (t2 && (!t2->create_pool || !t2->destroy_pool || !t2->create || !t2->reserve || !t2->slot || !t2->release ||
-                    !t2->memory || !t2->destroy))
-        problem =
+        problem = fmt::format("{}() returned a table of ABI version {}, not {}", symbols[3 - want], got, want);
+    else if (t2 && (!t2->create_pool || !t2->destroy_pool || !t2->create || !t2->reserve || !t2->slot ||
+                    (!t2->release && want == 2) || !t2->memory || !t2->destroy))
+        problem = fmt::format(
             "a required function of its table is NULL (create_pool, destroy_pool, create, reserve, slot, "
-            "release, memory and destroy are required)";
+            "{}memory and destroy are required)",
+            want == 2 ? "release, " : "");
     else if (t1 && (!t1->create || !t1->reserve || !t1->slot || !t1->release || !t1->memory || !t1->destroy))
         problem = "a function of its table is NULL (create, reserve, slot, release, memory and destroy are required)";
     if (!problem.empty()) {
@@ -123,8 +129,10 @@ CachePlugin::CachePlugin(const std::string& path) : path_(path) {
     abi_version_ = int(want);
     const char* name = t2 ? t2->name : t1->name;
     name_ = name && name[0] ? std::string(name, strnlen(name, 64)) : path;
-    if (t2) {
-        table_ = *t2;
+    if (want == 3) {
+        table_ = *static_cast<const kvlab_cache_plugin_abi3*>(t);
+    } else if (t2) {
+        std::memcpy(&table_, t2, offsetof(kvlab_cache_plugin_abi3, block_sizes));  // version 2's part
     } else {
         // The adapter's pool holds the version 1 table (create_pool below); no fork, prefix reuse
         // or attended.
@@ -140,16 +148,54 @@ CachePlugin::CachePlugin(const std::string& path) : path_(path) {
                   .attended = nullptr,
                   .release = v1_release,
                   .memory = v1_memory,
-                  .destroy = v1_destroy};
+                  .destroy = v1_destroy,
+                  .block_sizes = nullptr,
+                  .n_block_sizes = 0,
+                  .max_sequences = 1,
+                  .step_done = nullptr};
         v1_table_ = t1;
+    }
+    try {
+        check_declared();
+    } catch (const Error&) {
+        dlclose(handle_);
+        throw;
     }
 }
 
-CachePlugin::CachePlugin(const std::string& name, const kvlab_cache_plugin_abi2& table, PoolMaker make_pool)
-    : path_(name), name_(name), abi_version_(2), table_(table), make_pool_(std::move(make_pool)) {
-    if (!make_pool_ || !table_.destroy_pool || !table_.create || !table_.reserve || !table_.slot || !table_.release ||
-        !table_.memory || !table_.destroy)
+CachePlugin::CachePlugin(const std::string& name, const kvlab_cache_plugin_abi3& table, PoolMaker make_pool)
+    : path_(name), name_(name), abi_version_(3), table_(table), make_pool_(std::move(make_pool)) {
+    if (!make_pool_ || !table_.destroy_pool || !table_.create || !table_.reserve || !table_.slot || !table_.memory ||
+        !table_.destroy)
         throw Error(fmt::format("cache plugin {}: a required function of its table is NULL", name));
+    check_declared();
+}
+
+void CachePlugin::check_declared() {
+    const int n = table_.n_block_sizes;
+    std::string problem;
+    if (n < 0 || n > 1024 || (n > 0 && !table_.block_sizes))
+        problem = fmt::format("n_block_sizes is {} with block_sizes {} (0..1024 of them)", n,
+                              table_.block_sizes ? "set" : "NULL");
+    for (int i = 0; problem.empty() && i < n; i++) {
+        const int bs = table_.block_sizes[i];
+        if (bs < 1 || bs > 1024) problem = fmt::format("block_sizes[{}] is {}, not in 1..1024", i, bs);
+        block_sizes_.push_back(bs);
+    }
+    if (problem.empty() && table_.max_sequences < 0)
+        problem = fmt::format("max_sequences is {} (0: any)", table_.max_sequences);
+    if (!problem.empty()) throw Error(fmt::format("cache plugin {}: {}", path_, problem));
+}
+
+std::string CachePlugin::block_sizes_text() const {
+    std::string text;
+    for (int bs : block_sizes_) text += (text.empty() ? "" : ", ") + std::to_string(bs);
+    return text.empty() ? "1..64" : text;
+}
+
+bool CachePlugin::accepts_block_size(int block_size) const {
+    if (block_sizes_.empty()) return block_size >= 1 && block_size <= 64;
+    return std::find(block_sizes_.begin(), block_sizes_.end(), block_size) != block_sizes_.end();
 }
 
 CachePlugin::~CachePlugin() {
@@ -180,11 +226,13 @@ PluginPool::PluginPool(const Config& config, const CachePlugin& plugin, Memory& 
       n_slots_(n_slots > 0 ? n_slots : max_sequences * (config.max_seq + 2 * block_size)),
       max_sequences_(max_sequences),
       block_size_(block_size) {
-    if (max_sequences < 1 || block_size < 1 || block_size > 64 || n_slots_ % block_size != 0)
+    const int most = plugin.max_sequences() > 0 ? plugin.max_sequences() : std::numeric_limits<int>::max();
+    if (max_sequences < 1 || max_sequences > most || !plugin.accepts_block_size(block_size) ||
+        n_slots_ % block_size != 0)
         throw Error(
-            fmt::format("plugin pool: {} sequences, block size {} and {} slots (at least 1 sequence, a block "
-                        "size in 1..64 that divides the slots)",
-                        max_sequences, block_size, n_slots_));
+            fmt::format("plugin pool: {} sequences, block size {} and {} slots (at least 1 sequence and at most "
+                        "the plugin's {}, a block size it accepts ({}) that divides the slots)",
+                        max_sequences, block_size, n_slots_, plugin.max_sequences(), plugin.block_sizes_text()));
     // [n_layers, n_kv_heads, n_slots, head_size], as a head-major contiguous cache of n_slots
     storage_ = KVStorage(memory, std::int64_t(config.n_layers) * config.n_kv_heads * n_slots_, config.head_size(),
                          std::int64_t(config.n_kv_heads) * n_slots_, n_slots_);
@@ -268,10 +316,14 @@ std::string PluginPool::content_text(std::int64_t slot) const {
 
 void PluginPool::copy(std::span<const kvlab_slot_copy> copies, const std::string& call) {
     for (const kvlab_slot_copy& c : copies) {
+        if (c.count < 1 || c.from < 0 || c.to < 0 || c.from > n_slots_ - c.count || c.to > n_slots_ - c.count)
+            throw Error(
+                fmt::format("{} asked for a copy of {} slots from slot {} to slot {}, but there are {} slots "
+                            "(0..{})",
+                            call, c.count, c.from, c.to, n_slots_, n_slots_ - 1));
+        // In range from here: the runs' ends do not overflow.
         const std::string what = fmt::format("{} asked for a copy of slots {}..{} to {}..{}", call, c.from,
                                              c.from + c.count - 1, c.to, c.to + c.count - 1);
-        if (c.count < 1 || c.from < 0 || c.to < 0 || c.from > n_slots_ - c.count || c.to > n_slots_ - c.count)
-            throw Error(fmt::format("{}, but there are {} slots (0..{})", what, n_slots_, n_slots_ - 1));
         if (c.from < c.to + c.count && c.to < c.from + c.count) throw Error(what + ", which overlap");
         for (std::int64_t s = c.to; s < c.to + c.count; s++)
             if (!holders_[std::size_t(s)].empty())
@@ -359,10 +411,11 @@ void PluginCache::take(int pos, std::int64_t s, const std::string& call) {
 }
 
 void PluginCache::reserve(int new_length) {
+    check_fresh();
     const int length = int(slots_.size()), n = new_length - length;
     if (n <= 0) return;
     assert(pending_.size() == std::size_t(n));
-    const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
+    const kvlab_cache_plugin_abi3& t = pool_->plugin().table();
     const std::string call = fmt::format("reserve(length={}, n={})", length, n);
     const std::vector<std::int32_t> tokens(pending_.begin(), pending_.end());  // [n] the new positions' tokens
     std::vector<kvlab_slot_copy> copies(std::size_t(config_.max_seq));         // [max_seq] room for the copies
@@ -432,7 +485,8 @@ void PluginCache::on_write(int pos) {
 }
 
 int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
-    const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
+    check_fresh();
+    const kvlab_cache_plugin_abi3& t = pool_->plugin().table();
     if (t.attended) {
         std::vector<std::int32_t> got(std::size_t(pos) + 1);  // [pos + 1] an exact cache's answer fills it
         std::int32_t k = 0;
@@ -462,13 +516,83 @@ int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
 
 void PluginCache::release(int n) {
     asked_ = 0;
-    {
+    if (n == int(slots_.size())) return;
+    if (!pool_->plugin().releases_part()) {
+        // Only a failed request rolls back here (the checks draw no rollback for such a plugin):
+        // kvlab forgets the positions, the plugin cannot, and the sequence may only be destroyed.
+        stale_ = true;
+    } else {
         const CallNote note("release(n={}) of sequence {}", n, seq_id);
         pool_->plugin().table().release(handle_, n);
     }
     for (int p = n; p < int(slots_.size()); p++) pool_->unhold(slots_[std::size_t(p)], this);
     slots_.resize(std::size_t(n));
     nodes_.resize(std::size_t(n));
+}
+
+void PluginCache::check_fresh() const {
+    if (stale_)
+        throw Error(
+            fmt::format("{}: the plugin frees sequences only whole (release is NULL), and a failed request left it "
+                        "holding positions kvlab rolled back: this sequence may only be destroyed",
+                        who()));
+}
+
+void PluginCache::committed() {
+    const kvlab_cache_plugin_abi3& t = pool_->plugin().table();
+    if (!t.step_done || stale_) return;
+    std::vector<kvlab_slot_move> moves(slots_.size() + 1);  // [length + 1] room for a move a position
+    std::int32_t n_moves = 0;
+    char err[kErrLen] = {};
+    int status = 0;
+    asked_ = 0;
+    {
+        const CallNote note("step_done() of sequence {}", seq_id);
+        status = t.step_done(handle_, moves.data(), std::int32_t(moves.size()), &n_moves, err, sizeof err);
+    }
+    if (status != 0)
+        throw Error(
+            fmt::format("{}: step_done() refused after a forward pass that succeeded: {}", who(), plugin_message(err)));
+    if (n_moves < 0 || n_moves > std::int32_t(moves.size()))
+        throw Error(fmt::format("{}: step_done() said it moved {} runs, of at most {}", who(), n_moves, moves.size()));
+    moves.resize(std::size_t(n_moves));
+    apply_moves(moves, "step_done()");
+}
+
+void PluginCache::apply_moves(std::span<const kvlab_slot_move> moves, const std::string& call) {
+    const int length = int(slots_.size());
+    for (const kvlab_slot_move& m : moves) {
+        const std::string asked =
+            fmt::format("{}: {} moved {} positions from position {} to slot {}", who(), call, m.count, m.pos, m.slot);
+        if (m.count < 1 || m.pos < 0 || m.pos > length - m.count)
+            throw Error(fmt::format("{}, but the sequence holds positions 0..{}", asked, length - 1));
+        if (m.slot < 0 || m.slot > pool_->n_slots() - m.count)
+            throw Error(
+                fmt::format("{}, but there are {} slots (0..{})", asked, pool_->n_slots(), pool_->n_slots() - 1));
+        // In range from here: the runs' ends do not overflow.
+        const std::string what = fmt::format("{}: {} moved positions {}..{} to slots {}..{}", who(), call, m.pos,
+                                             m.pos + m.count - 1, m.slot, m.slot + m.count - 1);
+        for (int i = 0; i < m.count; i++) {
+            const int pos = m.pos + i;
+            const std::int64_t s = m.slot + i;
+            // Identical rows by kvlab's books: written for the same tokens at the same positions.
+            if (pool_->content_[std::size_t(s)] != nodes_[std::size_t(pos)])
+                throw Error(fmt::format("{}, but slot {} holds {}, not this sequence's position {}", what, s,
+                                        pool_->content_text(s), pos));
+        }
+        for (int i = 0; i < m.count; i++) {
+            const int pos = m.pos + i;
+            pool_->unhold(slots_[std::size_t(pos)], this);
+            pool_->hold(m.slot + i, this, pos);
+            slots_[std::size_t(pos)] = m.slot + i;
+        }
+        pool_->moved_positions_ += m.count;
+    }
+    // Every position's slot, as the plugin now answers it, is the one kvlab's books moved it to.
+    for (int pos = 0; pos < length && !moves.empty(); pos++)
+        if (const std::int64_t s = ask_slot(pos); s != slots_[std::size_t(pos)])
+            throw Error(fmt::format("{}: after {}, slot(pos={}) returned {}, but its moves put position {} in slot {}",
+                                    who(), call, pos, s, pos, slots_[std::size_t(pos)]));
 }
 
 int PluginCache::attach_prefix(std::span<const int> tokens) {
@@ -509,7 +633,8 @@ int PluginCache::attach_prefix(std::span<const int> tokens) {
 }
 
 std::unique_ptr<PluginCache> PluginCache::fork(int new_seq_id) {
-    const kvlab_cache_plugin_abi2& t = pool_->plugin().table();
+    check_fresh();
+    const kvlab_cache_plugin_abi3& t = pool_->plugin().table();
     if (!t.fork) throw Error(fmt::format("{}: the plugin has no fork", who()));
     char err[kErrLen] = {};
     kvlab_cache* h = nullptr;

@@ -24,38 +24,50 @@
 
 namespace kvlab {
 
-// A loaded plugin library, seen through the version 2 table (a version 1 plugin is adapted: one
-// sequence per pool, no fork, no prefix reuse, no copies). Throws Error, in one line, for a file
-// that does not load, no entry symbol, a table of a version kvlab does not read or with a null
-// required function.
+// A loaded plugin library, seen through the version 3 table (a version 2 table is its first part;
+// a version 1 plugin is adapted: one sequence per pool, no fork, no prefix reuse, no copies).
+// Throws Error, in one line, for a file that does not load, no entry symbol, a table of a version
+// kvlab does not read, with a null required function or a declared block size out of range.
 class CachePlugin {
 public:
     // What makes a pool of a plugin that is not a library, or null with a message in err.
     using PoolMaker = std::function<kvlab_cache_pool*(const kvlab_cache_config&, char* err, std::size_t err_len)>;
     explicit CachePlugin(const std::string& path);
-    // A plugin that is not a library (the Python module's adapter): its table (create_pool unused)
-    // and what makes its pools. Throws Error for a null required function.
-    CachePlugin(const std::string& name, const kvlab_cache_plugin_abi2& table, PoolMaker make_pool);
+    // A plugin that is not a library (the Python module's adapter): its table (create_pool unused;
+    // release may be null whatever its version) and what makes its pools. Throws Error as above.
+    CachePlugin(const std::string& name, const kvlab_cache_plugin_abi3& table, PoolMaker make_pool);
     ~CachePlugin();
     CachePlugin(const CachePlugin&) = delete;
     CachePlugin& operator=(const CachePlugin&) = delete;
-    const kvlab_cache_plugin_abi2& table() const { return table_; }
+    const kvlab_cache_plugin_abi3& table() const { return table_; }
     // A pool for `config` (the plugin's create_pool, or the version 1 adapter's), or null with a message.
     kvlab_cache_pool* create_pool(const kvlab_cache_config& config, char* err, std::size_t err_len) const;
     int abi_version() const { return abi_version_; }
+    // What the plugin declares (cache_plugin.h): the calls it makes, the pools it accepts.
     bool can_fork() const { return table_.fork != nullptr; }
     bool reuses_prefixes() const { return table_.attach_prefix != nullptr; }
+    bool releases_part() const { return table_.release != nullptr; }  // else sequences are freed only whole
+    bool has_step_done() const { return table_.step_done != nullptr; }
     bool one_sequence() const { return abi_version_ == 1; }  // a version 1 pool holds one sequence
-    const std::string& name() const { return name_; }        // the table's, or the file's when it has none
+    // The block sizes a pool accepts (empty: any of 1..64), and the most sequences (0: any).
+    const std::vector<int>& block_sizes() const { return block_sizes_; }
+    int max_sequences() const { return one_sequence() ? 1 : table_.max_sequences; }
+    bool accepts_block_size(int block_size) const;
+    std::string block_sizes_text() const;              // "16, 32", or "1..64" when it lists none
+    const std::string& name() const { return name_; }  // the table's, or the file's when it has none
     const std::string& path() const { return path_; }
 
 private:
+    // The version 3 fields' checks, and the declared block sizes read (throws Error).
+    void check_declared();
+
     std::string path_, name_;
     void* handle_ = nullptr;
     int abi_version_ = 0;
-    kvlab_cache_plugin_abi2 table_{};                    // the plugin's, or the version 1 adapter's
+    kvlab_cache_plugin_abi3 table_{};                    // the plugin's, or the version 1 adapter's
     const kvlab_cache_plugin_abi1* v1_table_ = nullptr;  // a version 1 plugin's own table
     PoolMaker make_pool_;                                // a plugin that is not a library
+    std::vector<int> block_sizes_;                       // [n_block_sizes] as declared
 };
 
 class PluginCache;
@@ -84,7 +96,8 @@ struct PrefixNode {
 class PluginPool {
 public:
     // n_slots: rows per layer and KV head (0: max_sequences * (max_seq + 2 * block_size), room
-    // for every sequence); block_size: the plugin's hint, 1..64, dividing n_slots.
+    // for every sequence); block_size: the plugin's hint, one it accepts, dividing n_slots;
+    // max_sequences: at most the plugin's (Error otherwise).
     PluginPool(const Config& config, const CachePlugin& plugin, Memory& memory = host_memory(), int n_slots = 0,
                int max_sequences = 1, int block_size = 1);
     ~PluginPool();  // after its sequences (asserted)
@@ -106,6 +119,8 @@ public:
     int n_blocks() const { return n_slots_ / block_size_; }
     int peak_held_slots() const { return peak_held_slots_; }
     int peak_blocks_in_use() const { return peak_blocks_in_use_; }
+    // Positions step_done moved onto identical rows (deduplication), over the pool's life.
+    std::int64_t moved_positions() const { return moved_positions_; }
     // Blocks a reserve of n positions may need: n / block_size rounded up, and one for a copy of
     // a shared last block. A refusal while more blocks than that are wholly free is an Error.
     int blocks_needed(int n) const { return (n + block_size_ - 1) / block_size_ + 1; }
@@ -135,6 +150,7 @@ private:
     std::vector<int> block_held_;                       // [n_blocks] the held slots of each block
     int live_ = 0;
     int held_slots_ = 0, blocks_in_use_ = 0, peak_held_slots_ = 0, peak_blocks_in_use_ = 0;
+    std::int64_t moved_positions_ = 0;
 };
 
 class PluginCache final : public Cache {
@@ -157,6 +173,13 @@ public:
     std::string name() const override;
     // A new sequence sharing every position of this one (the plugin's fork; Error without one).
     std::unique_ptr<PluginCache> fork(int new_seq_id);
+    // The rows of the latest reserve are written: the plugin's step_done, its moves checked
+    // (each moved position's new slot holds the rows of the same prefix) and applied.
+    void committed() override;
+    // Rolled back past what the plugin could release (it frees sequences only whole): the
+    // plugin still maps positions kvlab forgot, so only destruction may follow (a driver
+    // preempts it). Any other use is an Error.
+    bool stale() const { return stale_; }
     PluginPool& pool() const { return *pool_; }
 
 protected:
@@ -167,6 +190,9 @@ protected:
 private:
     PluginCache(PluginPool& pool, int seq_id, kvlab_cache* handle);  // fork's child
     std::int64_t ask_slot(int pos) const;                            // the plugin's slot for pos, checked in range
+    void check_fresh() const;                                        // Error when stale()
+    // Applies a step_done's moves after checking them (`call` names it).
+    void apply_moves(std::span<const kvlab_slot_move> moves, const std::string& call);
     // pos's slot `s`, new to this sequence: held by nobody (else Error naming `call`), then held by it.
     void take(int pos, std::int64_t s, const std::string& call);
     // After a reserve's copies: each held position is in its slot, or moved along one of them.
@@ -182,6 +208,7 @@ private:
     // Positions 0..asked_-1 were asked of the plugin since the last reserve or release: within a
     // step, a read of them uses kvlab's books (one call per position a step, not one per query).
     mutable int asked_ = 0;
+    bool stale_ = false;
 };
 
 }  // namespace kvlab

@@ -184,6 +184,14 @@ int main(int argc, char** argv) {
         write(seeds / "plugin_stdio" / "ascending", up);
         write(seeds / "plugin_stdio" / "descending", down);
         write(seeds / "plugin_stdio" / "same", same);
+        // Version 3: declared block sizes and most sequences, no release, step_done's moves.
+        std::string v3;
+        for (int i = 0; i < 64; i++)
+            v3 +=
+                "{\"name\": \"seed\", \"abi\": 3, \"methods\": [\"step_done\", \"slots\"], \"block_sizes\": "
+                "[1, 2], \"max_sequences\": 2, \"pool\": 1, \"seq\": 1, \"copies\": [], \"slots\": [0], \"slot\": " +
+                std::to_string(i) + ", \"moves\": [[0, 1, " + std::to_string(i) + "]], \"bytes\": 0}\n";
+        write(seeds / "plugin_stdio" / "v3", v3);
         write(seeds / "plugin_stdio" / "refusals", "{\"name\": \"seed\", \"methods\": []}\n{\"refused\": \"no\"}\n");
         write(seeds / "plugin_stdio" / "errors",
               "{\"name\": \"seed\", \"methods\": []}\n{\"pool\": 1}\n{\"error\": \"x\"}\n");

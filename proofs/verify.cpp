@@ -894,14 +894,15 @@ struct PluginReach {
     static constexpr int kMarks[] = {97, 257, 1025, 4097, 8191};  // positions held
     int cases = 0, marks[5] = {0, 0, 0, 0, 0};
     int longest = 0, fill_percent = 0, sequences = 0, held_slots = 0, full_cases = 0, fill95_cases = 0;
+    std::int64_t preemptions = 0, moved = 0;  // whole-only plugins' preemptions; step_done's moved positions
     std::string text() const {
         if (cases == 0) return "";
         return fmt::format(
             "cases run (shrinking included) {}: position >= 97 held in {}, >= 257 in {}, >= 1025 in {}, >= 4097 "
             "in {}, 8191 in {}; largest T {}, pool fill {}%, {} sequences at once, {} slots held at once; {} cases "
-            "filled a pool to 95% or more, {} to a refusal",
+            "filled a pool to 95% or more, {} to a refusal; {} preemptions, {} positions moved by step_done",
             cases, marks[0], marks[1], marks[2], marks[3], marks[4], longest, fill_percent, sequences, held_slots,
-            fill95_cases, full_cases);
+            fill95_cases, full_cases, preemptions, moved);
     }
 };
 
@@ -942,7 +943,12 @@ public:
                          : thin()                      ? draw(4, 8)
                          : draw(0, 4) == 0             ? 1
                                                        : draw(2, 8);
-        const int bs = *rc::gen::arbitrary<bool>() ? draw(1, 4) : draw(1, long_run ? 64 : 16);
+        if (plugin.max_sequences() > 0) max_sequences_ = std::min(max_sequences_, plugin.max_sequences());
+        // A block size the plugin accepts: drawn from its list, else small half the time.
+        const std::vector<int>& sizes = plugin.block_sizes();
+        const int bs = !sizes.empty()                ? sizes[draw(std::size_t{0}, sizes.size() - 1)]
+                       : *rc::gen::arbitrary<bool>() ? draw(1, 4)
+                                                     : draw(1, long_run ? 64 : 16);
         // Room for every sequence's max_seq positions, a partly filled block and a copy each, a
         // third of the time; else fewer blocks, down to two (with a thin model, half of those at
         // least half the room: wide pools), so that fills meet a refusal.
@@ -964,8 +970,11 @@ public:
         if (thin() && *rc::gen::arbitrary<bool>()) fill();  // a wide pool filled first, half the time
         for (int op = 0, n_ops = draw(1, devices_.long_profile ? 16 : 12); op < n_ops; op++) {
             const int n = int(seqs_.size());
-            std::vector<int> kinds{1, 6};  // 0 new, 1 step, 2 rollback, 3 fork, 4 finish, 5 speculate, 6 fill
-            if (n < max_sequences_) kinds.insert(kinds.end(), {0, 5});
+            // 0 new, 1 step, 2 rollback (or preempt, for a plugin that frees sequences only
+            // whole), 3 fork, 4 finish, 5 speculate (which rolls back), 6 fill
+            std::vector<int> kinds{1, 6};
+            if (n < max_sequences_) kinds.push_back(0);
+            if (n < max_sequences_ && plugin_.releases_part()) kinds.push_back(5);
             if (n < max_sequences_ && n > 0 && plugin_.can_fork()) kinds.push_back(3);
             if (n > 0) kinds.push_back(2);
             if (n > 1) kinds.push_back(4);
@@ -973,7 +982,7 @@ public:
             if (kind == 0) start(false, c_.max_seq);
             if (kind == 5) start(true, c_.max_seq);
             if (kind == 1) step();
-            if (kind == 2) rollback(draw(0, n - 1));
+            if (kind == 2) plugin_.releases_part() ? rollback(draw(0, n - 1)) : preempt(draw(0, n - 1));
             if (kind == 3) fork(draw(0, n - 1));
             if (kind == 4) finish(draw(0, n - 1));
             if (kind == 6) fill();
@@ -993,6 +1002,8 @@ public:
         r.held_slots = std::max(r.held_slots, pool_->peak_held_slots());
         r.full_cases += refusals_ > 0;
         r.fill95_cases += fill_percent() >= 95;
+        r.preemptions += preemptions_;
+        r.moved += pool_->moved_positions();
     }
 
 private:
@@ -1056,6 +1067,10 @@ private:
     bool start(bool speculative, int max_length) {
         std::string how;
         const std::vector<int> p = prompt(how, std::min(max_length, c_.max_seq));
+        return admit(p, how, speculative);
+    }
+    // A new sequence running prompt p (`how`: where its tokens came from); false when refused.
+    bool admit(const std::vector<int>& p, const std::string& how, bool speculative = false) {
         const int id = next_id_++;
         reaching(int(p.size()), 1);
         auto cache = std::make_unique<PluginCache>(*pool_, id);
@@ -1132,7 +1147,8 @@ private:
         try {
             logits = &decoder->step(caches, rows);
         } catch (const PoolFull& e) {
-            return refused(e);
+            refused(e);
+            return preempt_stale();
         }
         for (std::size_t r = 0; r < who.size(); r++) {
             std::vector<int>& t = tokens_[who[r]];
@@ -1153,6 +1169,7 @@ private:
             expect_naive(t, decoder->extend(t));
         } catch (const PoolFull& e) {
             refused(e);
+            preempt_stale();
             return false;
         }
         tokens_[i] = std::move(t);
@@ -1186,15 +1203,34 @@ private:
         const int i = draw(0, int(seqs_.size()) - 1);
         if (seqs_.size() > 1 && *rc::gen::arbitrary<bool>())
             finish(i);
-        else
+        else if (plugin_.releases_part())
             rollback(i);
-        if (int(seqs_.size()) < max_sequences_ && *rc::gen::arbitrary<bool>()) {
+        else
+            preempt(i);
+        if (seqs_.empty() || (int(seqs_.size()) < max_sequences_ && *rc::gen::arbitrary<bool>())) {
             start(false, c_.max_seq);
         } else {
             const std::size_t j = std::size_t(draw(0, int(seqs_.size()) - 1));
             const int room = c_.max_seq - int(tokens_[j].size());
             if (room > 0) grow(j, draw_chunk(room));
         }
+    }
+    // A plugin that frees sequences only whole: sequence i is destroyed and its tokens run again
+    // as a new request (an engine's preemption and recompute), which may reuse its prefix.
+    void preempt(int i) {
+        const std::vector<int> t = tokens_[std::size_t(i)];
+        const int was = seqs_[std::size_t(i)]->seq_id;
+        note(fmt::format(", sequence {} is preempted (freed whole)", was));
+        preemptions_++;
+        seqs_.erase(seqs_.begin() + i);
+        tokens_.erase(tokens_.begin() + i);
+        if (!t.empty()) admit(t, fmt::format(": sequence {}'s {} tokens again", was, t.size()));
+    }
+    // After a refused step or chunk: a sequence the refusal left stale (its rows rolled back,
+    // which the plugin cannot release) is preempted.
+    void preempt_stale() {
+        for (std::size_t i = seqs_.size(); i-- > 0;)
+            if (seqs_[i]->stale()) preempt(int(i));
     }
     void rollback(int i) {
         const int n = draw(0, int(tokens_[std::size_t(i)].size()));
@@ -1224,7 +1260,7 @@ private:
     const KVFormat format_;
     Oracle oracle_;
     int max_sequences_ = 1, n_slots_ = 0, next_id_ = 0;
-    int longest_ = 0, most_sequences_ = 0, refusals_ = 0, big_checks_ = 0;
+    int longest_ = 0, most_sequences_ = 0, refusals_ = 0, big_checks_ = 0, preemptions_ = 0;
     std::string what_;
     std::optional<PluginPool> pool_;
     std::vector<std::unique_ptr<PluginCache>> seqs_;  // the live sequences
@@ -1814,24 +1850,48 @@ VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
     return verify_plugin(plugin, o);
 }
 
+// What a plugin's check draws, from what the plugin declares: its sizes, the operations, and
+// those left out (with why), so that a report says what was not checked.
+std::string plugin_parameters(const CachePlugin& plugin, const Devices& d) {
+    const std::string sizes = d.long_profile
+                                  ? "thin models to position 8191 and any KV format, pools of up to 24576 slots"
+                                  : "any model (half the time a thin one to position 257) and KV format, pools";
+    std::vector<std::string> ops{"prompts", "batched chunks and decode", "finished requests", "fills to a refusal"},
+        left;
+    const auto either = [&](bool has, const std::string& op, const std::string& why) {
+        if (has)
+            ops.push_back(op);
+        else
+            left.push_back(fmt::format("{} ({})", op, why));
+    };
+    either(plugin.reuses_prefixes(), "prefix reuse", "no attach_prefix");
+    if (!plugin.one_sequence()) either(plugin.can_fork(), "forks", "no fork");
+    either(plugin.releases_part(), "rollbacks and speculative decoding",
+           "release is NULL: sequences are freed only whole, so preemption and recompute stand in");
+    if (!plugin.releases_part()) ops.push_back("preemption and recompute");
+    if (plugin.has_step_done()) ops.push_back("step_done after every forward pass (its moves checked)");
+    const int most = plugin.max_sequences() > 0 ? std::min(plugin.max_sequences(), d.long_profile ? 64 : 8)
+                                                : (d.long_profile ? 64 : 8);
+    const std::string block_sizes = plugin.block_sizes().empty()
+                                        ? fmt::format("block sizes 1-{}", d.long_profile ? 64 : 16)
+                                        : fmt::format("block sizes {} (the plugin's)", plugin.block_sizes_text());
+    std::string text = plugin.one_sequence()
+                           ? fmt::format("version 1: {}, one sequence", sizes)
+                           : fmt::format("{} of 1-{} sequences{}, {}, a third roomy, else filled", sizes, most,
+                                         most == plugin.max_sequences() ? " (the plugin's most)" : "", block_sizes);
+    for (std::size_t i = 0; i < ops.size(); i++) text += (i == 0 ? ": " : ", ") + ops[i];
+    for (std::size_t i = 0; i < left.size(); i++) text += (i == 0 ? "; left out: " : ", ") + left[i];
+    return text;
+}
+
 VerifyRow verify_plugin(const CachePlugin& plugin, const VerifyOptions& o) {
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
     const Devices d = devices_of(o);
     PluginReach reach;
     const PropertyOutcome r = check_property([&] { plugin_property(plugin, d, o.progress, reach); }, o.cases, o.seed);
-    const std::string sizes = d.long_profile
-                                  ? "thin models to position 8191 and any KV format, pools of up to 24576 slots"
-                                  : "any model (half the time a thin one to position 257) and KV format, pools";
-    const std::string ops = fmt::format(
-        "prompts{}, batched chunks and decode, rollbacks{}, speculative decoding, finished requests, "
-        "fills to a refusal",
-        plugin.reuses_prefixes() ? " (prefix reuse)" : "", plugin.can_fork() ? ", forks" : "");
     VerifyRow row{fmt::format("plugin {}", plugin.name()),
                   "exact",
-                  plugin.one_sequence()
-                      ? fmt::format("version 1: {}, one sequence: {}", sizes, ops)
-                      : fmt::format("{} of {} sequences, block sizes 1-{}, a third roomy, else filled: {}", sizes,
-                                    d.long_profile ? "1-64" : "1-8", d.long_profile ? 64 : 16, ops),
+                  plugin_parameters(plugin, d),
                   r.cases,
                   r.passed ? "bitwise equal" : "FAILED",
                   r.passed,

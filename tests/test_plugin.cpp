@@ -35,7 +35,7 @@ VerifyRow verify_named(const std::string& name, std::uint64_t seed = 1, const st
 }  // namespace
 
 TEST_CASE("cache plugins: free_list and block_manager are exact over pools, forks, batches and rollbacks", "[plugin]") {
-    for (const char* name : {"free_list", "block_manager"}) {
+    for (const char* name : {"free_list", "block_manager", "block_manager_dedup"}) {
         const VerifyRow r = verify_named(name);
         INFO(name << ": " << r.counterexample);
         CHECK(r.ok);
@@ -113,7 +113,95 @@ TEST_CASE("cache plugin ABI version 1 is still read: one sequence per pool", "[p
     PluginPool pool(c, v1);
     PluginCache first(pool, 0);
     CHECK_THROWS_WITH(PluginCache(pool, 1), Catch::Contains("one sequence per pool"));
-    CHECK(CachePlugin(plugin_path("block_manager")).abi_version() == 2);
+    CHECK(CachePlugin(plugin_path("free_list")).abi_version() == 2);  // version 2 too
+    CHECK(CachePlugin(plugin_path("block_manager")).abi_version() == 3);
+}
+
+// Version 3's declarations (cache_plugin.h): what a plugin does not do is never drawn, and the
+// report says what was left out; everything else is still checked.
+TEST_CASE(
+    "block_manager_whole: a nano-vllm-style manager that frees only whole sequences and takes block size 16 "
+    "is checked with no rollback code",
+    "[plugin]") {
+    const CachePlugin plugin(plugin_path("block_manager_whole"));
+    CHECK_FALSE(plugin.releases_part());
+    CHECK(plugin.block_sizes() == std::vector<int>{16});
+    CHECK(plugin.max_sequences() == 32);
+    for (std::uint64_t seed : {test::run_seed(), std::uint64_t{2}}) {
+        const VerifyRow r = verify_named("block_manager_whole", seed);
+        INFO("seed " << seed << ": " << r.counterexample << "\n" << r.figures);
+        CHECK(r.ok);
+        CHECK_THAT(r.parameters, Catch::Contains("block sizes 16 (the plugin's)") &&
+                                     Catch::Contains("left out: forks (no fork), rollbacks and speculative decoding "
+                                                     "(release is NULL") &&
+                                     Catch::Contains("preemption and recompute"));
+        // Preemption stands in for rollback: some cases preempt (and recompute) sequences.
+        const std::size_t at = r.figures.find("; ");
+        REQUIRE(at != std::string::npos);
+        CHECK_THAT(r.figures, !Catch::Contains("; 0 preemptions"));
+    }
+}
+
+TEST_CASE("plugin pools: a block size or a sequence count the plugin does not accept is refused in one line",
+          "[plugin]") {
+    const CachePlugin whole(plugin_path("block_manager_whole"));
+    CHECK_THROWS_WITH(PluginPool(kConfig, whole, host_memory(), 64, 2, 8),
+                      Catch::Contains("block size 8") && Catch::Contains("(16)"));
+    CHECK_THROWS_WITH(PluginPool(kConfig, whole, host_memory(), 64 * 16, 33, 16), Catch::Contains("33 sequences"));
+    PluginPool fine(kConfig, whole, host_memory(), 64, 32, 16);
+    CHECK(fine.block_size() == 16);
+    // A table whose declarations are out of range does not load.
+    kvlab_cache_plugin_abi3 t = whole.table();
+    const std::int32_t zero[] = {0};
+    t.block_sizes = zero;
+    const auto make = [&](const kvlab_cache_config& c, char* err, std::size_t n) {
+        return whole.create_pool(c, err, n);
+    };
+    CHECK_THROWS_WITH(CachePlugin("zero", t, make), Catch::Contains("block_sizes[0] is 0, not in 1..1024"));
+    t.block_sizes = nullptr;
+    CHECK_THROWS_WITH(CachePlugin("null", t, make), Catch::Contains("n_block_sizes is 1 with block_sizes NULL"));
+    t.n_block_sizes = 0;
+    t.max_sequences = -1;
+    CHECK_THROWS_WITH(CachePlugin("negative", t, make), Catch::Contains("max_sequences is -1"));
+}
+
+TEST_CASE(
+    "a plugin without release: a refused batched step leaves the sequence it rolled back stale, "
+    "to be destroyed",
+    "[plugin]") {
+    const Config c = kConfig;
+    const Model m = random_model(c, 3);
+    const CachePlugin whole(plugin_path("block_manager_whole"));
+    PluginPool pool(c, whole, host_memory(), 16, 2, 16);  // one block: room for one sequence
+    auto a = std::make_unique<PluginCache>(pool, 0);
+    auto b = std::make_unique<PluginCache>(pool, 1);
+    CachedDecoder decoder(m, *a);
+    std::vector<Cache*> caches{a.get(), b.get()};
+    const std::vector<std::vector<int>> rows{{1, 2}, {3}};
+    CHECK_THROWS_AS(decoder.step(caches, rows), PoolFull);
+    CHECK(a->stale());
+    CHECK_FALSE(b->stale());
+    CHECK(a->length() == 0);
+    CHECK_THROWS_WITH(a->append(std::vector<int>{4}), Catch::Contains("may only be destroyed"));
+    a.reset();  // the plugin frees it whole: the pool's one block is free again
+    CHECK(pool.blocks_in_use() == 0);
+    CachedDecoder db(m, *b);
+    CHECK(db.extend(std::vector<int>{3}) == NaiveDecoder(m).forward(std::vector<int>{3}));
+}
+
+TEST_CASE("step_done's deduplicating moves: accepted onto identical rows, caught onto rows of another prefix",
+          "[plugin][counter]") {
+    for (std::uint64_t seed : {test::run_seed(), std::uint64_t{1}, std::uint64_t{2}}) {
+        const VerifyRow clean = verify_named("block_manager_dedup", seed);
+        INFO("seed " << seed << ": " << clean.counterexample << "\n" << clean.figures);
+        CHECK(clean.ok);
+        CHECK_THAT(clean.figures, !Catch::Contains(" 0 positions moved by step_done"));
+        const VerifyRow bug = verify_named("block_manager_dedup_tokens", seed);
+        INFO(bug.counterexample);
+        CHECK_FALSE(bug.ok);
+        CHECK_THAT(bug.counterexample,
+                   Catch::Contains("step_done() moved positions") && Catch::Contains("not this sequence's position"));
+    }
 }
 
 TEST_CASE("cache plugin: a file that is not a plugin is refused in one line", "[plugin]") {

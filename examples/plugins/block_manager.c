@@ -1,18 +1,28 @@
-/* A cache plugin for kvlab (include/kvlab/cache_plugin.h) in the style of nano-vllm's block
- * manager: a sequence's positions live in blocks of block_size slots listed in its block table;
- * blocks are reference counted, so forks and requests with a common prefix share them; a full
- * block is published under a hash chained from the hashes of the blocks before it, so a later
- * request whose prompt starts with the same tokens maps it instead of computing it again; a write
- * into a block that is shared, or published, first copies it (copy-on-write). Freed blocks keep
- * their hash until they are taken again, oldest freed first, so recent prefixes stay reusable.
+/* A cache plugin for kvlab (include/kvlab/cache_plugin.h, version 3) in the style of nano-vllm's
+ * block manager: a sequence's positions live in blocks of block_size slots listed in its block
+ * table; blocks are reference counted, so forks and requests with a common prefix share them;
+ * after the forward pass that fills a block (step_done), it is published under a hash chained from
+ * the hashes of the blocks before it, so a later request whose prompt starts with the same tokens
+ * maps it instead of computing it again; a write into a block that is shared, or published, first
+ * copies it (copy-on-write). Freed blocks keep their hash until they are taken again, oldest freed
+ * first, so recent prefixes stay reusable.
  * Exact: kvlab verify --plugin build/examples/plugins/libkvlab_block_manager.so passes.
  *
- * Two builds with a planted bug each, for the check to catch:
+ * Two more ways to build it, each exact:
+ *   BLOCK_MANAGER_WHOLE      as nano-vllm itself: sequences are freed only whole (no release,
+ *                            so kvlab preempts and recomputes instead of rolling back), no fork,
+ *                            block size 16 only, at most 32 sequences;
+ *   BLOCK_MANAGER_DEDUP      as SGLang's radix cache: a block that fills with the same tokens
+ *                            after the same prefix as a published one moves onto it at step_done,
+ *                            and its own rows are freed (a deduplicating move).
+ * And builds with a planted bug each, for the check to catch:
  *   BLOCK_MANAGER_UNCHAINED  a block's hash covers its own tokens only, not the prefix before
  *                            them, so a prompt that differs early but repeats a later block maps
  *                            rows that were computed after another prefix;
  *   BLOCK_MANAGER_NO_COW     a block shared by a fork is written in place, under the other
- *                            sequence's rows. */
+ *                            sequence's rows;
+ *   BLOCK_MANAGER_DEDUP_TOKENS  (with BLOCK_MANAGER_DEDUP) a filled block moves onto any
+ *                            published block holding the same tokens, after whatever prefix. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +33,12 @@
 #define BLOCK_MANAGER_NAME "block_manager_unchained"
 #elif defined(BLOCK_MANAGER_NO_COW)
 #define BLOCK_MANAGER_NAME "block_manager_no_cow"
+#elif defined(BLOCK_MANAGER_WHOLE)
+#define BLOCK_MANAGER_NAME "block_manager_whole"
+#elif defined(BLOCK_MANAGER_DEDUP_TOKENS)
+#define BLOCK_MANAGER_NAME "block_manager_dedup_tokens"
+#elif defined(BLOCK_MANAGER_DEDUP)
+#define BLOCK_MANAGER_NAME "block_manager_dedup"
 #else
 #define BLOCK_MANAGER_NAME "block_manager"
 #endif
@@ -44,6 +60,7 @@ struct kvlab_cache_pool {
 struct kvlab_cache {
     kvlab_cache_pool* pool;
     int32_t length;
+    int32_t full;    /* logical blocks 0..full-1 were full at the last step_done (published or moved) */
     int32_t* table;  /* [max_seq / block_size + 1] the block of each logical block */
     int32_t* tokens; /* [max_seq] the tokens held */
 };
@@ -151,19 +168,23 @@ static int32_t attach_prefix(kvlab_cache* c, const int32_t* tokens, int32_t n) {
     }
     memcpy(c->tokens, tokens, (size_t)hit * sizeof *tokens);
     c->length = hit;
+    c->full = hit / bs;
     return hit;
 }
 
+#ifndef BLOCK_MANAGER_WHOLE
 static kvlab_cache* fork_sequence(kvlab_cache* parent, char* err, size_t err_len) {
     kvlab_cache* c = create(parent->pool, err, err_len);
     if (!c) return NULL;
     const int32_t bs = parent->pool->block_size, n_blocks = (parent->length + bs - 1) / bs;
     c->length = parent->length;
+    c->full = parent->full;
     memcpy(c->table, parent->table, (size_t)n_blocks * sizeof *c->table);
     memcpy(c->tokens, parent->tokens, (size_t)parent->length * sizeof *c->tokens);
     for (int32_t b = 0; b < n_blocks; b++) parent->pool->blocks[c->table[b]].refs++;
     return c;
 }
+#endif
 
 /* Blocks a reserve of n positions after `length` needs: new ones, and a copy of the last if shared. */
 static int32_t blocks_needed(const kvlab_cache* c, int32_t length, int32_t n) {
@@ -201,15 +222,62 @@ static int reserve(kvlab_cache* c, int32_t length, int32_t n, const int32_t* tok
     for (int32_t pos = length; pos < length + n; pos++) {
         if (pos % bs == 0) c->table[pos / bs] = allocate(p);
         c->tokens[pos] = tokens[pos - length];
-        if (pos % bs == bs - 1) { /* a full block: publish it under its chained hash */
-            block* k = &p->blocks[c->table[pos / bs]];
-            const uint64_t parent = pos >= bs ? p->blocks[c->table[pos / bs - 1]].hash : 0;
-            k->hash = block_hash(parent, c->tokens + pos + 1 - bs, bs);
-            memcpy(k->tokens, c->tokens + pos + 1 - bs, (size_t)bs * sizeof *k->tokens);
-            k->published = 1;
-        }
     }
     c->length = length + n;
+    return 0;
+}
+
+#ifdef BLOCK_MANAGER_DEDUP
+/* A published block other than `own` holding the same rows as `own` will (hash h of these tokens
+ * after the same prefix), or -1. */
+static int32_t duplicate_of(const kvlab_cache_pool* p, int32_t own, uint64_t h, const int32_t* tokens) {
+    for (int32_t b = 0; b < p->n_blocks; b++) {
+        const block* k = &p->blocks[b];
+#ifdef BLOCK_MANAGER_DEDUP_TOKENS
+        (void)h; /* the planted bug: same tokens, whatever came before them */
+        const int same = k->published;
+#else
+        const int same = k->published && k->hash == h;
+#endif
+        if (b != own && same && memcmp(k->tokens, tokens, (size_t)p->block_size * sizeof *tokens) == 0) return b;
+    }
+    return -1;
+}
+#endif
+
+/* The forward pass wrote the latest rows: each block they filled is published under its chained
+ * hash (only rows already computed are ever shared), or, deduplicating, moves onto a published
+ * block with the same rows. */
+static int step_done(kvlab_cache* c, kvlab_slot_move* moves, int32_t max_moves, int32_t* n_moves, char* err,
+                     size_t err_len) {
+    kvlab_cache_pool* p = c->pool;
+    const int32_t bs = p->block_size;
+    for (int32_t b = c->full; b < c->length / bs; b++) {
+        block* k = &p->blocks[c->table[b]];
+        const uint64_t parent = b > 0 ? p->blocks[c->table[b - 1]].hash : 0;
+        const uint64_t h = block_hash(parent, c->tokens + b * bs, bs);
+#ifdef BLOCK_MANAGER_DEDUP
+        const int32_t same = duplicate_of(p, c->table[b], h, c->tokens + b * bs);
+        if (same >= 0) {
+            if (*n_moves == max_moves) {
+                snprintf(err, err_len, "block_manager: more moves than kvlab has room for (%d)", max_moves);
+                return 1;
+            }
+            moves[(*n_moves)++] = (kvlab_slot_move){b * bs, bs, (int64_t)same * bs};
+            if (p->blocks[same].refs++ == 0) take_from_queue(p, same);
+            let_go(p, c->table[b]);
+            c->table[b] = same;
+            continue;
+        }
+#else
+        (void)moves, (void)max_moves, (void)n_moves, (void)err, (void)err_len;
+#endif
+        if (k->published) continue; /* shared from another sequence, already findable */
+        k->hash = h;
+        memcpy(k->tokens, c->tokens + b * bs, (size_t)bs * sizeof *k->tokens);
+        k->published = 1;
+    }
+    c->full = c->length / bs;
     return 0;
 }
 
@@ -223,6 +291,7 @@ static void release(kvlab_cache* c, int32_t n) {
     if (n >= c->length) return;
     for (int32_t b = (n + bs - 1) / bs; b < (c->length + bs - 1) / bs; b++) let_go(c->pool, c->table[b]);
     c->length = n;
+    if (c->full > n / bs) c->full = n / bs;
 }
 
 static int64_t memory(const kvlab_cache_pool* p) {
@@ -235,6 +304,10 @@ static void destroy(kvlab_cache* c) {
     free(c->table), free(c->tokens), free(c);
 }
 
+#ifdef BLOCK_MANAGER_WHOLE
+static const int32_t block_sizes[] = {16};
+#endif
+
 /* attended is NULL: a query attends all of 0..pos */
 static const kvlab_cache_plugin table = {.abi_version = KVLAB_CACHE_PLUGIN_ABI_VERSION,
                                          .name = BLOCK_MANAGER_NAME,
@@ -242,11 +315,20 @@ static const kvlab_cache_plugin table = {.abi_version = KVLAB_CACHE_PLUGIN_ABI_V
                                          .destroy_pool = destroy_pool,
                                          .create = create,
                                          .attach_prefix = attach_prefix,
+#ifdef BLOCK_MANAGER_WHOLE
+                                         .fork = NULL,
+                                         .release = NULL,
+                                         .block_sizes = block_sizes,
+                                         .n_block_sizes = 1,
+                                         .max_sequences = 32,
+#else
                                          .fork = fork_sequence,
+                                         .release = release,
+#endif
                                          .reserve = reserve,
                                          .slot = slot,
-                                         .release = release,
                                          .memory = memory,
-                                         .destroy = destroy};
+                                         .destroy = destroy,
+                                         .step_done = step_done};
 
-const kvlab_cache_plugin* kvlab_cache_plugin_v2(void) { return &table; }
+const kvlab_cache_plugin* kvlab_cache_plugin_v3(void) { return &table; }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define KVLAB_CACHE_PLUGIN_V2 /* written for version 2, which kvlab still reads */
 #include "kvlab/cache_plugin.h"
 
 #ifdef FREE_LIST_OFF_BY_ONE

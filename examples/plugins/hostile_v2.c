@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#define KVLAB_CACHE_PLUGIN_V2 /* written for version 2, which kvlab still reads */
 #include "kvlab/cache_plugin.h"
 
 struct kvlab_cache_pool {

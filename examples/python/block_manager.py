@@ -1,16 +1,18 @@
 """A KV cache's bookkeeping in Python, in the style of nano-vllm's block manager, checked by kvlab.
 
 Each sequence's positions live in blocks of block_size slots, listed in its block table. Blocks are
-reference counted, so a fork and a request with a common prefix share them. A full block is
-published under a hash of its tokens chained from the hash of the block before it, so a later
-request whose prompt starts with the same tokens maps the block instead of computing it again.
+reference counted, so a fork and a request with a common prefix share them. After the forward pass
+that fills a block (step_done), it is published under a hash of its tokens chained from the hash
+of the block before it, so a later request whose prompt starts with the same tokens maps the block
+instead of computing it again, and only rows already computed are ever shared.
 A write into a block that is shared, or published, first copies it (copy-on-write): reserve
 returns the copy for kvlab to make. Freed blocks keep their hash until they are taken again,
 oldest freed first, so recent prefixes stay reusable.
 
     PYTHONPATH=build/python python3 examples/python/block_manager.py
 
-runs kvlab.verify on it (and on the copy with a planted bug in block_manager_unchained.py).
+runs kvlab.verify on it, on the copy with a planted bug in block_manager_unchained.py, and on
+whole_sequences.py's manager, which frees sequences only whole.
 """
 from collections import deque
 
@@ -27,6 +29,7 @@ class Sequence:
     def __init__(self):
         self.block_table = []  # the block of each logical block
         self.token_ids = []  # the tokens held
+        self.full = 0  # logical blocks full at the last step_done (published)
 
 
 class BlockManager:
@@ -71,6 +74,7 @@ class BlockManager:
         child = Sequence()
         child.block_table = list(seq.block_table)
         child.token_ids = list(seq.token_ids)
+        child.full = seq.full
         for block_id in child.block_table:
             self.blocks[block_id].ref_count += 1
         return child
@@ -88,6 +92,7 @@ class BlockManager:
             seq.block_table.append(block_id)
             prefix, hit = h, hit + bs
         seq.token_ids = list(tokens[:hit])
+        seq.full = hit // bs
         return hit
 
     def _blocks_needed(self, seq, length, n):
@@ -112,9 +117,14 @@ class BlockManager:
             if pos % bs == 0:
                 seq.block_table.append(self._take())
             seq.token_ids.append(token)
-            if pos % bs == bs - 1:
-                self._publish(seq, pos // bs)
         return copies
+
+    def step_done(self, seq):
+        """The forward pass wrote the latest rows: publish the blocks they filled."""
+        for b in range(seq.full, len(seq.token_ids) // self.block_size):
+            if self.blocks[seq.block_table[b]].hash is None:
+                self._publish(seq, b)
+        seq.full = len(seq.token_ids) // self.block_size
 
     def _needs_copy(self, block):
         return block.ref_count > 1 or block.hash is not None
@@ -136,9 +146,12 @@ class BlockManager:
             self._let_go(block_id)
         del seq.block_table[keep:]
         del seq.token_ids[n:]
+        seq.full = min(seq.full, n // self.block_size)
 
     def destroy(self, seq):
-        self.release(seq, 0)
+        for block_id in reversed(seq.block_table):
+            self._let_go(block_id)
+        seq.block_table.clear()
 
     def memory(self):
         return 64 * len(self.blocks)  # a rough figure for reports
@@ -149,9 +162,12 @@ if __name__ == "__main__":
 
     import kvlab
     from block_manager_unchained import UnchainedBlockManager
+    from whole_sequences import WholeSequences
 
     good = kvlab.verify(BlockManager)
     print(good)
     bad = kvlab.verify(UnchainedBlockManager)
     print(bad)
-    sys.exit(0 if good and not bad else 1)
+    whole = kvlab.verify(WholeSequences)
+    print(whole)
+    sys.exit(0 if good and not bad and whole else 1)

@@ -13,14 +13,21 @@
  * so does cached decode that differs from naive decode by a single bit.
  *
  * C99, no C++ types: a plugin is a shared library exporting one function,
- *     const kvlab_cache_plugin *kvlab_cache_plugin_v2(void);
+ *     const kvlab_cache_plugin *kvlab_cache_plugin_v3(void);
  * returning a table that lives as long as the library. Every call is made from one thread.
  * Errors: a function that can refuse returns non-zero (or NULL) and writes a one-line message
  * into err[0..err_len-1] (NUL-terminated; kvlab passes err_len >= 256).
  *
- * Version 1 (one sequence per cache, no pool, no fork, no copies) is still read: a plugin written
- * for it defines KVLAB_CACHE_PLUGIN_V1 before including this header and exports
- * kvlab_cache_plugin_v1 instead.
+ * A plugin declares what it does by what its table holds: a NULL optional function is a call it
+ * does not make or answer (no fork, no prefix reuse, no partial release), and kvlab then draws no
+ * operation that needs it, says so in its report, and checks everything else. Version 3 adds the
+ * block sizes and sequence count a pool accepts, a call after each forward pass (step_done: where
+ * engines publish prefix blocks, and may move positions onto identical rows), and lets release
+ * be NULL (a block manager that frees sequences only whole).
+ *
+ * Versions 1 (one sequence per cache, no pool, no fork, no copies) and 2 are still read: a plugin
+ * written for one defines KVLAB_CACHE_PLUGIN_V1 or KVLAB_CACHE_PLUGIN_V2 before including this
+ * header and exports kvlab_cache_plugin_v1 or kvlab_cache_plugin_v2 instead.
  */
 #ifndef KVLAB_CACHE_PLUGIN_H
 #define KVLAB_CACHE_PLUGIN_H
@@ -47,9 +54,9 @@ typedef struct kvlab_cache_config {
      * plus one for a copy of a shared last block. A reserve refused with more room fails the
      * check, naming the room. */
     int32_t max_sequences;
-    /* A block size for a plugin that maps positions in blocks (1..64, and n_slots is a multiple
-     * of it). kvlab draws it, so a block-based plugin's checks meet every block geometry; a
-     * plugin may ignore it. */
+    /* A block size for a plugin that maps positions in blocks (one of the table's block_sizes,
+     * or 1..64 when it lists none; n_slots is a multiple of it). kvlab draws it, so a block-based
+     * plugin's checks meet every block geometry it accepts; a plugin may ignore it. */
     int32_t block_size;
 } kvlab_cache_config;
 
@@ -64,8 +71,18 @@ typedef struct kvlab_slot_copy {
     int32_t count;
 } kvlab_slot_copy;
 
-typedef struct kvlab_cache_plugin_abi2 {
-    /* 2: kvlab refuses a table of a version it does not read. */
+/* Deduplication (step_done): positions pos..pos+count-1 of a sequence now live in slots
+ * slot..slot+count-1, which hold rows computed for exactly the same tokens at the same positions
+ * (another sequence's, or a prefix cache's); the sequence no longer holds its old slots. */
+typedef struct kvlab_slot_move {
+    int32_t pos, count;
+    int64_t slot;
+} kvlab_slot_move;
+
+/* Versions 2 and 3: version 3 appends fields to version 2's, so a version 2 table is this one's
+ * first part, through destroy (kvlab reads no further; release is required in version 2). */
+typedef struct kvlab_cache_plugin_abi3 {
+    /* 3 (or 2): kvlab refuses a table of a version it does not read. */
     uint32_t abi_version;
     /* A short name for reports ("ring", "my_block_manager"). */
     const char* name;
@@ -97,13 +114,36 @@ typedef struct kvlab_cache_plugin_abi2 {
      * positions[0..max_positions-1]; returns how many. An exact cache attends all of 0..pos, and
      * kvlab verify reports a cache that drops one (a window, an eviction) at the first it drops. */
     int32_t (*attended)(const kvlab_cache* cache, int32_t pos, int32_t* positions, int32_t max_positions);
-    /* Rollback: forget positions n and later (0 <= n <= the positions held). */
+    /* Rollback: forget positions n and later (0 <= n <= the positions held). Optional in
+     * version 3 (NULL: sequences are freed only whole, by destroy, as a block manager without
+     * partial release frees them): kvlab then draws no rollback or speculative decoding, and
+     * preempts instead (the sequence is destroyed and its tokens run again as a new request,
+     * as an engine recomputes a preempted request). */
     void (*release)(kvlab_cache* cache, int32_t n);
     /* Bytes of the pool's bookkeeping (tables, counts, hashes), its sequences' included. */
     int64_t (*memory)(const kvlab_cache_pool* pool);
     /* The sequence is done: its slots go back to its pool. */
     void (*destroy)(kvlab_cache* cache);
-} kvlab_cache_plugin_abi2;
+
+    /* ---- Version 3 ---- */
+    /* The block sizes a pool accepts, n_block_sizes of them, each in 1..1024; kvlab draws
+     * config->block_size from them. NULL (n_block_sizes 0): any of 1..64. */
+    const int32_t* block_sizes;
+    int32_t n_block_sizes;
+    /* The most sequences a pool holds at once; 0: as many as kvlab draws (up to 64). */
+    int32_t max_sequences;
+    /* Optional (NULL: none). The forward pass that wrote the rows of the sequence's latest
+     * reserve has finished (a request's chunks all written, or a step's row): where an engine
+     * publishes the blocks those rows completed, so that only rows already computed are ever
+     * shared. It may also deduplicate: moves[0..max_moves-1] receives runs of positions that now
+     * live in other slots holding identical rows (kvlab checks its books: rows computed for the
+     * same tokens at the same positions, else the case fails naming the move), and *n_moves
+     * their number (kvlab sets it to 0 first). 0, or non-zero with a message (a bug: the step
+     * already succeeded). */
+    int (*step_done)(kvlab_cache* cache, kvlab_slot_move* moves, int32_t max_moves, int32_t* n_moves, char* err,
+                     size_t err_len);
+} kvlab_cache_plugin_abi3;
+
 
 /* Version 1: each cache is one sequence with slots 0..n_slots-1 to itself. */
 typedef struct kvlab_cache_plugin_abi1 {
@@ -118,15 +158,19 @@ typedef struct kvlab_cache_plugin_abi1 {
 } kvlab_cache_plugin_abi1;
 
 /* The symbols kvlab looks up, newest first. */
+#define KVLAB_CACHE_PLUGIN_SYMBOL_V3 "kvlab_cache_plugin_v3"
 #define KVLAB_CACHE_PLUGIN_SYMBOL_V2 "kvlab_cache_plugin_v2"
 #define KVLAB_CACHE_PLUGIN_SYMBOL_V1 "kvlab_cache_plugin_v1"
 
-#ifdef KVLAB_CACHE_PLUGIN_V1
+#if defined(KVLAB_CACHE_PLUGIN_V1)
 typedef kvlab_cache_plugin_abi1 kvlab_cache_plugin;
 #define KVLAB_CACHE_PLUGIN_ABI_VERSION 1
-#else
-typedef kvlab_cache_plugin_abi2 kvlab_cache_plugin;
+#elif defined(KVLAB_CACHE_PLUGIN_V2)
+typedef kvlab_cache_plugin_abi3 kvlab_cache_plugin; /* its fields through destroy */
 #define KVLAB_CACHE_PLUGIN_ABI_VERSION 2
+#else
+typedef kvlab_cache_plugin_abi3 kvlab_cache_plugin;
+#define KVLAB_CACHE_PLUGIN_ABI_VERSION 3
 #endif
 
 #ifdef __cplusplus

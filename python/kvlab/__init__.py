@@ -25,7 +25,7 @@ from ._kvlab import Decoder, Error, Model, __version__, build_info, load, naive_
 __all__ = ["Decoder", "Error", "Model", "Refused", "VerifyResult", "build_info", "load", "naive_logits", "random_model",
            "verify"]
 
-_REQUIRED = ("create", "reserve", "slot", "release")
+_REQUIRED = ("create", "reserve", "slot")
 _REFUSABLE = ("create_pool", "create", "fork", "reserve")
 
 
@@ -33,7 +33,7 @@ class Refused(Exception):
     """Raised by a cache's create, fork or reserve (or its pool's constructor) to refuse: no room.
     kvlab accepts a refusal of reserve only when the pool is full by its own books; any other
     exception, in any method, is a crash in that call and fails the case, naming it."""
-_OPTIONAL = ("fork", "attach_prefix", "attended")
+_OPTIONAL = ("fork", "attach_prefix", "attended", "release", "step_done")
 
 
 def _binary():
@@ -101,7 +101,10 @@ class _Server:
     def _answer(self, op, msg):
         if op == "hello":  # "slots": every held position's slot in one answer, from slot() each
             methods = [m for m in _OPTIONAL if callable(getattr(self.cls, m, None))] + ["slots"]
-            return {"name": self.cls.__name__, "methods": methods}
+            block_sizes = getattr(self.cls, "block_sizes", None)
+            return {"name": self.cls.__name__, "abi": 3, "methods": methods,
+                    "block_sizes": None if block_sizes is None else [int(b) for b in block_sizes],
+                    "max_sequences": int(getattr(self.cls, "max_sequences", 0) or 0)}
         if op == "create_pool":
             return {"pool": self._new(self.pools, self.cls(types.SimpleNamespace(**msg["config"])))}
         if op == "destroy_pool":
@@ -136,6 +139,9 @@ class _Server:
         if op == "release":
             pool.release(handle, msg["n"])
             return {}
+        if op == "step_done":
+            moves = pool.step_done(handle) or []
+            return {"moves": [[int(p), int(n), int(s)] for p, n, s in moves]}
         if op == "destroy":
             self.seqs.pop(msg["seq"])
             if callable(getattr(pool, "destroy", None)):
@@ -158,11 +164,19 @@ def verify(cache, cases=100, seed=1, kv_format="", profile="fast", device="", at
                                               makes first (copy-on-write); raise kvlab.Refused
                                               (or MemoryError) to refuse when the pool is full
       slot(seq, pos) -> int                   the slot of a held position
-      release(seq, n)                         forget positions n and later
+      release(seq, n)                         optional: forget positions n and later (without
+                                              it sequences are freed only whole, by destroy:
+                                              kvlab preempts instead of rolling back)
       fork(seq) -> seq                        optional: a child sharing every position's slot
       attach_prefix(seq, tokens) -> int       optional: positions of tokens already held (reuse)
       attended(seq, pos) -> [positions]       optional: what a query at pos reads (exact: 0..pos)
+      step_done(seq) -> moves                 optional: the latest reserve's rows are written
+                                              (publish prefix blocks here); None or
+                                              [(pos, count, slot), ...]: positions moved onto
+                                              slots holding identical rows (deduplication)
       destroy(seq), memory() -> int           optional
+    and may declare, as class attributes, block_sizes (the block sizes a pool accepts; kvlab
+    draws config.block_size from them) and max_sequences (the most a pool holds at once).
     The options are `kvlab verify`'s: kv_format (K and V stored in it, naive decode too; "": drawn
     per case), profile ("fast" reaches positions 97 and 257, "long" 4097 and 8191 with 8-64
     sequences; pools are filled until reserve refuses, accepted only when the pool is full),

@@ -17,6 +17,7 @@ EXAMPLES = os.path.join(os.environ.get("KVLAB_SOURCE_DIR", "."), "examples", "py
 sys.path.insert(0, EXAMPLES)
 from block_manager import BlockManager  # noqa: E402
 from block_manager_unchained import UnchainedBlockManager  # noqa: E402
+from whole_sequences import WholeSequences  # noqa: E402
 
 
 def bits(a):
@@ -136,6 +137,63 @@ def test_verify_catches_the_unchained_hash(seed):
     r = kvlab.verify(UnchainedBlockManager, seed=seed)
     assert not r
     assert "attach_prefix(n=" in r.counterexample
+
+
+def test_verify_checks_a_manager_that_frees_only_whole_sequences_with_no_rollback_code():
+    # nano-vllm's limits, declared: no release, no fork, block size 16. Nothing it lacks is drawn;
+    # preemption and recompute stand in for rollback, and the report says what was left out.
+    r = kvlab.verify(WholeSequences, seed=2)
+    assert r, r.counterexample
+    assert "block sizes 16 (the plugin's)" in r.parameters and "preemption and recompute" in r.parameters
+    assert "left out: forks (no fork), rollbacks and speculative decoding (release is NULL" in r.parameters
+    assert int(r.figures.split("; ")[-1].split(" preemptions")[0]) > 0, r.figures
+
+
+class DedupBlockManager(BlockManager):
+    """Deduplicates as SGLang's radix cache does: a block that fills with the same tokens after the
+    same prefix as a published block moves onto it at step_done, and its own block is freed."""
+
+    def _duplicate(self, h, token_ids, own):
+        block_id = self.hash_to_block_id.get(h)
+        same = block_id is not None and block_id != own and self.blocks[block_id].token_ids == token_ids
+        return block_id if same else None
+
+    def step_done(self, seq):
+        bs, moves = self.block_size, []
+        for b in range(seq.full, len(seq.token_ids) // bs):
+            own = seq.block_table[b]
+            prefix = self.blocks[seq.block_table[b - 1]].hash if b > 0 else None
+            token_ids = seq.token_ids[b * bs:(b + 1) * bs]
+            same = self._duplicate(self.block_hash(prefix, token_ids), token_ids, own)
+            if same is None:
+                if self.blocks[own].hash is None:
+                    self._publish(seq, b)
+                continue
+            if self.blocks[same].ref_count == 0:
+                self.free_block_ids.remove(same)
+            self.blocks[same].ref_count += 1
+            self._let_go(own)
+            seq.block_table[b] = same
+            moves.append((b * bs, bs, same * bs))
+        seq.full = len(seq.token_ids) // bs
+        return moves
+
+
+class TokensOnlyDedup(DedupBlockManager):
+    def _duplicate(self, h, token_ids, own):  # the planted bug: the same tokens after any prefix
+        for block in self.blocks:
+            if block.hash is not None and block.block_id != own and block.token_ids == token_ids:
+                return block.block_id
+        return None
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_verify_accepts_deduplicating_moves_onto_identical_rows_and_catches_others(seed):
+    r = kvlab.verify(DedupBlockManager, seed=seed)
+    assert r, r.counterexample
+    assert int(r.figures.split(" preemptions, ")[1].split(" positions moved")[0]) > 0, r.figures
+    bad = kvlab.verify(TokensOnlyDedup, seed=seed)
+    assert not bad and "step_done() moved positions" in bad.counterexample, bad.counterexample
 
 
 class FreeList:
