@@ -103,6 +103,14 @@ int draw_size(int lo, int hi) {
     return draw(lo, hi);
 }
 
+int draw_vocab_size(int lo) {
+    std::vector<int> in_range;
+    for (int v : {255, 256, 257, 1023, 1024, 1025, 4095, 4096, 4097, kMaxVocab - 1, kMaxVocab})
+        if (v >= lo) in_range.push_back(v);
+    if (!in_range.empty() && draw(0, 1) == 0) return in_range[std::size_t(draw(0, int(in_range.size()) - 1))];
+    return draw(lo, kMaxVocab);
+}
+
 namespace {
 
 // A thin model (draw_long_config's shape): a naive decode of thousands of positions takes milliseconds.

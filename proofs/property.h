@@ -56,6 +56,11 @@ inline constexpr int kFastMaxPositions = 260;
 Config draw_reaching_config(bool long_profile, int min_seq = 1);
 // The sizes draw_size favours, ascending.
 const std::vector<int>& size_thresholds();
+// Inside a property: a vocabulary size in [lo, kMaxVocab], half the time one where a classifier or
+// log-softmax kernel may switch (a block of 256, 1024 or 4096 logits, one short and one over) or
+// llama's 32000 and one short of it; else any.
+inline constexpr int kMaxVocab = 32000;
+int draw_vocab_size(int lo = 1);
 
 // Inside a property: n token ids of c's vocabulary, each drawn (and shrunk) on its own up to
 // kPickedTokens of them, else from one drawn seed.

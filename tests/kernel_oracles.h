@@ -290,4 +290,52 @@ inline void check_add(const float* x, const float* y, const float* out, std::int
     }
 }
 
+// ---- token_logprob: (x_t - max) - ln S, S = sum_j e^(x_j - max) over n logits (a vocabulary, up
+// to 32000). The max is exact (comparisons). d_j = fl(x_j - max) errs by u |d_j|, and
+// e_j = exp_f32(d_j) is within 1 ulp (2u relative), so e_j = e^(d_j) (1 + rho_j) with
+// |rho_j| <= r_j = e^(|d_j| (u + u64)) (1 + 2u) - 1; where e_j is subnormal or flushed to +0
+// (d < -87.3) it errs by at most 2^-149 instead. The sum runs left to right from +0: addition k
+// errs by at most u times its exact result (Higham 4.2), which is at most the exact partial sum
+// s_k = sum_{j<=k} e^(d_j) times (1 + R)(1 + gamma(n)) / (1 - u), R = max r_j. So
+//   |S' - S| <= E = sum_j r_j e^(d_j) + u (1 + R)(1 + gamma(n)) / (1 - u) sum_{k=2..n} s_k + 2n 2^-149,
+// whose middle term is the length's: about n u S when every partial sum is near S (the maximum
+// first), less when it comes last. Then |ln S' - ln S| <= -ln(1 - E / S) =: D; log_f32 is within
+// 2 ulp (4u |ln S'|); fl(x_t - max) errs by u |x_t - max|, the last subtraction by u |result|.
+// The float64 reference errs by under (gamma64(n) + 4 u64)(1 + |ln S| + |x_t - max|).
+inline void check_token_logprob(std::span<const float> x, int token, float got) {
+    const int n = int(x.size());
+    double max = x[0];
+    for (float v : x) max = std::max(max, double(v));
+    double S = 0, partial_sums = 0, weighted_r = 0, R = 0;
+    for (int j = 0; j < n; j++) {
+        const double d = double(x[std::size_t(j)]) - max, e = std::exp(d);
+        const double r = std::exp(std::fabs(d) * (u + u64)) * (1 + 2 * u) - 1;
+        S += e;
+        if (j > 0) partial_sums += S;
+        if (d >= -87.3) weighted_r += r * e, R = std::max(R, r);
+    }
+    const double E = weighted_r + u * (1 + R) * (1 + gamma(n)) / (1 - u) * partial_sums + 2.0 * n * tiny;
+    const double D = -std::log1p(-E / S);
+    const double a = double(x[std::size_t(token)]) - max, lnS = std::log(S), want = a - lnS;
+    const double pre = u * std::fabs(a) + D + 4 * u * (std::fabs(lnS) + D);
+    const double bound =
+        pre + u * (std::fabs(want) + pre) + (gamma64(n) + 4 * u64) * (1 + std::fabs(lnS) + std::fabs(a));
+    if (!(std::fabs(double(got) - want) <= bound))
+        kvlab::fail(
+            fmt::format("token_logprob of token {} of {} logits (max {:a}, S {:.6g}): {:a}, the float64 value "
+                        "is {:a}, bound {:.3g}",
+                        token, n, max, S, got, want, bound));
+}
+
+// ---- argmax: the first index of the largest of n logits (greedy decoding's token); exact.
+inline void check_argmax(std::span<const float> x, int got) {
+    int want = 0;
+    for (int i = 1; i < int(x.size()); i++)
+        if (x[std::size_t(i)] > x[std::size_t(want)]) want = i;
+    if (got != want)
+        kvlab::fail(fmt::format("argmax of {} logits is {} ({:a}), the first index of the largest is {} ({:a})",
+                                x.size(), got, got >= 0 && got < int(x.size()) ? x[std::size_t(got)] : 0.0f, want,
+                                x[std::size_t(want)]));
+}
+
 }  // namespace kvlab::oracle

@@ -10,8 +10,12 @@
 #include "baseline.h"
 #include "cpu_backend.h"
 #include "decode.h"
+#include "forwarding.h"
+#include "kernel_oracles.h"
 #include "paged.h"
 #include "planted.h"
+#include "property.h"
+#include "sampler.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -188,6 +192,101 @@ TEST_CASE("the llama2.c-style sequential-dot decoder, the benchmark's yardstick,
                 RC_FAIL(fmt::format("naive vs sequential-dot at T = {}, {}: {}", T, c.describe(), *diff));
         }
     });
+}
+
+namespace {
+
+// Records the input of the last classifier product (the step's final normed rows), so that the
+// logits can be checked against the float64 product.
+class ClassifierProbe : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    std::vector<float> normed;  // [rows, dim]
+    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
+        ForwardingBackend::matmul(ex, y, ldy, x, ldx, m, l, rows);
+        if (m != Matrix::wcls) return;
+        assert(ldx == config().dim);  // x: [rows, dim]
+        normed.assign(x, x + std::int64_t(rows) * ldx);
+    }
+};
+
+// Planted: a classifier whose columns from 1024 on run a second kernel (for wide outputs) that
+// stops k one short. Naive and cached decode share it, so they still agree bit for bit.
+class WideClassifierDropsLastK : public ForwardingBackend {
+public:
+    WideClassifierDropsLastK(Backend& inner, const Model& model) : ForwardingBackend(inner), model_(model) {}
+    void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override {
+        ForwardingBackend::matmul(ex, y, ldy, x, ldx, m, l, rows);
+        if (m != Matrix::wcls) return;
+        const int dim = config().dim;
+        for (int r = 0; r < rows; r++)
+            for (int o = 1024; o < config().vocab_size; o++) {
+                const float* w = model_.w.wcls.data() + std::int64_t(o) * dim;  // W[o][0 .. dim - 1]
+                float sum = 0.0f;
+                for (int k = 0; k + 1 < dim; k++) sum = sum + x[std::int64_t(r) * ldx + k] * w[k];
+                y[std::int64_t(r) * ldy + o] = sum;
+            }
+    }
+
+private:
+    const Model& model_;
+};
+
+// A thin model (1-2 layers, dim 1-8) with a big vocabulary (draw_vocab_size: up to 32000, often at
+// 255-257, 1023-1025, 4095-4097, 32000) decoded greedily, naive and cached. At every step the two
+// agree bit for bit, the logits are within the derived bound of the float64 product of the step's
+// final normed row and the classifier, the token is the first largest logit, and its
+// log-probability is within token_logprob's bound. A classifier or log-softmax that switches by
+// vocabulary size gives both paths the same wrong bits: only the oracles see it.
+void check_big_vocab(bool planted) {
+    Config c;
+    c.n_layers = *test::full_range(1, 3);
+    c.n_heads = *test::full_range(1, 3);
+    c.n_kv_heads = *rc::gen::element(1, c.n_heads);
+    c.dim = c.n_heads * *test::full_range(c.n_heads == 1 ? 2 : 1, 5);
+    c.hidden_dim = *test::full_range(1, 9);
+    c.vocab_size = draw_vocab_size(2);
+    c.max_seq = *test::full_range(2, 9);
+    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+    const int prompt_len = *test::full_range(1, c.max_seq);
+    std::vector<int> tokens = draw_tokens(c, prompt_len);
+    const Model m = random_model(c, seed);
+    std::vector<float> wt(std::size_t(c.dim) * c.vocab_size);  // [dim, vocab_size]: the oracle's W[k][o]
+    for (int o = 0; o < c.vocab_size; o++)
+        for (int k = 0; k < c.dim; k++) wt[std::size_t(k) * c.vocab_size + o] = m.w.wcls[std::size_t(o) * c.dim + k];
+    CpuBackend cpu(m);
+    WideClassifierDropsLastK wide(cpu, m);
+    Backend& backend = planted ? static_cast<Backend&>(wide) : cpu;
+    ClassifierProbe probe(backend);
+    NaiveDecoder naive(backend);
+    CachedDecoder cached(probe);
+    std::vector<float> lc = cached.prefill(tokens);
+    for (;;) {
+        const int T = int(tokens.size());
+        if (auto diff = first_difference(naive.forward(tokens), lc))
+            RC_FAIL(fmt::format("naive vs cached at T = {}, {}, model seed {}: {}", T, c.describe(), seed, *diff));
+        oracle::check_matmul(probe.normed.data(), c.dim, wt.data(), c.vocab_size, lc.data(), c.vocab_size, 1, c.dim,
+                             c.vocab_size);
+        const int next = argmax(lc);
+        oracle::check_argmax(lc, next);
+        oracle::check_token_logprob(lc, next, token_logprob(lc.data(), c.vocab_size, next));
+        if (T == c.max_seq) break;
+        tokens.push_back(next);
+        lc = cached.decode(next);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("P1 at big vocabularies: greedy decode up to vocab_size 32000 is exact and its logits are the classifier's",
+          "[P1][vocab]") {
+    rc::prop("naive equals cached and the logits, argmax and log-probability match float64",
+             [] { check_big_vocab(false); });
+}
+
+TEST_CASE("P1 at big vocabularies counter-test: a classifier whose columns past 1024 drop a term is caught",
+          "[P1][vocab][counter]") {
+    expect_caught([] { check_big_vocab(true); }, "matmul Y", "classifier columns past 1024 drop the last term");
 }
 
 TEST_CASE("the contiguous cache holds exactly 2 * 4 B * n_layers * T * n_kv_heads * head_size", "[cache]") {

@@ -8,8 +8,9 @@
 // position, so equal prefixes under one identity have equal rows and nothing else does.
 //
 // Every command is followed by the pool's invariants (refcounts, counts, no shared writes, every
-// row read through every block table, NaN past the end, memory accounting). The same property
-// runs with each planted pool bug switched on and must fail for each.
+// row read through every block table, NaN past the end, memory accounting, every published
+// block's key the chain of the tokens its rows were computed from). The same property runs with
+// each planted pool bug switched on and must fail for each.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <rapidcheck.h>
@@ -58,8 +59,14 @@ struct Coverage {
     // States in which three or more sequences map one partial block, holding different lengths of
     // it (forks, then rollbacks and appends): where release and poisoning are easiest to get wrong.
     long deep_shares = 0;
+    // Rollbacks into a published block; and requests for the prefix a sequence held before such a
+    // rollback, made after it re-appended other tokens past the next block boundary (where a stale
+    // chain hash would key the next block under the old prefix).
+    long rollbacks_into_published = 0, rewrites = 0, old_prefix_after_rewrite = 0;
     Coverage& operator+=(const Coverage& o) {
         deep_shares += o.deep_shares;
+        rollbacks_into_published += o.rollbacks_into_published, rewrites += o.rewrites;
+        old_prefix_after_rewrite += o.old_prefix_after_rewrite;
         cases += o.cases, prefix_hits += o.prefix_hits, other_model_requests += o.other_model_requests;
         copies_on_write += o.copies_on_write, evictions += o.evictions, rejected_appends += o.rejected_appends;
         rejected_requests += o.rejected_requests, no_reject_possible += o.no_reject_possible;
@@ -88,8 +95,6 @@ std::vector<int> random_tokens(int n) {
     for (int& t : tokens) t = draw(0, kVocab - 1);
     return tokens;
 }
-
-
 
 std::string show_row(const float* row, int n) {
     return fmt::format("[{}]", fmt::join(std::span(row, std::size_t(n)), " "));
@@ -121,6 +126,13 @@ struct Model {
     // Per identity, every block-aligned token prefix whose rows were ever computed: the most a
     // prefix hit can serve.
     std::array<std::set<std::vector<int>>, 2> computed;
+    // The prefixes sequences held before a rollback into one of their full blocks, through that
+    // block (the latest few): what a later request sharing the old prefix asks for.
+    struct RolledBack {
+        int id = 0, ident = 0;
+        std::vector<int> prefix;
+    };
+    std::vector<RolledBack> rolled_back;
 
     int blocks_for(std::size_t n) const { return int((n + std::size_t(block_size) - 1) / std::size_t(block_size)); }
     const Seq* find(int id) const {
@@ -164,26 +176,64 @@ struct Model {
 // ----------------------------------------------------------------------------------------------
 // The system under test
 
+// Planted here, not in planted.h: a rollback into a full block keeps that block's chain hash
+// (as if the sequence still held the tokens the block was hashed for). The block's re-append is
+// then not hashed, and the next full block is published under the old chain: a request sharing
+// the pre-rollback prefix maps rows computed after other tokens. Emulated through release(), the
+// call truncate() makes: cutting at the block's end instead of inside it keeps its hash. Only for
+// a published block, where that changes nothing else (its rows past the cut are never poisoned).
+class KeepsCutHash final : public PagedCache {
+public:
+    using PagedCache::PagedCache;
+
+protected:
+    void release(int n) override {
+        const int bs = pool().block_size(), b = n / bs;
+        const bool into_published =
+            n % bs != 0 && b < int(block_table().size()) && pool().published(block_table()[std::size_t(b)]);
+        PagedCache::release(into_published ? (b + 1) * bs : n);
+    }
+};
+
+enum class SeqBug { none, keeps_cut_hash };
+
 // A planted bug (planted.h) sits in the pool (slot-wrong-block, cow-no-copy, hash-ignores-model)
-// or around each sequence when it rolls back (rollback-keeps-length).
+// or around each sequence when it rolls back (rollback-keeps-length); a SeqBug in each sequence a
+// request makes (forks copy it from their parent's state, not its code).
 struct Sut {
-    Sut(const Config& c, int block_size, int n_blocks, Mutant mutant)
-        : pool_owned(planted_pool(mutant, c, block_size, n_blocks, /*prefix_caching=*/true)), mutant(mutant) {
+    Sut(const Config& c, int block_size, int n_blocks, Mutant mutant, SeqBug seq_bug = SeqBug::none)
+        : pool_owned(planted_pool(mutant, c, block_size, n_blocks, /*prefix_caching=*/true)),
+          mutant(mutant),
+          seq_bug(seq_bug) {
         pool.trace = &events;
+    }
+    std::unique_ptr<PagedCache> new_seq(int ident, int id) {
+        if (seq_bug == SeqBug::keeps_cut_hash)
+            return std::make_unique<KeepsCutHash>(pool, kIdentity[std::size_t(ident)], id);
+        return std::make_unique<PagedCache>(pool, kIdentity[std::size_t(ident)], id);
     }
     void truncate(PagedCache& seq, int n) const {
         const std::unique_ptr<Cache> planted = planted_cache(mutant, seq);
         (planted ? *planted : seq).truncate(n);
     }
+    // A rollback of sequence `id` into its published full block `block`, and the tokens it held
+    // through that block; `rewritten` once the sequence holds other tokens there and a full block
+    // past it (for Coverage::old_prefix_after_rewrite).
+    struct Rewind {
+        int id = 0, block = 0;
+        std::vector<int> old_prefix;
+        bool rewritten = false;
+    };
+    std::vector<Rewind> rewinds;
     std::vector<kvlab::CacheEvent> events;  // declared first: the caches' destructors still record
     std::unique_ptr<BlockPool> pool_owned;
     BlockPool& pool = *pool_owned;
     std::map<int, std::unique_ptr<PagedCache>> seqs;  // after the pool, so destroyed before it
     Mutant mutant;
+    SeqBug seq_bug;
     std::int64_t hit_positions = 0;  // what attach_prefix returned, summed
     mutable Coverage coverage;       // this case's tallies (check_invariants counts deep sharing)
 };
-
 
 // The rows of positions 0..tokens.size()-1 read through the cache equal the model's, bit for bit.
 void check_rows(const Cache& cache, int ident, std::span<const int> tokens, const std::string& what) {
@@ -207,6 +257,65 @@ bool all_nan(const float* x, int n) {
     return std::all_of(x, x + n, [](float f) { return std::isnan(f); });
 }
 
+// Every published block's key is the chain of the tokens its rows were computed from. A
+// synthetic row names its whole prefix, so a block's last row tells which computed prefix (and
+// model) its rows are; the key must then be what the pool builds for that prefix block by block:
+// key(hash of the previous block's key, model, the block's tokens) from parent 0. A key naming
+// other tokens serves these rows to requests they were not computed for.
+void check_published_keys(const Model& m, const Sut& sut) {
+    const BlockPool& pool = sut.pool;
+    const Config& c = m.config;
+    const int bs = m.block_size, hs = c.head_size();
+    const auto& books = dynamic_cast<const kvlab::RefCountManager&>(pool.manager());
+    // The last row (layer 0, K) of every block-aligned prefix computed -> (model, prefix).
+    std::map<std::vector<std::uint32_t>, std::pair<int, const std::vector<int>*>> by_last_row;
+    for (int ident = 0; ident < 2; ident++)
+        for (const std::vector<int>& p : m.computed[std::size_t(ident)]) {
+            const std::vector<float> row = synthetic_row(c, ident, p, 0, 0);  // [kv_dim]
+            by_last_row.emplace(bits(row.data(), c.kv_dim()), std::pair{ident, &p});
+        }
+    std::vector<float> last(std::size_t(c.kv_dim()));  // [kv_dim]: block's last slot, layer 0, K
+    for (int b = 0; b < pool.n_blocks(); b++) {
+        if (!pool.published(b)) continue;
+        for (int h = 0; h < c.n_kv_heads; h++)
+            std::memcpy(last.data() + h * hs, pool.key_row(b, 0, h, bs - 1), sizeof(float) * std::size_t(hs));
+        const auto found = by_last_row.find(bits(last.data(), c.kv_dim()));
+        if (found == by_last_row.end())
+            RC_FAIL(fmt::format("published block {} holds rows no model computed (last slot, layer 0 K: {})", b,
+                                show_row(last.data(), c.kv_dim())));
+        const auto [ident, prefix] = found->second;
+        const int n = int(prefix->size());
+        for (int s = 0; s < bs; s++)
+            for (int l = 0; l < c.n_layers; l++)
+                for (int kv = 0; kv < 2; kv++) {
+                    const auto upto = std::span(*prefix).first(std::size_t(n - bs + s + 1));
+                    const std::vector<float> want = synthetic_row(c, ident, upto, l, kv);
+                    for (int h = 0; h < c.n_kv_heads; h++)
+                        if (std::memcmp(kv ? pool.value_row(b, l, h, s) : pool.key_row(b, l, h, s),
+                                        want.data() + h * hs, sizeof(float) * std::size_t(hs)) != 0)
+                            RC_FAIL(
+                                fmt::format("published block {} ends with the rows of [{}] (model {}) but its slot "
+                                            "{} (layer {} head {}) holds another row",
+                                            b, fmt::join(*prefix, " "), kIdentityName[ident], s, l, h));
+                }
+        kvlab::BlockKey chain;
+        std::uint64_t parent = 0;
+        for (int start = 0; start < n; start += bs) {
+            chain = pool.key(parent, kIdentity[std::size_t(ident)],
+                             std::span(*prefix).subspan(std::size_t(start), std::size_t(bs)));
+            parent = pool.hash(chain);
+        }
+        const kvlab::BlockKey& key = books.at(b).key;
+        if (!(key == chain))
+            RC_FAIL(
+                fmt::format("published block {} holds the rows of [{}] (model {}), but its key is (parent {:016x}, "
+                            "model {:016x}, tokens [{}]); the chain of those tokens is (parent {:016x}, model {:016x}, "
+                            "tokens [{}])",
+                            b, fmt::join(*prefix, " "), kIdentityName[ident], key.parent, key.model,
+                            fmt::join(key.tokens, " "), chain.parent, chain.model, fmt::join(chain.tokens, " ")));
+    }
+}
+
 void check_invariants(const Model& m, const Sut& sut) {
     const BlockPool& pool = sut.pool;
     const Config& c = m.config;
@@ -216,7 +325,7 @@ void check_invariants(const Model& m, const Sut& sut) {
 
     std::vector<int> holders(std::size_t(pool.n_blocks()), 0);
     std::map<int, std::set<int>> rows_held;  // physical block -> the lengths its sequences hold of it
-    std::map<int, int> physical;  // abstract block -> physical block
+    std::map<int, int> physical;             // abstract block -> physical block
     for (const Seq& s : m.seqs) {
         const auto it = sut.seqs.find(s.id);
         if (it == sut.seqs.end()) RC_FAIL(fmt::format("sequence {} is missing", s.id));
@@ -305,6 +414,7 @@ void check_invariants(const Model& m, const Sut& sut) {
         pm.blocks_cached != pool.n_cached() || pm.blocks_total != pool.n_blocks())
         RC_FAIL(fmt::format("pool memory(): reserved {} allocated {}, blocks {}/{}/{}/{}", pm.reserved_bytes,
                             pm.allocated_bytes, pm.blocks_total, pm.blocks_used, pm.blocks_free, pm.blocks_cached));
+    check_published_keys(m, sut);  // last: the planted pool bugs' counter-tests expect the checks above
 }
 
 // Everything a rejected request must leave as it was.
@@ -382,11 +492,20 @@ struct NewRequest : Command {
         RC_PRE(int(m.seqs.size()) < kMaxLive);
         const int budget = std::min(kMaxSeq, (m.n_blocks - m.used_bound()) * m.block_size);
         RC_PRE(budget >= 1);
-        const int kind = m.seqs.empty() ? 0 : draw(0, 4);
+        // Half the time, once a sequence re-appended other tokens past a block it rolled back into,
+        // a request for the prefix it held before.
+        const int kind = m.seqs.empty() ? 0
+                         : !rewritten(m).empty() && draw(0, 1) == 0
+                             ? 5
+                             : std::min(draw(0, m.rolled_back.empty() ? 4 : 5), 5);
         if (kind == 0) {
             ident = draw(0, 1);
             prompt = random_tokens(draw(1, budget));
             origin = "random";
+            return;
+        }
+        if (kind == 5) {
+            old_prefix(m, budget);
             return;
         }
         const Seq& s = pick_seq(m);
@@ -406,6 +525,42 @@ struct NewRequest : Command {
         origin += fmt::format(" seq {} ({} tokens)", s.id, p);
     }
 
+    // The rollbacks into a full block whose sequence has since re-appended other tokens past the next block.
+    static std::vector<const Model::RolledBack*> rewritten(const Model& m) {
+        std::vector<const Model::RolledBack*> done;
+        for (const Model::RolledBack& r : m.rolled_back)
+            if (const Seq* s = m.find(r.id); s && s->tokens.size() >= r.prefix.size() + std::size_t(m.block_size) &&
+                                             !std::equal(r.prefix.begin(), r.prefix.end(), s->tokens.begin()))
+                done.push_back(&r);
+        return done;
+    }
+    // A prefix a sequence held before it rolled back into one of its full blocks, continued as
+    // a live sequence that shares its blocks before that one continues (it re-appended other
+    // tokens there, say), or at random: the request that maps a block keyed under a stale chain.
+    void old_prefix(const Model& m, int budget) {
+        // Mostly one whose sequence has since re-appended other tokens past the next block.
+        const std::vector<const Model::RolledBack*> done = rewritten(m);
+        const Model::RolledBack& r = !done.empty() && draw(0, 3) > 0
+                                         ? *done[std::size_t(draw(0, int(done.size()) - 1))]
+                                         : m.rolled_back[std::size_t(draw(0, int(m.rolled_back.size()) - 1))];
+        const std::vector<int>& old = r.prefix;
+        RC_PRE(budget > int(old.size()));
+        ident = r.ident;
+        prompt = old;
+        const std::size_t shared = old.size() - std::size_t(m.block_size);  // the blocks before the cut one
+        std::vector<int> tail = random_tokens(draw(1, m.block_size + 1));
+        for (const Seq& s : m.seqs)
+            if (s.ident == ident && s.tokens.size() > old.size() &&
+                std::equal(old.begin(), old.begin() + std::ptrdiff_t(shared), s.tokens.begin())) {
+                tail.assign(s.tokens.begin() + std::ptrdiff_t(old.size()), s.tokens.end());
+                tail.push_back(draw(0, kVocab - 1));
+                break;
+            }
+        prompt.insert(prompt.end(), tail.begin(), tail.end());
+        prompt.resize(std::size_t(std::min(int(prompt.size()), budget)));
+        origin = fmt::format("the {} tokens held before a rollback into their last block, then more", old.size());
+    }
+
     void checkPreconditions(const Model& m) const override {
         RC_PRE(int(m.seqs.size()) < kMaxLive);
         RC_PRE((!prompt.empty() && int(prompt.size()) <= kMaxSeq));
@@ -417,11 +572,17 @@ struct NewRequest : Command {
         m.seqs.push_back(std::move(s));
     }
     void run(const Model& m, Sut& sut) const override {
-        auto cache = std::make_unique<PagedCache>(sut.pool, kIdentity[std::size_t(ident)], m.next_id);
+        std::unique_ptr<PagedCache> cache = sut.new_seq(ident, m.next_id);
         const int hit = cache->attach_prefix(prompt);
         check_hit(m, sut, *cache, ident, prompt, hit);
         sut.hit_positions += hit;
         sut.coverage.other_model_requests += other_model;
+        for (const Sut::Rewind& r : sut.rewinds)
+            if (r.rewritten && prompt.size() > r.old_prefix.size() &&
+                std::ranges::equal(std::span(prompt).first(r.old_prefix.size()), r.old_prefix)) {
+                sut.coverage.old_prefix_after_rewrite++;
+                break;
+            }
         append_rows(*cache, ident, std::span(prompt).subspan(std::size_t(hit)));
         sut.seqs.emplace(m.next_id, std::move(cache));
         check_invariants(nextState(m), sut);
@@ -478,6 +639,7 @@ struct Append : Command {
     int id = 0;
     std::vector<int> tokens;
 
+    Append() = default;
     explicit Append(const Model& m) {
         const Seq& s = pick_seq(m);
         RC_PRE(int(s.tokens.size()) < kMaxSeq);
@@ -501,11 +663,33 @@ struct Append : Command {
         m.fill_blocks(s);
     }
     void run(const Model& m, Sut& sut) const override {
+        const PagedCache& seq = *sut.seqs.at(id);
         append_rows(*sut.seqs.at(id), m.find(id)->ident, tokens);
+        for (Sut::Rewind& r : sut.rewinds)
+            if (r.id == id && seq.length() >= (r.block + 2) * m.block_size &&
+                !std::ranges::equal(seq.tokens().first(r.old_prefix.size()), r.old_prefix)) {
+                sut.coverage.rewrites += !r.rewritten;
+                r.rewritten = true;
+            }
         check_invariants(nextState(m), sut);
     }
     void show(std::ostream& os) const override {
         os << fmt::format("Append(seq {}, [{}])", id, fmt::join(tokens, " "));
+    }
+};
+
+// An append that fills the sequence's partial block and goes on into the next (after a rollback
+// into a full block: a re-append past the next block boundary).
+struct AppendPastBoundary : Append {
+    explicit AppendPastBoundary(const Model& m) {
+        // Half the time the sequence that rolled back into a full block last, if it lives.
+        const Seq* last = m.rolled_back.empty() ? nullptr : m.find(m.rolled_back.back().id);
+        const Seq& s = last && draw(0, 1) == 0 ? *last : pick_seq(m);
+        const int len = int(s.tokens.size()), next = (len / m.block_size + 1) * m.block_size;
+        RC_PRE(next < kMaxSeq);
+        id = s.id;
+        const int full = std::min(kMaxSeq, next + m.block_size);  // the next block full: published
+        tokens = random_tokens((draw(0, 1) == 0 ? full : draw(next + 1, full)) - len);
     }
 };
 
@@ -533,19 +717,42 @@ struct Rollback : Command {
     explicit Rollback(const Model& m) {
         const Seq& s = pick_seq(m);
         id = s.id;
-        n = draw(0, int(s.tokens.size()));
+        const int len = int(s.tokens.size()), bs = m.block_size;
+        // Half the time into the middle of a full block: published, unless its prefix was already.
+        if (bs > 1 && len >= bs && draw(0, 1) == 0)
+            n = bs * draw(0, len / bs - 1) + draw(1, bs - 1);
+        else
+            n = draw(0, len);
     }
     void checkPreconditions(const Model& m) const override {
         RC_PRE(m.has(id));
         RC_PRE(n <= int(m.find(id)->tokens.size()));
     }
+    // Into a full block: the tokens through that block, as held before.
+    std::vector<int> cut_block_prefix(const Model& m) const {
+        const Seq& s = *m.find(id);
+        const std::size_t end = std::size_t((n / m.block_size + 1) * m.block_size);
+        if (n % m.block_size == 0 || end > s.tokens.size()) return {};
+        return std::vector<int>(s.tokens.begin(), s.tokens.begin() + std::ptrdiff_t(end));
+    }
     void apply(Model& m) const override {
+        if (std::vector<int> old = cut_block_prefix(m); !old.empty()) {
+            if (m.rolled_back.size() == 4) m.rolled_back.erase(m.rolled_back.begin());
+            m.rolled_back.push_back({id, m.find(id)->ident, std::move(old)});
+        }
         Seq& s = *m.find(id);
         s.tokens.resize(std::size_t(n));
         s.blocks.resize(std::size_t(m.blocks_for(s.tokens.size())));
     }
     void run(const Model& m, Sut& sut) const override {
-        sut.truncate(*sut.seqs.at(id), n);
+        PagedCache& seq = *sut.seqs.at(id);
+        const int b = n / m.block_size;
+        if (std::vector<int> old = cut_block_prefix(m);
+            !old.empty() && sut.pool.published(seq.block_table().at(std::size_t(b)))) {
+            sut.coverage.rollbacks_into_published++;
+            sut.rewinds.push_back({id, b, std::move(old), false});
+        }
+        sut.truncate(seq, n);
         check_invariants(nextState(m), sut);
     }
     void show(std::ostream& os) const override { os << fmt::format("Rollback(seq {}, to {})", id, n); }
@@ -610,7 +817,7 @@ struct TooBig : Command {
                 }
             }
         } else {
-            auto cache = std::make_unique<PagedCache>(pool, kIdentity[std::size_t(ident)], m.next_id);
+            std::unique_ptr<PagedCache> cache = sut.new_seq(ident, m.next_id);
             const int hit = cache->attach_prefix(tokens);
             NewRequest::check_hit(m, sut, *cache, ident, tokens, hit);
             sut.hit_positions += hit;
@@ -647,7 +854,7 @@ void showValue(const Shape& s, std::ostream& os) {
 
 // The property: any sequence of commands keeps the invariants; `mutant` plants a bug in the pool
 // or in every sequence's rollback.
-void pool_property(Mutant mutant, Coverage* coverage = nullptr) {
+void pool_property(Mutant mutant, Coverage* coverage = nullptr, SeqBug seq_bug = SeqBug::none) {
     const Shape shape = *rc::gen::exec([] {
         Shape s;
         s.n_kv_heads = draw(1, 2);
@@ -660,11 +867,12 @@ void pool_property(Mutant mutant, Coverage* coverage = nullptr) {
     m.config = pool_config(shape.n_kv_heads);
     m.block_size = shape.block_size;
     m.n_blocks = shape.n_blocks;
-    Sut sut(m.config, shape.block_size, shape.n_blocks, mutant);
+    Sut sut(m.config, shape.block_size, shape.n_blocks, mutant, seq_bug);
     // Repeats weigh the draw: appends, forks and rollbacks are where blocks change hands.
     rc::state::check(m, sut,
                      rc::state::gen::execOneOfWithArgs<NewRequest, NewRequest, UseOtherModel, Append, Append, Append,
-                                                       Fork, Fork, Rollback, Rollback, Free, TooBig>());
+                                                       AppendPastBoundary, AppendPastBoundary, Fork, Fork, Rollback,
+                                                       Rollback, Free, TooBig>());
     Coverage& c = sut.coverage;
     c.cases++;
     for (const kvlab::CacheEvent& e : sut.events) {
@@ -676,8 +884,9 @@ void pool_property(Mutant mutant, Coverage* coverage = nullptr) {
 
 // Runs the property with a planted bug (fixed seed: the counterexample can be replayed) and
 // requires a failure whose description shows that bug's symptom (one of `symptoms`).
-void expect_caught(Mutant mutant, const char* bug, std::initializer_list<const char*> symptoms) {
-    const auto result = kvlab::test::run_to_failure([&] { pool_property(mutant); }, 20250611, 300);
+void expect_caught(Mutant mutant, const char* bug, std::initializer_list<const char*> symptoms,
+                   SeqBug seq_bug = SeqBug::none) {
+    const auto result = kvlab::test::run_to_failure([&] { pool_property(mutant, nullptr, seq_bug); }, 20250611, 300);
     const bool caught = result.has_value();
     const rc::detail::FailureResult failure = result.value_or(rc::detail::FailureResult{});
     const std::string example = kvlab::test::counterexample_text(failure, ":\n");
@@ -703,9 +912,12 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     std::printf(
         "pool state: %ld passing runs (shrinking included); %ld prefix hits, %ld same-tokens-other-model "
         "requests, %ld copies on write, %ld evictions, %ld rejected appends, %ld rejected requests, %ld "
-        "rejections impossible, %ld states with 3+ owners of a partial block at different lengths\n",
+        "rejections impossible, %ld states with 3+ owners of a partial block at different lengths, %ld "
+        "rollbacks into a published block, %ld of them followed by other tokens past the next block, %ld "
+        "requests for the old prefix after that\n",
         c.cases, c.prefix_hits, c.other_model_requests, c.copies_on_write, c.evictions, c.rejected_appends,
-        c.rejected_requests, c.no_reject_possible, c.deep_shares);
+        c.rejected_requests, c.no_reject_possible, c.deep_shares, c.rollbacks_into_published, c.rewrites,
+        c.old_prefix_after_rewrite);
     // The generator must reach every path it claims to test.
     CHECK(c.prefix_hits > 0);
     CHECK(c.other_model_requests > 0);
@@ -714,6 +926,8 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     CHECK(c.rejected_appends > 0);
     CHECK(c.rejected_requests > 0);
     CHECK(c.deep_shares > 0);
+    CHECK(c.rollbacks_into_published > 0);
+    CHECK(c.old_prefix_after_rewrite > 0);
 }
 
 // A bug the property above found (shrunk to these steps). truncate() poisons the rows past n
@@ -760,4 +974,11 @@ TEST_CASE("block pool counter-test: a prefix hash that ignores the model is caug
 
 TEST_CASE("block pool counter-test: a rollback that keeps the length is caught", "[paged][state][counter]") {
     expect_caught(Mutant::rollback_keeps_length, "rollback-keeps-length", {"tokens ["});
+}
+
+TEST_CASE("block pool counter-test: a rollback into a published block that keeps its chain hash is caught",
+          "[paged][state][counter]") {
+    // The next full block is published under the pre-rollback chain: its key names tokens its rows
+    // were not computed from (and a request sharing the old prefix would map it).
+    expect_caught(Mutant::none, "keeps-cut-hash", {"but its key is"}, SeqBug::keeps_cut_hash);
 }
