@@ -15,9 +15,9 @@ struct AttentionOptions {
 };
 
 struct ModelOptions {
-    std::string model;       // llama2.c checkpoint; default: the shared stories260K, else random
-    std::string tokenizer;   // llama2.c tokenizer.bin
-    std::uint64_t seed = 7;  // for the random model
+    std::string model;                 // llama2.c checkpoint; default: the shared stories260K, else random
+    std::string tokenizer;             // llama2.c tokenizer.bin
+    std::uint64_t seed = 7;            // for the random model
     std::string panel_cache = "auto";  // auto, on, off or a folder (core/panel_cache.h)
 };
 
@@ -62,7 +62,7 @@ struct SpeculateOptions {
     int k = 4;                     // draft tokens per target step
     std::string prompt, tokens;
     int steps = 100;
-    int reps = 3;                  // timed runs of each decode; the fastest counts
+    int reps = 3;  // timed runs of each decode; the fastest counts
     int threads = 1;
     std::string device = "cpu";
     std::string kv_format = "fp32";  // the target's, plain decode's and the draft's caches
@@ -165,15 +165,15 @@ struct BenchOptions {
     int naive_max = 1024;  // naive decode is timed only up to this T (its step is O(T^2))
     std::string plot;      // a PNG of tok/s and bytes per step against T ("": none)
     std::string startup;   // a checkpoint: time to its first logits and resident memory instead of the table
-    std::string panel_cache = "auto";  // --startup's --panel-cache
-    int block_size = 0;  // the paged variant's; 0: 16, or max_seq if smaller
-    int group = 0;       // the quantized variants' (channels per value scale, positions per key scale);
-                         // 0: the largest divisor of head_size up to 16
-    std::string device = "cpu";  // cpu: the full table; gpu or gpu-host: the device table
-    std::string kv_formats;      // the format table's formats ("all", or names); "": no format table
+    std::string panel_cache = "auto";   // --startup's --panel-cache
+    int block_size = 0;                 // the paged variant's; 0: 16, or max_seq if smaller
+    int group = 0;                      // the quantized variants' (channels per value scale, positions per key scale);
+                                        // 0: the largest divisor of head_size up to 16
+    std::string device = "cpu";         // cpu: the full table; gpu or gpu-host: the device table
+    std::string kv_formats;             // the format table's formats ("all", or names); "": no format table
     std::string attentions = "simple";  // the format table's attentions ("simple,tiled"); other than simple: the table
     int tile = 64;                      // tiled attention's keys per tile
-    bool lengths_given = false;  // --lengths was set (the device and format tables have their own defaults)
+    bool lengths_given = false;         // --lengths was set (the device and format tables have their own defaults)
     bool json = false;
 };
 int run_bench(const BenchOptions& o);
@@ -199,10 +199,24 @@ struct VerifyCommandOptions {
     std::string plugin;                  // a cache plugin's path: its property instead of the variants
     int plugin_timeout = 60;             // seconds without a step before a plugin is called hung
     bool plugin_stdio = false;           // the plugin is served over stdin/stdout (plugin_stdio.h)
+    std::string replay_log;              // where a failing plugin case's call log goes ("": the default)
+    std::string block_sizes;             // a plugin's pools: block sizes drawn from ("": the plugin's or kvlab's)
+    int max_sequences = 0;               // a plugin's pools: the most sequences (0: kvlab's draw)
+    double time_limit = 0;               // a plugin's check: seconds after which no case starts (0: none)
     bool json = false;
     bool list = false;
 };
 int run_verify(const VerifyCommandOptions& o);
+
+// kvlab replay LOG --plugin lib.so: a plugin check's failing case (its call log) run again
+// against the plugin alone (proofs/plugin_replay.h), in a child process as verify --plugin runs.
+struct ReplayOptions {
+    std::string log;
+    std::string plugin;
+    int plugin_timeout = 60;
+    bool plugin_stdio = false;
+};
+int run_replay(const ReplayOptions& o);
 
 // "stories260K", "stories15M", or "dim=64,n_layers=2,..." on top of stories260K's shape.
 Config shape_from_string(const std::string& spec);

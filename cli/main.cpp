@@ -61,6 +61,7 @@ struct Commands {
     BenchOptions bench;
     ExportOptions exp;
     VerifyCommandOptions ver;
+    ReplayOptions replay;
     MemoryOptions mem;
     PoolOptions pool;
     TraceOptions trace;
@@ -71,8 +72,8 @@ struct Commands {
     FrontierOptions frontier;
     CompletionsOptions completions;
     ManOptions man;
-    CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *memory_cmd, *pool_cmd, *trace_cmd,
-        *diff_cmd, *golden_cmd, *serve_cmd, *beam_cmd, *frontier_cmd, *completions_cmd, *man_cmd;
+    CLI::App *demo_cmd, *gen_cmd, *spec_cmd, *bench_cmd, *export_cmd, *verify_cmd, *replay_cmd, *memory_cmd, *pool_cmd,
+        *trace_cmd, *diff_cmd, *golden_cmd, *serve_cmd, *beam_cmd, *frontier_cmd, *completions_cmd, *man_cmd;
 };
 
 constexpr const char* kKvCalibrateHelp =
@@ -376,10 +377,10 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
                            "cpu (default), gpu or gpu-host: the decoders and caches under test and naive decode run "
                            "there; both (cpu,gpu) or two joined by a comma: naive on the first is the reference, the "
                            "second's naive and cached decode must equal it");
-    auto* attention = verify_cmd->add_option(
-        "--attention", ver.attention.kind,
-        "simple or tiled: naive decode and the decoders under test run it in every exact row "
-        "(default: simple, and the tiled-attention row draws its tiles)");
+    auto* attention =
+        verify_cmd->add_option("--attention", ver.attention.kind,
+                               "simple or tiled: naive decode and the decoders under test run it in every exact row "
+                               "(default: simple, and the tiled-attention row draws its tiles)");
     verify_cmd->add_option("--tile", ver.attention.tile, "with --attention: tiled attention's keys per tile (1..256)")
         ->needs(attention);
     verify_cmd->add_option("--profile", ver.profile,
@@ -401,12 +402,50 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
         "--plugin-stdio", ver.plugin_stdio,
         "a cache plugin served over stdin and stdout, one JSON object a line each way (docs/plugin-protocol.md; "
         "the Python module's kvlab.verify starts kvlab this way); stdout's last line is the result");
+    verify_cmd->add_option(
+        "--block-sizes", ver.block_sizes,
+        "a plugin's check: the block sizes its pools are drawn from, e.g. 16,32 (default: those the plugin "
+        "declares, else 1-16, or 1-64 with --profile long); a size the plugin does not accept is left out");
+    verify_cmd
+        ->add_option("--max-sequences", ver.max_sequences,
+                     "a plugin's check: the most sequences a pool holds (default: drawn, up to "
+                     "8, or 64 with --profile long, and at most the plugin's)")
+        ->check(CLI::Range(1, 4096));
+    verify_cmd
+        ->add_option("--time-limit", ver.time_limit,
+                     "a plugin's check: seconds after which no new case starts (cases then run in "
+                     "rounds of 10, round k with seed + k); the report says how many ran")
+        ->check(CLI::Range(0.001, 1e7));
+    verify_cmd
+        ->add_option("--replay-log", ver.replay_log,
+                     "with --plugin: where the failing case's call log is written, for `kvlab replay` (default: "
+                     "kvlab-replay-NAME.jsonl in the current directory)")
+        ->needs(plugin);
     verify_cmd->add_flag("--json", ver.json, "machine-readable output");
     verify_cmd->add_flag("--list", ver.list, "list the variants, their parameters, the scenarios and planted bugs");
     verify_cmd->get_option("variant")->excludes(plugin);
     verify_cmd->get_option("variant")->excludes(stdio);
     plugin->excludes(stdio);
+    // --block-sizes, --max-sequences and --time-limit need --plugin or --plugin-stdio: run_verify says so.
     return verify_cmd;
+}
+
+CLI::App* add_replay(CLI::App& app, ReplayOptions& r) {
+    auto* cmd = app.add_subcommand("replay",
+                                   "run a plugin check's failing case again, from its call log, against the plugin "
+                                   "alone: the same calls, kvlab's same checks (exit 1 on a verdict)");
+    cmd->add_option("log", r.log, "the call log `kvlab verify --plugin` wrote (JSON lines)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    auto* plugin = cmd->add_option("--plugin", r.plugin, "the cache plugin (a shared library) to replay it on");
+    cmd->add_option("--plugin-timeout", r.plugin_timeout,
+                    "with --plugin: seconds without progress before the plugin is called hung (default 60)")
+        ->check(CLI::Range(1, 86400))
+        ->needs(plugin);
+    auto* stdio = cmd->add_flag("--plugin-stdio", r.plugin_stdio,
+                                "a plugin served over stdin and stdout (docs/plugin-protocol.md; kvlab.replay)");
+    plugin->excludes(stdio);
+    return cmd;
 }
 
 // Every command but `view` (ViewCommand adds itself), in the order --help lists them.
@@ -417,6 +456,7 @@ void add_commands(CLI::App& app, Commands& c) {
     c.bench_cmd = add_bench(app, c.bench);
     c.export_cmd = add_export(app, c.exp);
     c.verify_cmd = add_verify(app, c.ver);
+    c.replay_cmd = add_replay(app, c.replay);
     c.memory_cmd = app.add_subcommand(
         "memory", "KV cache bytes of published model shapes, and the waste of reserving max_seq vs paging");
     add_memory_options(c.memory_cmd, c.mem);
@@ -460,6 +500,7 @@ int run_command(const CLI::App& app, Commands& c, ViewCommand& view) {
         }
         if (*c.export_cmd) return run_export(c.exp);
         if (*c.verify_cmd) return run_verify(c.ver);
+        if (*c.replay_cmd) return run_replay(c.replay);
         if (*c.memory_cmd) return run_memory(c.mem);
         if (*c.pool_cmd) return run_pool(c.pool);
         if (*c.trace_cmd) {

@@ -335,8 +335,8 @@ std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out) {
     return std::make_unique<CachePlugin>(n, t, s_create_pool);
 }
 
-void stdio_send_result(const nlohmann::json& row) {
-    const std::string line = json_text(json{{"op", "result"}, {"row", row}}) + "\n";
+void stdio_send_result(const nlohmann::json& result, const char* key) {
+    const std::string line = json_text(json{{"op", "result"}, {key, result}}) + "\n";
     std::fwrite(line.data(), 1, line.size(), channel.out);
     std::fflush(channel.out);
 }

@@ -39,8 +39,8 @@ namespace kvlab {
 // Says hello on `out`, reads the answer from `in`, and returns the plugin whose calls go over
 // them (one per process: the table's functions share the channel). Throws Error in one line.
 std::unique_ptr<CachePlugin> stdio_plugin(std::FILE* in, std::FILE* out);
-// The last line: the check's result, for the server to return.
-void stdio_send_result(const nlohmann::json& row);
+// The last line, {"op": "result", key: result}: the check's row, or a replay's outcome ("replay").
+void stdio_send_result(const nlohmann::json& result, const char* key = "row");
 
 // The answer that broke the protocol (not one line of a JSON object of the expected shape, or
 // the pipe closed), or "": after it every call fails, and the run ends with it as its error.

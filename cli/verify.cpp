@@ -18,18 +18,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "cache_factory.h"
 #include "commands.h"
 #include "common.h"
 #include "device.h"
+#include "file_writer.h"
 #include "json_text.h"
+#include "npy.h"
 #include "plugin_cache.h"
+#include "plugin_replay.h"
 #include "plugin_stdio.h"
 
 namespace kvlab::cli {
@@ -62,6 +67,11 @@ VerifyOptions verify_options(const VerifyCommandOptions& o) {
     vo.kv_format = o.kv_format;
     vo.attention = o.attention.kind, vo.tile = o.attention.tile;
     vo.profile = o.profile;
+    if (!o.block_sizes.empty()) vo.block_sizes = parse_int_list("--block-sizes", o.block_sizes);
+    for (int bs : vo.block_sizes)
+        if (bs < 1 || bs > 1024) throw Error(fmt::format("verify: --block-sizes: {} is not in 1..1024", bs));
+    vo.max_sequences = o.max_sequences;
+    vo.time_limit = o.time_limit;
     auto progress = std::make_shared<Progress>();
     vo.progress = [progress](std::string_view line) { (*progress)(std::string(line)); };
     return vo;
@@ -79,7 +89,8 @@ nlohmann::json row_json(const VerifyRow& r) {
             {"counterexample_T", r.counterexample_T},
             {"counterexample_fill", r.counterexample_fill},
             {"counterexample_sequences", r.counterexample_sequences},
-            {"figures", r.figures}};
+            {"figures", r.figures},
+            {"replay_log", r.replay_log}};
 }
 VerifyRow row_from_json(const nlohmann::json& j) {
     return {j.at("variant"),
@@ -92,7 +103,8 @@ VerifyRow row_from_json(const nlohmann::json& j) {
             j.at("figures"),
             j.at("counterexample_T"),
             j.at("counterexample_fill"),
-            j.at("counterexample_sequences")};
+            j.at("counterexample_sequences"),
+            j.value("replay_log", std::string())};
 }
 
 std::string one_line(std::string s) {
@@ -101,23 +113,26 @@ std::string one_line(std::string s) {
     return s;
 }
 
-// The child's side of --plugin: the property, its steps and then its row (or the Error that
-// stopped it) as lines on fd: "step <case so far>", "row <json>", "error <message>".
-[[noreturn]] void plugin_child(const VerifyCommandOptions& o, VerifyOptions vo, int fd) {
-    FILE* out = fdopen(fd, "w");
-    if (!out) _exit(3);
-    vo.progress = [out](std::string_view line) {
-        std::fprintf(out, "step %s\n", one_line(std::string(line)).c_str());
-        std::fflush(out);
-    };
-    try {
-        std::fprintf(out, "row %s\n", json_text(row_json(verify_plugin(o.plugin, vo))).c_str());
-    } catch (const std::exception& e) {
-        std::fprintf(out, "error %s\n", one_line(e.what()).c_str());
+// A child process's lines ("step <what it is on>", "row <json>", "error <message>") and how it
+// ended: the parent's view of a plugin run that may crash or hang.
+struct ChildRun {
+    std::string last_step, row, error;
+    bool hung = false;
+    int status = 0;
+    std::string inside;  // the plugin call it was in when it ended, or ""
+    // "crashed: signal 11 (...) inside the plugin's slot(pos=3) ...; the last step: ...".
+    std::string ending(int timeout_s) const {
+        std::string what;
+        if (hung)
+            what = fmt::format("no answer in {} s", timeout_s);
+        else if (WIFSIGNALED(status))
+            what = fmt::format("crashed: signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+        else
+            what = fmt::format("ended with exit status {} and no result", WEXITSTATUS(status));
+        if (!inside.empty()) what += " inside the plugin's " + inside;
+        return what + (last_step.empty() ? " before its first step" : "; the last step: " + last_step);
     }
-    std::fflush(out);
-    _exit(0);
-}
+};
 
 // The plugin call a child is inside (set_plugin_call_note), in memory its parent reads after it.
 struct SharedNote {
@@ -133,32 +148,38 @@ struct SharedNote {
     std::string read() const { return std::string(text, strnlen(text, kSize)); }
 };
 
-// --plugin: the property runs in a child process, so that a crash or a hang in the plugin's code
-// is a verdict on the plugin, never the end of kvlab. The parent reads the child's lines; no line
-// for plugin_timeout seconds is a hang (the child is killed). A child that ends without a row
-// gets a row of its own: the signal or exit status, the plugin call it was inside, and the last
-// step it reported.
-VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
+// Runs body(out) in a child process, so that a crash or a hang in a plugin's code is a verdict on
+// the plugin, never the end of kvlab: body writes its lines on out; no line for timeout_s seconds
+// is a hang (the child is killed).
+ChildRun run_child(int timeout_s, const std::function<void(std::FILE*)>& body) {
     int fds[2];
-    if (::pipe(fds) != 0) throw Error(fmt::format("verify --plugin: no pipe: {}", std::strerror(errno)));
+    if (::pipe(fds) != 0) throw Error(fmt::format("plugin: no pipe: {}", std::strerror(errno)));
     const SharedNote call;
     std::fflush(stdout), std::fflush(stderr);
     const pid_t pid = ::fork();
-    if (pid < 0) throw Error(fmt::format("verify --plugin: cannot start a process: {}", std::strerror(errno)));
+    if (pid < 0) throw Error(fmt::format("plugin: cannot start a process: {}", std::strerror(errno)));
     if (pid == 0) {
         ::close(fds[0]);
         set_plugin_call_note(call.text, SharedNote::kSize);
-        plugin_child(o, vo, fds[1]);
+        FILE* out = fdopen(fds[1], "w");
+        if (!out) _exit(3);
+        try {
+            body(out);
+        } catch (const std::exception& e) {
+            std::fprintf(out, "error %s\n", one_line(e.what()).c_str());
+        }
+        std::fflush(out);
+        _exit(0);
     }
     ::close(fds[1]);
-    std::string buffer, last_step, row_text, error_text;
-    bool hung = false;
+    ChildRun r;
+    std::string buffer;
     for (;;) {
         pollfd p{fds[0], POLLIN, 0};
-        const int ready = ::poll(&p, 1, o.plugin_timeout * 1000);
+        const int ready = ::poll(&p, 1, timeout_s * 1000);
         if (ready < 0 && errno == EINTR) continue;
         if (ready == 0) {
-            hung = true;
+            r.hung = true;
             ::kill(pid, SIGKILL);
             break;
         }
@@ -169,32 +190,53 @@ VerifyRow run_plugin(const VerifyCommandOptions& o, const VerifyOptions& vo) {
         buffer.append(chunk, std::size_t(n));
         for (std::size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
             const std::string line = buffer.substr(0, nl);
-            if (line.rfind("step ", 0) == 0) last_step = line.substr(5);
-            if (line.rfind("row ", 0) == 0) row_text = line.substr(4);
-            if (line.rfind("error ", 0) == 0) error_text = line.substr(6);
+            if (line.rfind("step ", 0) == 0) r.last_step = line.substr(5);
+            if (line.rfind("row ", 0) == 0) r.row = line.substr(4);
+            if (line.rfind("error ", 0) == 0) r.error = line.substr(6);
         }
     }
     ::close(fds[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    while (::waitpid(pid, &r.status, 0) < 0 && errno == EINTR) {
     }
-    if (!error_text.empty()) throw Error(error_text);  // the plugin did not load, or an option is wrong
-    if (!row_text.empty() && !hung) return row_from_json(nlohmann::json::parse(row_text));
-    std::string what;
-    if (hung)
-        what = fmt::format("no answer in {} s", o.plugin_timeout);
-    else if (WIFSIGNALED(status))
-        what = fmt::format("crashed: signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-    else
-        what = fmt::format("ended with exit status {} and no result", WEXITSTATUS(status));
-    if (const std::string inside = call.read(); !inside.empty()) what += " inside the plugin's " + inside;
+    r.inside = call.read();
+    return r;
+}
+
+// --plugin: the property runs in a child process (run_child), its steps as progress lines. A
+// child that ends without a row gets a row of its own: the signal or exit status, the plugin call
+// it was inside, and the last step it reported.
+VerifyRow run_plugin(const VerifyCommandOptions& o, VerifyOptions vo) {
+    const ChildRun c = run_child(o.plugin_timeout, [&](std::FILE* out) {
+        vo.progress = [out](std::string_view line) {
+            std::fprintf(out, "step %s\n", one_line(std::string(line)).c_str());
+            std::fflush(out);
+        };
+        std::fprintf(out, "row %s\n", json_text(row_json(verify_plugin(o.plugin, vo))).c_str());
+    });
+    if (!c.error.empty()) throw Error(c.error);  // the plugin did not load, or an option is wrong
+    if (!c.row.empty() && !c.hung) return row_from_json(nlohmann::json::parse(c.row));
     VerifyRow r;
     r.name = fmt::format("plugin {}", o.plugin);
     r.kind = "exact";
     r.parameters = "-";
-    r.result = hung ? "HUNG" : "CRASHED";
-    r.counterexample = what + (last_step.empty() ? " before its first step" : "; the last step: " + last_step);
+    r.result = c.hung ? "HUNG" : "CRASHED";
+    r.counterexample = c.ending(o.plugin_timeout);
     return r;
+}
+
+// A failing plugin row's call log, written where --replay-log says (default
+// kvlab-replay-NAME.jsonl here); returns the file's name, or "" when there is none to write.
+std::string write_replay_log(const VerifyCommandOptions& o, const VerifyRow& row) {
+    if (row.replay_log.empty()) return "";
+    std::string path = o.replay_log;
+    if (path.empty()) {
+        std::string name = row.name.rfind("plugin ", 0) == 0 ? row.name.substr(7) : row.name;
+        for (char& ch : name)
+            if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-') ch = '_';
+        path = "kvlab-replay-" + name + ".jsonl";
+    }
+    write_file(path, "replay log", row.replay_log);
+    return path;
 }
 
 }  // namespace
@@ -211,13 +253,50 @@ int run_plugin_stdio(const VerifyCommandOptions& o) {
     return row.ok ? 0 : 1;
 }
 
+int run_replay(const ReplayOptions& o) {
+    const std::string text = read_file_bytes(o.log, std::int64_t{1} << 30);
+    if (o.plugin_stdio) {
+        const std::unique_ptr<CachePlugin> plugin = stdio_plugin(stdin, stdout);
+        const ReplayOutcome r = replay_plugin_log(*plugin, text);
+        if (!stdio_broken().empty()) throw Error(stdio_broken());
+        stdio_send_result({{"calls", r.calls},
+                           {"verdict", r.verdict},
+                           {"logged", r.logged},
+                           {"same", r.same()},
+                           {"divergence", r.divergence},
+                           {"report", replay_report(r)}},
+                          "replay");
+        return r.verdict.empty() ? 0 : 1;
+    }
+    if (o.plugin.empty()) throw Error("replay: --plugin lib.so or --plugin-stdio says what to replay the log on");
+    const ChildRun c = run_child(o.plugin_timeout, [&](std::FILE* out) {
+        const CachePlugin plugin(o.plugin);
+        const ReplayOutcome r = replay_plugin_log(plugin, text);
+        std::fprintf(out, "row %s\n",
+                     json_text(nlohmann::json{{"report", replay_report(r)}, {"failed", !r.verdict.empty()}}).c_str());
+    });
+    if (!c.error.empty()) throw Error(c.error);  // the plugin did not load, or the log is not one
+    if (c.row.empty() || c.hung) {
+        fmt::print("kvlab replay {} on {}: {}\n", one_line(o.log), one_line(o.plugin), c.ending(o.plugin_timeout));
+        return 1;
+    }
+    const nlohmann::json r = nlohmann::json::parse(c.row);
+    fmt::print("kvlab replay {} on {}: {}\n", one_line(o.log), one_line(o.plugin), r.at("report").get<std::string>());
+    return r.at("failed").get<bool>() ? 1 : 0;
+}
+
 int run_verify(const VerifyCommandOptions& o) {
     if (o.list) return print_list();
+    if ((!o.block_sizes.empty() || o.max_sequences > 0 || o.time_limit > 0) && o.plugin.empty() && !o.plugin_stdio)
+        throw Error(
+            "verify: --block-sizes, --max-sequences and --time-limit are for a plugin's check (--plugin or "
+            "--plugin-stdio)");
     if (o.plugin_stdio) return run_plugin_stdio(o);
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<VerifyRow> rows = o.plugin.empty() ? verify(o.variant, verify_options(o))
                                                          : std::vector<VerifyRow>{run_plugin(o, verify_options(o))};
     const double seconds = seconds_since(t0);
+    const std::string replay_file = o.plugin.empty() ? "" : write_replay_log(o, rows.front());
     int n_ok = 0, n_mutants = 0, n_caught = 0;
     for (const VerifyRow& r : rows) {
         n_ok += r.ok;
@@ -235,6 +314,7 @@ int run_verify(const VerifyCommandOptions& o) {
         j["all_ok"] = n_ok == int(rows.size());
         if (n_mutants) j["kill_rate"] = double(n_caught) / n_mutants;
         for (const VerifyRow& r : rows) j["rows"].push_back(row_json(r));
+        if (!replay_file.empty()) j["replay_log_file"] = replay_file;
         fmt::print("{}\n", json_document(j));
         return n_ok == int(rows.size()) ? 0 : 1;
     }
@@ -267,6 +347,9 @@ int run_verify(const VerifyCommandOptions& o) {
                    r.cases, r.result + (r.ok ? "" : " !"), w_result, r.counterexample.empty() ? "-" : r.counterexample);
         if (!r.figures.empty()) fmt::print("{:<{}}  measured: {}\n", "", w_name, r.figures);
     }
+    if (!replay_file.empty())
+        fmt::print("\nthe failing case's calls: {} (run them again: kvlab replay {} --plugin {})\n", replay_file,
+                   replay_file, o.plugin);
     fmt::print("\n{} of {} rows as promised", n_ok, rows.size());
     if (n_mutants)
         fmt::print("; mutants caught {} of {} (kill rate {:.0f}%)", n_caught, n_mutants, 100.0 * n_caught / n_mutants);

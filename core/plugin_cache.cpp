@@ -283,6 +283,20 @@ const PrefixNode* PluginPool::child(const PrefixNode* parent, int token, int pos
     return node.get();
 }
 
+PluginLogEntry* PluginPool::logged(PluginLogEntry::Call call, int seq, int pos) {
+    if (!log_) return nullptr;
+    if (pos >= 0 && !log_->empty()) {
+        PluginLogEntry& last = log_->back();
+        if (last.call == call && last.seq == seq && pos >= last.a && pos <= last.b + 1) {
+            last.b = std::max(last.b, pos);
+            return &last;
+        }
+    }
+    PluginLogEntry& entry = log_->emplace_back();
+    entry.call = call, entry.seq = seq, entry.a = entry.b = std::max(pos, 0);
+    return &entry;
+}
+
 void PluginPool::hold(std::int64_t slot, const PluginCache* seq, int pos) {
     auto& h = holders_[std::size_t(slot)];
     if (h.empty()) {
@@ -345,6 +359,7 @@ void PluginPool::copy(std::span<const kvlab_slot_copy> copies, const std::string
 
 PluginCache::PluginCache(PluginPool& pool, int seq_id) : Cache(pool.config()), pool_(&pool) {
     this->seq_id = seq_id;
+    pool.logged(PluginLogEntry::create, seq_id);
     char err[kErrLen] = {};
     const CallNote note("create() of sequence {}", seq_id);
     handle_ = pool.plugin().table().create(pool.handle_, err, sizeof err);
@@ -368,6 +383,7 @@ PluginCache::PluginCache(PluginPool& pool, int seq_id, kvlab_cache* handle)
 }
 
 PluginCache::~PluginCache() {
+    pool_->logged(PluginLogEntry::destroy, seq_id);
     for (std::int64_t s : slots_) pool_->unhold(s, this);
     const CallNote note("destroy() of sequence {}", seq_id);
     pool_->plugin().table().destroy(handle_);
@@ -423,6 +439,8 @@ void PluginCache::reserve(int new_length) {
     char err[kErrLen] = {};
     asked_ = 0;
     int status = 0;
+    PluginLogEntry* entry = pool_->logged(PluginLogEntry::reserve, seq_id);
+    if (entry) entry->a = length, entry->tokens = pending_;
     {
         const CallNote note("{} of sequence {}", call, seq_id);
         status = t.reserve(handle_, length, n, tokens.data(), copies.data(), std::int32_t(copies.size()), &n_copies,
@@ -432,6 +450,7 @@ void PluginCache::reserve(int new_length) {
         // A refusal is the pool's answer when it is full, a bug when kvlab's books show room.
         const int free_blocks = pool_->n_blocks() - pool_->blocks_in_use(), need = pool_->blocks_needed(n);
         const std::string refused = fmt::format("{}: {} refused: {}", who(), call, plugin_message(err));
+        if (entry) entry->refused = plugin_message(err);
         if (free_blocks < need)
             throw PoolFull(fmt::format("{} ({} of {} blocks wholly free; it may need {})", refused, free_blocks,
                                        pool_->n_blocks(), need));
@@ -444,12 +463,14 @@ void PluginCache::reserve(int new_length) {
         throw Error(
             fmt::format("{}: {} said it asked for {} copies, of at most {}", who(), call, n_copies, copies.size()));
     copies.resize(std::size_t(n_copies));
+    if (entry) entry->copies = copies;
     pool_->copy(copies, fmt::format("{}: {}", who(), call));
     if (!copies.empty()) moved(copies, call);
     std::vector<std::int64_t> given;  // the new positions' slots, held as each is checked
     try {
         for (int pos = length; pos < new_length; pos++) {
             const std::int64_t s = ask_slot(pos);
+            if (entry) entry->slots.push_back(s);  // nothing is logged between: the entry stays put
             take(pos, s, call);
             given.push_back(s);
         }
@@ -481,11 +502,13 @@ void PluginCache::moved(std::span<const kvlab_slot_copy> copies, const std::stri
 }
 
 void PluginCache::on_write(int pos) {
+    pool_->logged(PluginLogEntry::write, seq_id, pos);
     pool_->content_[std::size_t(slots_[std::size_t(pos)])] = nodes_[std::size_t(pos)];
 }
 
 int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
     check_fresh();
+    pool_->logged(PluginLogEntry::read, seq_id, pos);
     const kvlab_cache_plugin_abi3& t = pool_->plugin().table();
     if (t.attended) {
         std::vector<std::int32_t> got(std::size_t(pos) + 1);  // [pos + 1] an exact cache's answer fills it
@@ -517,6 +540,7 @@ int PluginCache::attended(int pos, std::int64_t* slots, int* positions) const {
 void PluginCache::release(int n) {
     asked_ = 0;
     if (n == int(slots_.size())) return;
+    if (PluginLogEntry* entry = pool_->logged(PluginLogEntry::release, seq_id)) entry->a = n;
     if (!pool_->plugin().releases_part()) {
         // Only a failed request rolls back here (the checks draw no rollback for such a plugin):
         // kvlab forgets the positions, the plugin cannot, and the sequence may only be destroyed.
@@ -546,6 +570,7 @@ void PluginCache::committed() {
     char err[kErrLen] = {};
     int status = 0;
     asked_ = 0;
+    PluginLogEntry* entry = pool_->logged(PluginLogEntry::step_done, seq_id);
     {
         const CallNote note("step_done() of sequence {}", seq_id);
         status = t.step_done(handle_, moves.data(), std::int32_t(moves.size()), &n_moves, err, sizeof err);
@@ -556,6 +581,7 @@ void PluginCache::committed() {
     if (n_moves < 0 || n_moves > std::int32_t(moves.size()))
         throw Error(fmt::format("{}: step_done() said it moved {} runs, of at most {}", who(), n_moves, moves.size()));
     moves.resize(std::size_t(n_moves));
+    if (entry) entry->moves = moves;
     apply_moves(moves, "step_done()");
 }
 
@@ -601,10 +627,13 @@ int PluginCache::attach_prefix(std::span<const int> tokens) {
     const int n = int(tk.size());
     const std::string call = fmt::format("attach_prefix(n={})", n);
     int hit = 0;
+    PluginLogEntry* entry = pool_->logged(PluginLogEntry::attach_prefix, seq_id);
+    if (entry) entry->tokens.assign(tokens.begin(), tokens.end());
     {
         const CallNote note("{} of sequence {}", call, seq_id);
         hit = pool_->plugin().table().attach_prefix(handle_, tk.data(), n);
     }
+    if (entry) entry->a = hit;
     if (hit < 0 || hit > n - 1)
         throw Error(
             fmt::format("{}: {} returned {}, not one of 0..{} (the last token always runs)", who(), call, hit, n - 1));
@@ -638,6 +667,7 @@ std::unique_ptr<PluginCache> PluginCache::fork(int new_seq_id) {
     if (!t.fork) throw Error(fmt::format("{}: the plugin has no fork", who()));
     char err[kErrLen] = {};
     kvlab_cache* h = nullptr;
+    if (PluginLogEntry* entry = pool_->logged(PluginLogEntry::fork, seq_id)) entry->a = new_seq_id;
     {
         const CallNote note("fork() of sequence {}", seq_id);
         h = t.fork(handle_, err, sizeof err);

@@ -92,6 +92,21 @@ struct PrefixNode {
     std::map<int, std::unique_ptr<PrefixNode>> children;
 };
 
+// One thing kvlab did to a pool, in order: a line of a replayable log (proofs/plugin_replay.h).
+// A plugin call with its arguments and answer, or rows written or read (kvlab's books follow
+// them). Consecutive writes or reads of one sequence's positions share an entry.
+struct PluginLogEntry {
+    enum Call { create, attach_prefix, reserve, write, read, step_done, release, fork, destroy } call;
+    int seq = 0;
+    int a = 0, b = 0;                     // reserve: length; attach_prefix: hit; write, read: first and
+                                          // last position; release: n; fork: the child's id
+    std::vector<int> tokens;              // reserve, attach_prefix
+    std::vector<std::int64_t> slots;      // reserve: the new positions' slots
+    std::vector<kvlab_slot_copy> copies;  // reserve
+    std::vector<kvlab_slot_move> moves;   // step_done
+    std::string refused;                  // reserve: a refusal's message ("" when it answered)
+};
+
 // One pool of the plugin, its rows and kvlab's books on them.
 class PluginPool {
 public:
@@ -119,6 +134,8 @@ public:
     int n_blocks() const { return n_slots_ / block_size_; }
     int peak_held_slots() const { return peak_held_slots_; }
     int peak_blocks_in_use() const { return peak_blocks_in_use_; }
+    // Every call and row access from now on is appended to *log (null: none), for a replay.
+    void set_log(std::vector<PluginLogEntry>* log) { log_ = log; }
     // Positions step_done moved onto identical rows (deduplication), over the pool's life.
     std::int64_t moved_positions() const { return moved_positions_; }
     // Blocks a reserve of n positions may need: n / block_size rounded up, and one for a copy of
@@ -132,6 +149,9 @@ private:
         int pos;
     };
     const PrefixNode* child(const PrefixNode* parent, int token, int pos);
+    // A new log entry (null without a log); `pos` for a write or read, which extends the last
+    // entry when it is the same access of the same sequence at the next position.
+    PluginLogEntry* logged(PluginLogEntry::Call call, int seq, int pos = -1);
     void hold(std::int64_t slot, const PluginCache* seq, int pos);
     void unhold(std::int64_t slot, const PluginCache* seq);
     // Applies a reserve's copies after checking them (ranges, overlap, a held destination).
@@ -151,6 +171,7 @@ private:
     int live_ = 0;
     int held_slots_ = 0, blocks_in_use_ = 0, peak_held_slots_ = 0, peak_blocks_in_use_ = 0;
     std::int64_t moved_positions_ = 0;
+    std::vector<PluginLogEntry>* log_ = nullptr;
 };
 
 class PluginCache final : public Cache {

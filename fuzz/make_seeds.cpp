@@ -197,6 +197,24 @@ int main(int argc, char** argv) {
               "{\"name\": \"seed\", \"methods\": []}\n{\"pool\": 1}\n{\"error\": \"x\"}\n");
     }
 
+    // replay_log: a log with every call, as `kvlab verify --plugin` writes one.
+    write(
+        seeds / "replay_log" / "every_call",
+        "{\"kvlab_replay\": 1, \"plugin\": \"seed\", \"config\": {\"dim\": 4, \"hidden_dim\": 2, \"n_layers\": 1, "
+        "\"n_heads\": 1, \"n_kv_heads\": 1, \"vocab_size\": 8, \"max_seq\": 6}, \"n_slots\": 12, \"max_sequences\": 2, "
+        "\"block_size\": 2}\n"
+        "{\"call\": \"create\", \"seq\": 0}\n"
+        "{\"call\": \"attach_prefix\", \"seq\": 0, \"tokens\": [1, 2], \"hit\": 0}\n"
+        "{\"call\": \"reserve\", \"seq\": 0, \"length\": 0, \"tokens\": [1, 2, 3], \"copies\": [], \"slots\": [11, 10, "
+        "9]}\n"
+        "{\"call\": \"write\", \"seq\": 0, \"from\": 0, \"to\": 2}\n"
+        "{\"call\": \"read\", \"seq\": 0, \"from\": 0, \"to\": 2}\n"
+        "{\"call\": \"step_done\", \"seq\": 0, \"moves\": []}\n"
+        "{\"call\": \"release\", \"seq\": 0, \"n\": 1}\n"
+        "{\"call\": \"fork\", \"seq\": 0, \"child\": 1}\n"
+        "{\"call\": \"destroy\", \"seq\": 0}\n"
+        "{\"verdict\": \"\", \"books\": true}\n");
+
     // trace: each file of fuzz_trace's trace, behind the byte that chooses it.
     {
         const fs::path dir = seeds / "trace-work";

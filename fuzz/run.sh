@@ -24,7 +24,8 @@ shift 2
 src=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-    targets=(checkpoint tokenizer pool_script options decode panel_cache plugin_stdio trace serve_trace block_store output)
+    targets=(checkpoint tokenizer pool_script options decode panel_cache plugin_stdio trace serve_trace block_store output
+             replay_log)
 fi
 jobs=${FUZZ_JOBS:-$(nproc)}
 # Sanitizer settings for the targets: a UB report stops the run (also compiled in), leaks count.

@@ -4,6 +4,7 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include "model.h"
 #include "planted.h"
 #include "plugin_cache.h"
+#include "plugin_replay.h"
 #include "property.h"
 #include "sampler.h"
 #include "scheduler.h"
@@ -895,6 +897,7 @@ struct PluginReach {
     int cases = 0, marks[5] = {0, 0, 0, 0, 0};
     int longest = 0, fill_percent = 0, sequences = 0, held_slots = 0, full_cases = 0, fill95_cases = 0;
     std::int64_t preemptions = 0, moved = 0;  // whole-only plugins' preemptions; step_done's moved positions
+    std::string replay_log;                   // the latest failing case's (plugin_replay.h)
     std::string text() const {
         if (cases == 0) return "";
         return fmt::format(
@@ -905,6 +908,23 @@ struct PluginReach {
             fill95_cases, full_cases, preemptions, moved);
     }
 };
+
+// The block sizes a plugin's pools are drawn from: the plugin's and the options' (o.block_sizes)
+// both, or either's alone; empty when neither lists any (kvlab draws 1..16 or 1..64). Throws
+// Error, in one line, when no size is both.
+std::vector<int> plugin_block_sizes(const CachePlugin& plugin, const VerifyOptions& o) {
+    std::vector<int> out;
+    for (int bs : o.block_sizes)
+        if (plugin.accepts_block_size(bs)) out.push_back(bs);
+    if (o.block_sizes.empty()) out = plugin.block_sizes();
+    if (!o.block_sizes.empty() && out.empty()) {
+        std::string asked;
+        for (int bs : o.block_sizes) asked += (asked.empty() ? "" : ",") + std::to_string(bs);
+        throw Error(fmt::format("verify: --block-sizes {}: plugin {} accepts none of them (it takes {})", asked,
+                                plugin.name(), plugin.block_sizes_text()));
+    }
+    return out;
+}
 
 // A pool of a plugin and the sequences it holds, each with the tokens it holds, driven by drawn
 // operations as an engine drives its block manager: new requests (a fresh prompt, one sharing
@@ -924,11 +944,10 @@ public:
     static constexpr int kLongPoolSlots = 24576;         // the long profile's pools: filled in seconds
     static constexpr std::int64_t kStepSlots = 1 << 22;  // a batched step's rows x max_seq at most
 
-    PluginFamily(const CachePlugin& plugin, const Devices& devices,
-                 const std::function<void(std::string_view)>& progress)
+    PluginFamily(const CachePlugin& plugin, const Devices& devices, const VerifyOptions& o)
         : plugin_(plugin),
           devices_(devices),
-          progress_(progress),
+          progress_(o.progress),
           c_(draw_reaching_config(devices.long_profile)),
           m_(random_model(c_, *rc::gen::arbitrary<std::uint64_t>())),
           format_(draw_kv_format(devices)),
@@ -944,8 +963,10 @@ public:
                          : draw(0, 4) == 0             ? 1
                                                        : draw(2, 8);
         if (plugin.max_sequences() > 0) max_sequences_ = std::min(max_sequences_, plugin.max_sequences());
-        // A block size the plugin accepts: drawn from its list, else small half the time.
-        const std::vector<int>& sizes = plugin.block_sizes();
+        if (o.max_sequences > 0) max_sequences_ = std::min(max_sequences_, o.max_sequences);
+        // A block size the plugin accepts (and the options allow): drawn from the list, else
+        // small half the time.
+        const std::vector<int> sizes = plugin_block_sizes(plugin, o);
         const int bs = !sizes.empty()                ? sizes[draw(std::size_t{0}, sizes.size() - 1)]
                        : *rc::gen::arbitrary<bool>() ? draw(1, 4)
                                                      : draw(1, long_run ? 64 : 16);
@@ -963,6 +984,7 @@ public:
                             c_.describe(), kv_format_name(format_));
         pool_.emplace(c_, plugin, oracle_.memory(), n_slots_, max_sequences_, bs);
         pool_->set_kv_format(format_);
+        pool_->set_log(&log_);
     }
     ~PluginFamily() { seqs_.clear(); }  // before the pool
 
@@ -989,6 +1011,13 @@ public:
         }
     }
     const std::string& what() const { return what_; }
+    // The case so far as a replayable log ending in `verdict` (books: raised by kvlab's books,
+    // not a logit that differs).
+    std::string replay_log(const std::string& verdict, bool books) const {
+        const ReplayHeader h{plugin_.name(),         c_, n_slots_, max_sequences_, pool_->block_size(),
+                             kv_format_name(format_)};
+        return replay_log_text(h, log_, verdict, books);
+    }
     // The case's sizes, first in its counterexample: "T = 258, pool 97% full, 5 sequences".
     std::string sizes() const {
         return fmt::format("T = {}, pool {}% full, {} sequences", longest_, fill_percent(), most_sequences_);
@@ -1265,14 +1294,14 @@ private:
     std::optional<PluginPool> pool_;
     std::vector<std::unique_ptr<PluginCache>> seqs_;  // the live sequences
     std::vector<std::vector<int>> tokens_;            // [seqs_] the tokens each holds
+    std::vector<PluginLogEntry> log_;                 // every call into the pool, for a replay
     std::optional<Model> draft_model_;
     std::unique_ptr<Backend> draft_backend_;
 };
 
 // One case of the plugin property: a drawn family run; a failure names the case's sizes first
 // ("T = 258, pool 97% full, 5 sequences"), then every operation that led there.
-void plugin_property(const CachePlugin& plugin, const Devices& devices,
-                     const std::function<void(std::string_view)>& progress, PluginReach& reach) {
+void plugin_property(const CachePlugin& plugin, const Devices& devices, const VerifyOptions& o, PluginReach& reach) {
     std::optional<PluginFamily> family;
     const auto counted = [&] {
         if (family) family->count(reach);
@@ -1281,13 +1310,15 @@ void plugin_property(const CachePlugin& plugin, const Devices& devices,
         return family ? fmt::format("plugin {} ({}): {}", plugin.name(), family->sizes(), message) : message;
     };
     try {
-        family.emplace(plugin, devices, progress);
+        family.emplace(plugin, devices, o);
         family->run();
     } catch (const Error& e) {
         counted();
+        if (family) reach.replay_log = family->replay_log(e.what(), true);
         fail(framed(family ? fmt::format("{}: {}", family->what(), e.what()) : std::string(e.what())));
     } catch (const rc::detail::CaseResult& r) {  // a logit that differs from naive decode
         counted();
+        if (family) reach.replay_log = family->replay_log(r.description, false);
         fail(framed(r.description));
     }
     counted();
@@ -1852,7 +1883,7 @@ VerifyRow verify_plugin(const std::string& path, const VerifyOptions& o) {
 
 // What a plugin's check draws, from what the plugin declares: its sizes, the operations, and
 // those left out (with why), so that a report says what was not checked.
-std::string plugin_parameters(const CachePlugin& plugin, const Devices& d) {
+std::string plugin_parameters(const CachePlugin& plugin, const Devices& d, const VerifyOptions& o) {
     const std::string sizes = d.long_profile
                                   ? "thin models to position 8191 and any KV format, pools of up to 24576 slots"
                                   : "any model (half the time a thin one to position 257) and KV format, pools";
@@ -1870,15 +1901,23 @@ std::string plugin_parameters(const CachePlugin& plugin, const Devices& d) {
            "release is NULL: sequences are freed only whole, so preemption and recompute stand in");
     if (!plugin.releases_part()) ops.push_back("preemption and recompute");
     if (plugin.has_step_done()) ops.push_back("step_done after every forward pass (its moves checked)");
-    const int most = plugin.max_sequences() > 0 ? std::min(plugin.max_sequences(), d.long_profile ? 64 : 8)
-                                                : (d.long_profile ? 64 : 8);
-    const std::string block_sizes = plugin.block_sizes().empty()
-                                        ? fmt::format("block sizes 1-{}", d.long_profile ? 64 : 16)
-                                        : fmt::format("block sizes {} (the plugin's)", plugin.block_sizes_text());
+    int most = d.long_profile ? 64 : 8;
+    std::string whose;
+    if (plugin.max_sequences() > 0 && plugin.max_sequences() <= most)
+        most = plugin.max_sequences(), whose = "the plugin's";
+    if (o.max_sequences > 0 && o.max_sequences <= most) most = o.max_sequences, whose = "--max-sequences";
+    const std::vector<int> sizes_drawn = plugin_block_sizes(plugin, o);
+    std::string block_sizes = fmt::format("block sizes 1-{}", d.long_profile ? 64 : 16);
+    if (!sizes_drawn.empty()) {
+        block_sizes = "block sizes ";
+        for (std::size_t i = 0; i < sizes_drawn.size(); i++)
+            block_sizes += (i ? ", " : "") + std::to_string(sizes_drawn[i]);
+        block_sizes += o.block_sizes.empty() ? " (the plugin's)" : " (--block-sizes)";
+    }
     std::string text = plugin.one_sequence()
                            ? fmt::format("version 1: {}, one sequence", sizes)
                            : fmt::format("{} of 1-{} sequences{}, {}, a third roomy, else filled", sizes, most,
-                                         most == plugin.max_sequences() ? " (the plugin's most)" : "", block_sizes);
+                                         whose.empty() ? "" : " (" + whose + ")", block_sizes);
     for (std::size_t i = 0; i < ops.size(); i++) text += (i == 0 ? ": " : ", ") + ops[i];
     for (std::size_t i = 0; i < left.size(); i++) text += (i == 0 ? "; left out: " : ", ") + left[i];
     return text;
@@ -1887,17 +1926,31 @@ std::string plugin_parameters(const CachePlugin& plugin, const Devices& d) {
 VerifyRow verify_plugin(const CachePlugin& plugin, const VerifyOptions& o) {
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
     const Devices d = devices_of(o);
+    const std::string parameters = plugin_parameters(plugin, d, o);  // refuses block sizes the plugin takes none of
     PluginReach reach;
-    const PropertyOutcome r = check_property([&] { plugin_property(plugin, d, o.progress, reach); }, o.cases, o.seed);
-    VerifyRow row{fmt::format("plugin {}", plugin.name()),
-                  "exact",
-                  plugin_parameters(plugin, d),
-                  r.cases,
-                  r.passed ? "bitwise equal" : "FAILED",
-                  r.passed,
-                  r.counterexample,
-                  reach.text()};
+    const auto property = [&] { plugin_property(plugin, d, o, reach); };
+    PropertyOutcome r;
+    if (o.time_limit <= 0) {
+        r = check_property(property, o.cases, o.seed);
+    } else {
+        // Rounds of 10 cases (round k seeded seed + k) until the cases are done, one fails, or the
+        // time is up; the row counts the cases run.
+        const auto t0 = std::chrono::steady_clock::now();
+        r.passed = true;
+        for (std::uint64_t round = 0; r.passed && r.cases < o.cases; round++) {
+            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= o.time_limit) break;
+            const int before = r.cases;
+            r = check_property(property, std::min(10, o.cases - before), o.seed + round);
+            r.cases += before;
+        }
+    }
+    VerifyRow row{fmt::format("plugin {}", plugin.name()), "exact",  parameters,       r.cases,
+                  r.passed ? "bitwise equal" : "FAILED",   r.passed, r.counterexample, reach.text()};
     set_counterexample_sizes(row);
+    if (!r.passed) row.replay_log = reach.replay_log;
+    if (r.passed && r.cases < o.cases)
+        row.figures += fmt::format("{}the time limit ({} s) ended the run after {} of {} cases",
+                                   row.figures.empty() ? "" : "; ", o.time_limit, r.cases, o.cases);
     return row;
 }
 

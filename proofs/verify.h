@@ -57,6 +57,13 @@ struct VerifyOptions {
     std::string profile = "fast";
     // Called with one line as each case of a long-profile scenario starts (the progress line).
     std::function<void(std::string_view line)> progress = nullptr;
+    // A plugin's checks only: the block sizes its pools are drawn from (empty: the plugin's, else
+    // kvlab's 1..16, or 1..64 in the long profile), the most sequences a pool holds (0: kvlab's
+    // draw, up to 8, or 64 in the long profile), and the seconds after which no new case starts
+    // (0: none; cases then run in rounds of 10, round r with seed + r).
+    std::vector<int> block_sizes = {};
+    int max_sequences = 0;
+    double time_limit = 0;
 };
 
 struct VerifyRow {
@@ -72,6 +79,8 @@ struct VerifyRow {
     // The counterexample's largest pool fill (percent of its slots held) and the most sequences
     // it held at once ("pool N% full, M sequences" in it), 0 when it names none.
     int counterexample_fill = 0, counterexample_sequences = 0;
+    // A plugin row's failing case as a replayable call log (plugin_replay.h), "" when none.
+    std::string replay_log{};
 };
 
 // A name verify() accepts: a group ("all", "exact", "approximate", "mutants"), a registry variant

@@ -4,6 +4,7 @@
 // naming the call, and kvlab never crashes.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <tuple>
 
@@ -11,6 +12,7 @@
 #include "decode.h"
 #include "model.h"
 #include "plugin_cache.h"
+#include "plugin_replay.h"
 #include "test_util.h"
 #include "verify.h"
 
@@ -300,4 +302,103 @@ TEST_CASE("verify --profile long --plugin: a bug at position 4097 is caught, and
         CHECK(r.ok);
         CHECK_THAT(r.parameters, Catch::Contains("position 8191"));
     }
+}
+
+// A failing case's calls as a log (proofs/plugin_replay.h) that runs again against the plugin
+// alone: the same verdict on the plugin that failed, none on a fixed one (whose first differing
+// answer is named), from the command line and in process.
+TEST_CASE("kvlab replay: a counterexample's call log replays to the same verdict, and a fixed plugin passes it",
+          "[plugin][cli][replay]") {
+    const fs::path log = scratch() / "dedup_tokens.jsonl";
+    const Run bug =
+        run_kvlab("verify --plugin " + plugin_path("block_manager_dedup_tokens") + " --replay-log " + log.string());
+    INFO(bug.out << bug.err);
+    CHECK(bug.exit_code == 1);
+    CHECK_THAT(bug.out, Catch::Contains("kvlab replay " + log.string() + " --plugin"));
+    REQUIRE(fs::exists(log));
+    const Run again = run_kvlab("replay " + log.string() + " --plugin " + plugin_path("block_manager_dedup_tokens"));
+    INFO(again.out << again.err);
+    CHECK(again.exit_code == 1);
+    CHECK_THAT(again.out, Catch::Contains("ended in a verdict: plugin block_manager_dedup_tokens") &&
+                              Catch::Contains("step_done() moved positions") && Catch::Contains("(the log's verdict)"));
+    const Run fixed = run_kvlab("replay " + log.string() + " --plugin " + plugin_path("block_manager_dedup"));
+    INFO(fixed.out << fixed.err);
+    CHECK(fixed.exit_code == 0);
+    CHECK_THAT(fixed.out, Catch::Contains("every answer passes kvlab's books") &&
+                              Catch::Contains("the first answer that differs from the log's") &&
+                              Catch::Contains("\"call\":\"step_done\""));
+    // In process, on other planted bugs and seeds: each failing row's log replays to its verdict.
+    for (const char* name : {"free_list_off_by_one", "block_manager_unchained", "threshold_pos_97", "threshold_leak"}) {
+        const VerifyRow r = verify_named(name, test::run_seed(), "fast", 300);
+        INFO(name << ": " << r.counterexample);
+        REQUIRE_FALSE(r.ok);
+        const CachePlugin plugin(plugin_path(name));
+        const ReplayOutcome o = replay_plugin_log(plugin, r.replay_log);
+        INFO(replay_report(o));
+        CHECK(o.same());
+        CHECK_FALSE(o.verdict.empty());
+        CHECK(o.divergence.empty());
+        CHECK_THAT(r.counterexample, Catch::Contains(o.verdict));
+    }
+}
+
+TEST_CASE("kvlab replay: a file that is not a replay log, or a hang, ends in one line", "[plugin][cli][replay]") {
+    const auto write = [](const std::string& name, const std::string& text) {
+        const fs::path p = scratch() / name;
+        std::ofstream(p) << text;
+        return p.string();
+    };
+    const std::string header =
+        R"({"kvlab_replay": 1, "plugin": "x", "config": {"dim": 4, "hidden_dim": 2, "n_layers": 1, "n_heads": 1, )"
+        R"("n_kv_heads": 1, "vocab_size": 8, "max_seq": 6}, "n_slots": 6, "max_sequences": 1, "block_size": 1})"
+        "\n";
+    const std::string free_list = plugin_path("free_list");
+    check_refused("replay " + write("not.jsonl", "hello\n") + " --plugin " + free_list, "line 1: not a JSON object");
+    check_refused(
+        "replay " + write("no_header.jsonl", "{\"call\": \"create\", \"seq\": 0}\n") + " --plugin " + free_list,
+        "not a kvlab replay log's header");
+    check_refused("replay " + write("never.jsonl", header + "{\"call\": \"reserve\", \"seq\": 3, \"tokens\": [1]}\n") +
+                      " --plugin " + free_list,
+                  "line 2: sequence 3 was never created");
+    check_refused("replay " +
+                      write("token.jsonl", header + "{\"call\": \"create\", \"seq\": 0}\n" +
+                                               "{\"call\": \"reserve\", \"seq\": 0, \"tokens\": [9]}\n") +
+                      " --plugin " + free_list,
+                  "line 3: a token is not an integer in [0, 8)");
+    check_refused("replay " +
+                      write("far.jsonl", header + "{\"call\": \"create\", \"seq\": 0}\n" +
+                                             "{\"call\": \"read\", \"seq\": 0, \"from\": 0, \"to\": 2}\n") +
+                      " --plugin " + free_list,
+                  "position 2 of sequence 0, which holds 0");
+    check_refused("replay " + write("x.jsonl", header) + " --plugin " + free_list + " --plugin-stdio", "excludes");
+    // hostile_hang spins in slot(pos=2): the replay is a verdict, in one line, after the timeout.
+    const std::string hang_log =
+        write("hang.jsonl", header + "{\"call\": \"create\", \"seq\": 0}\n" +
+                                "{\"call\": \"reserve\", \"seq\": 0, \"tokens\": [1, 2, 3]}\n");
+    const Run hang =
+        run_kvlab("replay " + hang_log + " --plugin " + plugin_path("hostile_hang") + " --plugin-timeout 2");
+    CHECK(hang.exit_code == 1);
+    CHECK_THAT(hang.out, Catch::Contains("no answer in 2 s inside the plugin's slot(pos=2)"));
+}
+
+TEST_CASE("verify --plugin: --block-sizes, --max-sequences and --time-limit bound a plugin's check, and a bad one is "
+          "one line",
+          "[plugin][cli]") {
+    const Run r = run_kvlab("verify --plugin " + plugin_path("block_manager") +
+                            " --block-sizes 3,5 --max-sequences 2 --cases 30 --json");
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("1-2 sequences (--max-sequences), block sizes 3, 5 (--block-sizes)"));
+    // Only the sizes the plugin accepts are drawn; none at all is refused.
+    CHECK_THAT(run_kvlab("verify --plugin " + plugin_path("block_manager_whole") + " --block-sizes 8,16 --cases 5").out,
+               Catch::Contains("block sizes 16 (--block-sizes)"));
+    check_refused("verify --plugin " + plugin_path("block_manager_whole") + " --block-sizes 8",
+                  "--block-sizes 8: plugin block_manager_whole accepts none of them (it takes 16)");
+    check_refused("verify --plugin " + plugin_path("free_list") + " --block-sizes 2,x", "--block-sizes");
+    check_refused("verify paged --max-sequences 3", "for a plugin's check (--plugin or --plugin-stdio)");
+    // The time limit ends the run between rounds of 10 cases, and says so.
+    const Run timed = run_kvlab("verify --plugin " + plugin_path("free_list") + " --cases 100000 --time-limit 0.001");
+    INFO(timed.out << timed.err);
+    CHECK(timed.exit_code == 0);
+    CHECK_THAT(timed.out, Catch::Contains("the time limit (0.001 s) ended the run after 10 of 100000 cases"));
 }

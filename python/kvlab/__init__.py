@@ -22,8 +22,8 @@ import types
 
 from ._kvlab import Decoder, Error, Model, __version__, build_info, load, naive_logits, random_model
 
-__all__ = ["Decoder", "Error", "Model", "Refused", "VerifyResult", "build_info", "load", "naive_logits", "random_model",
-           "verify"]
+__all__ = ["Decoder", "Error", "Model", "Refused", "ReplayResult", "VerifyResult", "build_info", "load", "naive_logits",
+           "random_model", "replay", "verify"]
 
 _REQUIRED = ("create", "reserve", "slot")
 _REFUSABLE = ("create_pool", "create", "fork", "reserve")
@@ -63,6 +63,9 @@ class VerifyResult:
         self.counterexample_fill = row.get("counterexample_fill", 0)
         self.counterexample_sequences = row.get("counterexample_sequences", 0)
         self.figures = row.get("figures", "")
+        # The failing case's calls as a replayable log (JSON lines; "" when it passed): paste it
+        # into a bug report, or run it again with kvlab.replay(log, cache).
+        self.log = row.get("replay_log", "")
 
     def __bool__(self):
         return self.ok
@@ -71,6 +74,71 @@ class VerifyResult:
         if self.ok:
             return f"<{self.name}: {self.result} in {self.cases} cases>"
         return f"<{self.name}: {self.result} after {self.cases} cases: {self.counterexample}>"
+
+
+class ReplayResult:
+    """What kvlab.replay found: true when every call of the log passed kvlab's checks."""
+
+    def __init__(self, r):
+        self.calls = r["calls"]
+        self.verdict = r["verdict"]  # kvlab's check that failed ("" when none did)
+        self.logged_verdict = r["logged"]
+        self.same = bool(r["same"])  # the log's verdict again
+        self.divergence = r["divergence"]  # the first answer that differs from the log's
+        self.report = r["report"]
+
+    def __bool__(self):
+        return not self.verdict
+
+    def __repr__(self):
+        return f"<replay: {self.report}>"
+
+
+def _serve(cmd, cache):
+    """Runs kvlab's cmd, answering its calls with the cache class's methods, until its result."""
+    server = _Server(cache)
+    result = None
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True) as p:
+            try:
+                for line in p.stdout:
+                    msg = json.loads(line)
+                    if msg.get("op") == "result":
+                        result = msg
+                        break
+                    p.stdin.write(json.dumps(server.answer(msg)) + "\n")
+                    p.stdin.flush()
+            except BrokenPipeError:
+                pass
+            finally:
+                p.stdin.close()
+        errors.seek(0)
+        stderr = errors.read().strip()
+    if result is None:
+        raise Error(f"kvlab {cmd[1]} --plugin-stdio ended with status {p.returncode} and no result: "
+                    f"{stderr or '(nothing on stderr)'}")
+    return result
+
+
+def _check_methods(cache):
+    for name in _REQUIRED:
+        if not callable(getattr(cache, name, None)):
+            raise Error(f"kvlab: {getattr(cache, '__name__', cache)!r} has no method {name}() "
+                        f"({', '.join(_REQUIRED)} are required)")
+
+
+def replay(log, cache):
+    """Runs a failing case's calls again (VerifyResult.log, or a file `kvlab verify --plugin`
+    wrote) against a cache class alone, through kvlab's same checks, as `kvlab replay` does for a
+    C plugin. Returns a ReplayResult: true when every call passes, else its verdict and whether
+    it is the log's; the first answer that differs from the log's is named."""
+    _check_methods(cache)
+    if not isinstance(log, str):
+        raise Error("kvlab.replay: the log is the text of a replay log (VerifyResult.log)")
+    with tempfile.NamedTemporaryFile(mode="w", suffix=".jsonl") as f:
+        f.write(log)
+        f.flush()
+        return ReplayResult(_serve([_binary(), "replay", f.name, "--plugin-stdio"], cache)["replay"])
 
 
 class _Server:
@@ -150,7 +218,8 @@ class _Server:
         raise ValueError(f"unknown op {op!r}")
 
 
-def verify(cache, cases=100, seed=1, kv_format="", profile="fast", device="", attention="", tile=None):
+def verify(cache, cases=100, seed=1, kv_format="", profile="fast", device="", attention="", tile=None,
+           block_sizes=None, max_sequences=None, time_limit=None):
     """Checks a cache class written in Python for exactness, as `kvlab verify --plugin` checks a
     C plugin: drawn engine operations (requests sharing or editing prompts, forks, batched
     steps, rollbacks, speculative decoding), every logit against naive decode bit for bit, every
@@ -181,14 +250,14 @@ def verify(cache, cases=100, seed=1, kv_format="", profile="fast", device="", at
     per case), profile ("fast" reaches positions 97 and 257, "long" 4097 and 8191 with 8-64
     sequences; pools are filled until reserve refuses, accepted only when the pool is full),
     device ("cpu", "gpu-host", "gpu" or two joined by a comma), attention ("simple" or "tiled")
-    and tile (keys per tile). A value kvlab refuses raises kvlab.Error with its one line.
+    and tile (keys per tile), block_sizes (a list: the block sizes pools are drawn from, of those
+    the class accepts), max_sequences (the most a pool holds) and time_limit (seconds after which
+    no new case starts). A value kvlab refuses raises kvlab.Error with its one line.
     Any other exception a method raises is a crash in that call: the case fails, naming it.
-    Returns a VerifyResult (true when every case passed; its counterexample otherwise).
+    Returns a VerifyResult (true when every case passed; its counterexample otherwise, and its
+    calls as a replayable log, .log, for kvlab.replay).
     """
-    for name in _REQUIRED:
-        if not callable(getattr(cache, name, None)):
-            raise Error(f"kvlab.verify: {getattr(cache, '__name__', cache)!r} has no method {name}() "
-                        f"({', '.join(_REQUIRED)} are required)")
+    _check_methods(cache)
     cmd = [_binary(), "verify", "--plugin-stdio", "--cases", str(int(cases)), "--seed", str(int(seed)),
            "--profile", str(profile)]
     for flag, value in (("--kv-format", kv_format), ("--device", device), ("--attention", attention)):
@@ -196,25 +265,10 @@ def verify(cache, cases=100, seed=1, kv_format="", profile="fast", device="", at
             cmd += [flag, str(value)]
     if tile is not None:
         cmd += ["--tile", str(int(tile))]
-    server = _Server(cache)
-    row = None
-    with tempfile.TemporaryFile(mode="w+") as errors:
-        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True) as p:
-            try:
-                for line in p.stdout:
-                    msg = json.loads(line)
-                    if msg.get("op") == "result":
-                        row = msg["row"]
-                        break
-                    p.stdin.write(json.dumps(server.answer(msg)) + "\n")
-                    p.stdin.flush()
-            except BrokenPipeError:
-                pass
-            finally:
-                p.stdin.close()
-        errors.seek(0)
-        stderr = errors.read().strip()
-    if row is None:
-        raise Error(f"kvlab verify --plugin-stdio ended with status {p.returncode} and no result: "
-                    f"{stderr or '(nothing on stderr)'}")
-    return VerifyResult(row)
+    if block_sizes is not None:
+        cmd += ["--block-sizes", ",".join(str(int(b)) for b in block_sizes)]
+    if max_sequences is not None:
+        cmd += ["--max-sequences", str(int(max_sequences))]
+    if time_limit is not None:
+        cmd += ["--time-limit", repr(float(time_limit))]
+    return VerifyResult(_serve(cmd, cache)["row"])

@@ -196,6 +196,22 @@ def test_verify_accepts_deduplicating_moves_onto_identical_rows_and_catches_othe
     assert not bad and "step_done() moved positions" in bad.counterexample, bad.counterexample
 
 
+def test_a_failing_case_s_log_replays_to_its_verdict_and_a_fixed_cache_passes_it():
+    bad = kvlab.verify(TokensOnlyDedup, seed=3)
+    assert not bad and bad.log.count("\n") >= 3 and '"verdict"' in bad.log.splitlines()[-1]
+    assert json.loads(bad.log.splitlines()[0])["kvlab_replay"] == 1
+    again = kvlab.replay(bad.log, TokensOnlyDedup)
+    assert not again and again.same and "step_done() moved positions" in again.verdict, again.report
+    assert again.verdict in bad.counterexample and not again.divergence
+    fixed = kvlab.replay(bad.log, DedupBlockManager)
+    assert fixed and not fixed.same and '"call":"step_done"' in fixed.divergence, fixed.report
+    leaky = kvlab.verify(LeakyRollback, seed=3)
+    assert not leaky and kvlab.replay(leaky.log, LeakyRollback).same
+    assert kvlab.verify(FreeList, cases=5).log == ""
+    with pytest.raises(kvlab.Error, match="not a JSON object"):
+        kvlab.replay("hello\n", FreeList)
+
+
 class FreeList:
     """One slot a position, freed slots reused first: exact (no fork, no prefix reuse)."""
 
@@ -295,6 +311,15 @@ def test_verify_takes_the_cli_s_options_and_refuses_a_bad_one_in_one_line():
                         (dict(attention="sparse"), "sparse")):
         with pytest.raises(kvlab.Error, match=needle):
             kvlab.verify(FreeList, cases=1, **bad)
+
+
+def test_verify_takes_block_sizes_max_sequences_and_a_time_limit():
+    r = kvlab.verify(BlockManager, cases=20, block_sizes=[3, 5], max_sequences=2)
+    assert r and "1-2 sequences (--max-sequences), block sizes 3, 5 (--block-sizes)" in r.parameters, r.parameters
+    with pytest.raises(kvlab.Error, match="accepts none of them"):
+        kvlab.verify(WholeSequences, block_sizes=[8])
+    timed = kvlab.verify(FreeList, cases=100000, time_limit=0.001)
+    assert timed and "ended the run after 10 of 100000 cases" in timed.figures, timed.figures
 
 
 def test_verify_long_profile_reaches_thousands_of_positions():
