@@ -189,7 +189,7 @@ void CachePlugin::check_declared() {
 
 std::string CachePlugin::block_sizes_text() const {
     std::string text;
-    for (int bs : block_sizes_) text += (text.empty() ? "" : ", ") + std::to_string(bs);
+    for (int bs : block_sizes_) text += fmt::format("{}{}", text.empty() ? "" : ", ", bs);
     return text.empty() ? "1..64" : text;
 }
 

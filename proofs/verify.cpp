@@ -47,9 +47,10 @@ struct Devices {
     // tiled-attention scenario draws a tile when none is given.
     std::optional<AttentionSpec> attention;
     // --profile long: the scenarios that can (chunked-prefill, tiled-attention, prefix-hit-extend,
-    // rescoring) draw thin models with contexts up to 8192 (draw_long_config), sizes biased to the
-    // thresholds (draw_size), and check naive decode at each chunk and a few decode steps; batch
-    // draws up to 300 sequences, and prefix-hit-extend block sizes up to 512.
+    // rescoring, rollback, fork, speculate) draw thin models with contexts up to 8192
+    // (draw_long_config), sizes biased to the thresholds (draw_size), and check naive decode at
+    // each chunk and a few decode steps; batch draws up to 300 sequences, and prefix-hit-extend
+    // and fork block sizes up to 512.
     bool long_profile = false;
     // Told each case's size (`what`: "T", its longest sequence, or "batch size") for the progress line.
     std::function<void(int size, const char* what)> reached;
@@ -319,10 +320,14 @@ void prefix_property(const Devices& devices, Mutant mutant) {
 
 // A sequence forks into children at any position; all of them decode, interleaved, each its own
 // tokens; every one equals naive decode of its own sequence.
+// The long profile: a thin model to 8192 positions, the fork point and block size biased to the
+// thresholds, each child's continuation a chunk (one request) and then a few single steps.
 void fork_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config(2);
+    const Config c = draw_shape(devices, 2, true);
+    const bool long_run = devices.long_profile;
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
+    const int bs = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
+    const int per_seq = (c.max_seq + bs - 1) / bs;
     const int n_children = draw(1, 3);
     const KVFormat format = draw_kv_format(devices);
     Oracle oracle(m, devices, mutant);
@@ -330,7 +335,7 @@ void fork_property(const Devices& devices, Mutant mutant) {
     const std::unique_ptr<BlockPool> pool =
         planted_pool(mutant, c, bs, (n_children + 1) * per_seq, false, oracle.memory());
     pool->set_kv_format(format);
-    const int f = draw(1, c.max_seq - 1);  // fork after f positions
+    const int f = long_run ? draw_size(1, c.max_seq - 1) : draw(1, c.max_seq - 1);  // fork after f positions
     const std::string what = fmt::format("paged(block_size={}) in {}, {}, fork at {} into {} children", bs,
                                          kv_format_name(format), c.describe(), f, n_children);
     std::vector<std::unique_ptr<PagedCache>> seqs;
@@ -341,13 +346,24 @@ void fork_property(const Devices& devices, Mutant mutant) {
         seqs.push_back(seqs[0]->fork(i));
         tokens.push_back(tokens[0]);
     }
-    // Each sequence's continuation, then a random interleaving of single decode steps.
+    // Each sequence's continuation (the long profile: a chunk in one request first), then a
+    // random interleaving of single decode steps.
     std::vector<std::vector<int>> rest;
-    int total = 0;
+    int total = 0, longest = f;
     for (int i = 0; i <= n_children; i++) {
-        rest.push_back(draw_tokens(c, draw(1, c.max_seq - f)));
+        if (long_run) {
+            const std::vector<int> chunk = draw_tokens(c, draw_size(1, c.max_seq - f - 1 > 0 ? c.max_seq - f - 1 : 1));
+            tokens[std::size_t(i)].insert(tokens[std::size_t(i)].end(), chunk.begin(), chunk.end());
+            oracle.expect_naive(tokens[std::size_t(i)],
+                                oracle.cached(*seqs[std::size_t(i)])->extend(tokens[std::size_t(i)]),
+                                fmt::format("sequence {} +{} in one request: {}", i, chunk.size(), what));
+        }
+        const int room = c.max_seq - int(tokens[std::size_t(i)].size());
+        rest.push_back(draw_tokens(c, long_run ? std::min(room, draw(0, 2)) : draw(1, room)));
         total += int(rest.back().size());
+        longest = std::max(longest, int(tokens[std::size_t(i)].size() + rest.back().size()));
     }
+    note_reached(devices, longest);
     std::vector<std::size_t> done(n_children + 1, 0);
     for (int step = 0; step < total; step++) {
         int s = draw(0, n_children);
@@ -394,30 +410,45 @@ struct AnyExactVariant {
     std::unique_ptr<CachedDecoder> cached;
 };
 
+// The long profile: a thin model to 8192 positions; each round appends a chunk (one request of
+// draw_size positions, checked at its end) and up to two decode steps, and rollbacks land on the
+// size thresholds (96-98, 255-258, 4095-4097, ...) half the time.
 void rollback_property(const Devices& devices, Mutant mutant) {
-    AnyExactVariant run(devices, mutant);
+    AnyExactVariant run(devices, mutant, 1, true);
     const Config& c = run.c;
     Oracle& oracle = run.oracle;
     CacheUnderTest& u = run.u;
     CachedDecoder* cached = run.cached.get();
+    const bool long_run = devices.long_profile;
     std::vector<int> kept;
     const int rounds = draw(1, 3);
     std::string what = run.describe();
+    int longest = 0;
     for (int r = 0; r <= rounds; r++) {
         if (r > 0) {
-            const int n = draw(0, int(kept.size()));
+            const int n = long_run ? draw_size(0, int(kept.size())) : draw(0, int(kept.size()));
             what += fmt::format(", roll back to {}", n);
             cached->cache().truncate(n);
             kept.resize(n);
         }
-        if (int(kept.size()) == c.max_seq) continue;
-        const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(kept.size())));
-        what += fmt::format(", +{}", more.size());
+        const int room = c.max_seq - int(kept.size());
+        if (room == 0) continue;
+        if (long_run) {  // one request of a chunk, then a few single steps
+            const std::vector<int> chunk = draw_tokens(c, draw(0, 3) == 3 ? room : draw_size(1, room));
+            what += fmt::format(", +{} in one request", chunk.size());
+            kept.insert(kept.end(), chunk.begin(), chunk.end());
+            oracle.expect_naive(kept, cached->extend(kept), what);
+        }
+        const int steps = long_run ? std::min(c.max_seq - int(kept.size()), draw(0, 2)) : draw(1, room);
+        const std::vector<int> more = draw_tokens(c, steps);
+        if (!more.empty()) what += fmt::format(", +{}", more.size());
         for (int t : more) {
             kept.push_back(t);
             oracle.expect_naive(kept, cached->decode(t), what);
         }
+        longest = std::max(longest, int(kept.size()));
     }
+    note_reached(devices, longest);
     expect_memory_consistent(*u, what);
 }
 
@@ -818,20 +849,25 @@ void stale_property(const Devices& devices, Mutant mutant) {
 // shape and max_seq, or the target itself) proposes k tokens and the target verifies them in one
 // step; the tokens, and the logits each was chosen from, equal plain greedy cached decode's bit for
 // bit, which in turn equal naive decode's.
+// The long profile: a thin target to 8192 positions, its prompt biased to the thresholds, at most
+// 16 steps speculated.
 void speculate_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config();
+    const Config c = draw_shape(devices, 1, true);
+    const bool long_run = devices.long_profile;
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model target = random_model(c, seed);
     const int draft_kind = draw(0, 2);  // another model of the target's shape, another shape, the target
-    Config dc = draft_kind == 1 ? draw_config() : c;
+    Config dc = draft_kind == 1 ? draw_shape(devices, 1, true) : c;
     dc.vocab_size = c.vocab_size;
     if (draft_kind == 1) dc.max_seq = draw(1, c.max_seq);
     std::optional<Model> draft_model;
     if (draft_kind != 2) draft_model.emplace(random_model(dc, seed + 1));
     const int k = draw(1, 4);
-    const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq));
+    const std::vector<int> prompt = draw_tokens(c, long_run ? draw_size(1, c.max_seq) : draw(1, c.max_seq));
     const int P = int(prompt.size());
-    const int steps = draw(1, c.max_seq - P + 1);     // the last token needs no position
+    const int steps = draw(1, long_run ? std::min(c.max_seq - P + 1, 16) : c.max_seq - P + 1);  // the last token needs
+                                                                                                // no position
+    note_reached(devices, P + steps - 1);
     const KVFormat format = draw_kv_format(devices);  // every cache's, and naive decode's
     Oracle oracle(target, devices, mutant);
     oracle.set_kv_format(format, {});
@@ -919,7 +955,7 @@ std::vector<int> plugin_block_sizes(const CachePlugin& plugin, const VerifyOptio
     if (o.block_sizes.empty()) out = plugin.block_sizes();
     if (!o.block_sizes.empty() && out.empty()) {
         std::string asked;
-        for (int bs : o.block_sizes) asked += (asked.empty() ? "" : ",") + std::to_string(bs);
+        for (int bs : o.block_sizes) asked += fmt::format("{}{}", asked.empty() ? "" : ",", bs);
         throw Error(fmt::format("verify: --block-sizes {}: plugin {} accepts none of them (it takes {})", asked,
                                 plugin.name(), plugin.block_sizes_text()));
     }
@@ -1911,7 +1947,7 @@ std::string plugin_parameters(const CachePlugin& plugin, const Devices& d, const
     if (!sizes_drawn.empty()) {
         block_sizes = "block sizes ";
         for (std::size_t i = 0; i < sizes_drawn.size(); i++)
-            block_sizes += (i ? ", " : "") + std::to_string(sizes_drawn[i]);
+            block_sizes += fmt::format("{}{}", i ? ", " : "", sizes_drawn[i]);
         block_sizes += o.block_sizes.empty() ? " (the plugin's)" : " (--block-sizes)";
     }
     std::string text = plugin.one_sequence()

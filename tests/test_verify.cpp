@@ -245,7 +245,8 @@ TEST_CASE("verify on the GPU's kernels (host-launched): every exact variant, eve
     check_rows("window", {100, 20261122, "cpu,gpu-host"});
 }
 
-TEST_CASE("verify with two devices catches a kernel that differs on the second (planted split-K)", "[verify][gpu-host]") {
+TEST_CASE("verify with two devices catches a kernel that differs on the second (planted split-K)",
+          "[verify][gpu-host]") {
     VerifyOptions o{100, 20261122, "cpu,gpu-host"};
     o.make_backend = [](std::string_view device, const Model& m) -> std::unique_ptr<Backend> {
         if (device != "gpu-host") return make_backend(device, m);
@@ -283,6 +284,17 @@ TEST_CASE("verify --profile long reaches the size thresholds and catches the 256
     REQUIRE(exact.size() == 1);
     CHECK(exact[0].ok);
     CHECK(exact[0].figures.find(">= 257 in") != std::string::npos);
+    // Rollback, fork and speculative decoding reach past position 256 too (issue 40: they never
+    // passed 20 positions before).
+    for (const char* row : {"rollback", "fork", "speculate"}) {
+        const std::vector<VerifyRow> r = verify(row, o);
+        REQUIRE(r.size() == 1);
+        INFO(row << ": " << r[0].counterexample << "\n" << r[0].figures);
+        CHECK(r[0].ok);
+        const std::size_t at = r[0].figures.find(">= 257 in ");
+        REQUIRE(at != std::string::npos);
+        CHECK(std::atoi(r[0].figures.c_str() + at + 10) > 0);
+    }
     CHECK(verify("norm-split-at-256", {20, 20261126})[0].cases == 0);  // the fast profile does not run it
     CHECK_THROWS_WITH(verify("paged",
                              [] {
@@ -297,8 +309,7 @@ TEST_CASE("verify refuses unknown names, zero cases and unknown devices", "[veri
     CHECK_THROWS_WITH(verify("paged2", kOptions), Catch::Contains("unknown variant 'paged2'"));
     CHECK_THROWS_WITH(verify("paged", {0, 1}), Catch::Contains("at least 1"));
     CHECK_THROWS_WITH(verify("paged", {1, 1, "tpu"}), Catch::Contains("'tpu' is not a device"));
-    if (!gpu_unavailable().empty())
-        CHECK_THROWS_WITH(verify("paged", {1, 1, "gpu"}), Catch::Equals(gpu_unavailable()));
+    if (!gpu_unavailable().empty()) CHECK_THROWS_WITH(verify("paged", {1, 1, "gpu"}), Catch::Equals(gpu_unavailable()));
 }
 
 TEST_CASE("first_difference names the index, both values, and NaN as NaN", "[verify]") {
