@@ -638,9 +638,10 @@ void batch_property(const Devices& devices, Mutant mutant) {
 
 // A drawn model and KV format, and the oracle whose naive decode stores K and V in it: the start
 // of the serving scenarios.
+// long_ok: a thin long model in the long profile.
 struct DrawnModel {
-    DrawnModel(const Devices& devices, Mutant mutant)
-        : c(draw_config(2)),
+    DrawnModel(const Devices& devices, Mutant mutant, bool long_ok = false)
+        : c(draw_shape(devices, 2, long_ok)),
           m(random_model(c, *rc::gen::arbitrary<std::uint64_t>())),
           format(draw_kv_format(devices)),
           oracle(m, devices, mutant) {
@@ -653,23 +654,33 @@ struct DrawnModel {
 };
 
 // 1..n_requests requests arriving over a few steps, each prompt fresh or an earlier one's prefix
-// followed by fresh tokens, prompt and output within max_seq.
-std::vector<ServeRequest> draw_requests(const Config& c, int n_requests) {
+// followed by fresh tokens, prompt and output within max_seq. The long profile: lengths biased
+// to the size thresholds (draw_size), and at most 3 new tokens each.
+std::vector<ServeRequest> draw_requests(const Config& c, int n_requests, bool long_run = false) {
+    const auto length = [&](int lo, int hi) { return long_run ? draw_size(lo, hi) : draw(lo, hi); };
     std::vector<ServeRequest> requests;
     for (int i = 0, arrival = 0; i < n_requests; i++) {
         ServeRequest r;
         if (i > 0 && *rc::gen::arbitrary<bool>()) {  // a prefix of an earlier prompt, then fresh tokens
             const std::vector<int>& p = requests[std::size_t(draw(0, i - 1))].prompt;
-            r.prompt.assign(p.begin(), p.begin() + draw(1, int(p.size())));
+            r.prompt.assign(p.begin(), p.begin() + length(1, int(p.size())));
         }
-        const int more = draw(r.prompt.empty() ? 1 : 0, c.max_seq - 1 - int(r.prompt.size()));
+        const int more = length(r.prompt.empty() ? 1 : 0, c.max_seq - 1 - int(r.prompt.size()));
         const std::vector<int> fresh = draw_tokens(c, more);
         r.prompt.insert(r.prompt.end(), fresh.begin(), fresh.end());
-        r.max_new_tokens = draw(1, c.max_seq - int(r.prompt.size()));
+        r.max_new_tokens =
+            draw(1, long_run ? std::min(3, c.max_seq - int(r.prompt.size())) : c.max_seq - int(r.prompt.size()));
         r.arrival = arrival += draw(0, 2);
         requests.push_back(r);
     }
     return requests;
+}
+
+// The most positions a request holds: its prompt and its new tokens.
+int longest_request(const std::vector<ServeRequest>& requests) {
+    int longest = 0;
+    for (const ServeRequest& r : requests) longest = std::max(longest, int(r.prompt.size()) + r.max_new_tokens);
+    return longest;
 }
 
 std::string describe_requests(const std::vector<ServeRequest>& requests) {
@@ -724,12 +735,15 @@ void expect_served_alone(const Scheduler& s, const std::vector<ServeRequest>& re
 // or off, preemption by recompute or by swap, any KV format. Every request's tokens and the
 // logits each was chosen from equal decoding it alone on a contiguous cache, bit for bit, and
 // its first and last logits equal naive decode.
+// The long profile: a thin model to 8192 positions, prompts and block sizes biased to the
+// thresholds, 1-4 requests of at most 3 new tokens each.
 void serve_property(const Devices& devices, Mutant mutant) {
-    DrawnModel drawn(devices, mutant);
+    DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
+    const bool long_run = devices.long_profile;
     SchedulerConfig sc;
-    sc.block_size = draw(1, c.max_seq);
-    const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size, n_requests = draw(1, 6);
+    sc.block_size = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
+    const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size, n_requests = draw(1, long_run ? 4 : 6);
     // Half the time a pool of about one request's blocks: requests wait, and are preempted.
     sc.n_blocks = *rc::gen::arbitrary<bool>() ? per_request + draw(0, 1) : draw(per_request, per_request * n_requests);
     sc.max_batch_tokens = draw(1, 2 * c.max_seq);
@@ -740,7 +754,8 @@ void serve_property(const Devices& devices, Mutant mutant) {
     sc.attention = oracle.attention();
     Scheduler s(oracle.backend(), m, sc);
     s.swap_transform = planted_swap(mutant);
-    const std::vector<ServeRequest> requests = draw_requests(c, n_requests);
+    const std::vector<ServeRequest> requests = draw_requests(c, n_requests, long_run);
+    note_reached(devices, longest_request(requests));
     std::string what = describe_requests(requests);
     what += fmt::format(", block_size {}, {} blocks, {} batch tokens, prefix caching {}, preemption by {}, {}, {}",
                         sc.block_size, sc.n_blocks, sc.max_batch_tokens, sc.prefix_caching ? "on" : "off",
@@ -757,11 +772,16 @@ void serve_property(const Devices& devices, Mutant mutant) {
 // records it hands out, one drawn way (none, flipped bits, truncated, another model's, format's or
 // block's, another key's record, gone). Every request of both passes equals decoding it alone and
 // naive decode: a damaged record is refused and recomputed, never used.
+// The long profile: a thin model to 8192 positions, prompts biased to the thresholds, blocks of
+// 16 to 512 positions (thousands of one-position records would only cost time), 1-3 requests.
 void store_property(const Devices& devices, Mutant mutant) {
-    DrawnModel drawn(devices, mutant);
+    DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
+    const bool long_run = devices.long_profile;
     SchedulerConfig sc;
-    sc.block_size = draw(1, std::max(1, c.max_seq / 2));
+    sc.block_size = long_run
+                        ? draw_size(std::min(16, std::max(1, c.max_seq / 2)), std::max(1, std::min(512, c.max_seq / 2)))
+                        : draw(1, std::max(1, c.max_seq / 2));
     const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size;
     sc.n_blocks = per_request + draw(0, per_request);
     sc.max_batch_tokens = draw(1, 2 * c.max_seq);
@@ -773,7 +793,8 @@ void store_property(const Devices& devices, Mutant mutant) {
         StoreDamage::other_format, StoreDamage::other_block, StoreDamage::swapped, StoreDamage::gone);
     HostileStore store(damage, draw(1, 4) / 4.0, *rc::gen::arbitrary<std::uint64_t>());
     sc.store = &store;
-    const std::vector<ServeRequest> requests = draw_requests(c, draw(1, 6));
+    const std::vector<ServeRequest> requests = draw_requests(c, draw(1, long_run ? 3 : 6), long_run);
+    note_reached(devices, longest_request(requests));
     const auto make_pool = [mutant](const Config& config, int bs, int n, bool caching, Memory& memory) {
         return planted_pool(mutant, config, bs, n, caching, memory);
     };
@@ -793,16 +814,20 @@ void store_property(const Devices& devices, Mutant mutant) {
 
 // Beam search on forked caches (beam.h): width 1-4, a prompt, steps to max_seq, any block size and
 // KV format. Every beam's logits after every step equal naive decode of its tokens.
+// The long profile: a thin model to 8192 positions, the prompt and block size biased to the
+// thresholds, at most 4 steps.
 void beam_property(const Devices& devices, Mutant mutant) {
-    DrawnModel drawn(devices, mutant);
+    DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
+    const bool long_run = devices.long_profile;
     BeamConfig bc;
     bc.width = draw(1, 4);
-    bc.block_size = draw(1, c.max_seq);
+    bc.block_size = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
     bc.kv_format = format;
     bc.attention = oracle.attention();
-    const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
-    bc.steps = draw(1, c.max_seq - int(prompt.size()));
+    const std::vector<int> prompt = draw_tokens(c, long_run ? draw_size(1, c.max_seq - 1) : draw(1, c.max_seq - 1));
+    bc.steps = draw(1, long_run ? std::min(4, c.max_seq - int(prompt.size())) : c.max_seq - int(prompt.size()));
+    note_reached(devices, int(prompt.size()) + bc.steps);
     BeamSearch search(oracle.backend(), m, bc);
     search.parent_transform = planted_beam_parent(mutant);
     const std::string what = fmt::format("beam width {} over {} steps, prompt {}, block_size {}, {}, {}", bc.width,

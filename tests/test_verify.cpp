@@ -284,10 +284,12 @@ TEST_CASE("verify --profile long reaches the size thresholds and catches the 256
     REQUIRE(exact.size() == 1);
     CHECK(exact[0].ok);
     CHECK(exact[0].figures.find(">= 257 in") != std::string::npos);
-    // Rollback, fork and speculative decoding reach past position 256 too (issue 40: they never
-    // passed 20 positions before).
-    for (const char* row : {"rollback", "fork", "speculate"}) {
-        const std::vector<VerifyRow> r = verify(row, o);
+    // Rollback, fork, speculative decoding, serving, the store and beam search reach past position
+    // 256 too (issue 40: they never passed 20 positions before).
+    for (const char* row : {"rollback", "fork", "speculate", "serve", "store", "beam"}) {
+        VerifyOptions few = o;
+        few.cases = 5;
+        const std::vector<VerifyRow> r = verify(row, few);
         REQUIRE(r.size() == 1);
         INFO(row << ": " << r[0].counterexample << "\n" << r[0].figures);
         CHECK(r[0].ok);
