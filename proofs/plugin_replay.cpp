@@ -24,8 +24,12 @@ struct BadLog : Error {
 
 constexpr const char* kCalls[] = {"create",    "attach_prefix", "reserve", "write",  "read",
                                   "step_done", "release",       "fork",    "destroy"};
-// A replay's pool holds at most this many floats of K and V (a log's header cannot ask for more).
-constexpr std::int64_t kMaxReplayFloats = std::int64_t{1} << 27;
+// A replay's pool holds at most this many floats of K, and as many of V (64 MiB each): a log's
+// header cannot ask for more. The checks' pools are far smaller.
+constexpr std::int64_t kMaxReplayFloats = std::int64_t{1} << 24;
+// A log line nests no deeper than this (values deeper are dropped as it is read): what is compared
+// and quoted stays shallow, whatever the bytes.
+constexpr int kMaxDepth = 8;
 
 json entry_json(const PluginLogEntry& e) {
     json j = {{"call", kCalls[e.call]}, {"seq", e.seq}};
@@ -212,7 +216,8 @@ ReplayOutcome replay_plugin_log(const CachePlugin& plugin, const std::string& lo
     std::istringstream in(log_text);
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
-        json j = json::parse(line, nullptr, false);
+        json j = json::parse(
+            line, [](int depth, json::parse_event_t, json&) { return depth <= kMaxDepth; }, false);
         if (j.is_discarded() || !j.is_object())
             throw BadLog(fmt::format("replay log line {}: not a JSON object", lines.size() + 1));
         lines.push_back(std::move(j));
