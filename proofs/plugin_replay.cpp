@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cassert>
 #include <map>
 #include <memory>
@@ -62,6 +63,13 @@ json entry_json(const PluginLogEntry& e) {
     return j;
 }
 
+// A text field of a log line, or "" when it is missing or not text (a log is untrusted bytes:
+// json::value would throw a library error on another type).
+std::string text_field(const json& j, const char* name) {
+    const auto it = j.find(name);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // A field of a log line: an integer in [lo, hi], else an Error naming the line.
 int field(const json& j, const char* name, int lo, int hi, int line) {
     const auto it = j.find(name);
@@ -84,11 +92,13 @@ std::vector<int> token_list(const json& j, int vocab_size, int max_seq, int line
 }
 
 ReplayHeader read_header(const json& h) {
-    if (!h.is_object() || h.value("kvlab_replay", 0) != 1 || !h.contains("config") || !h["config"].is_object())
+    const auto version = h.find("kvlab_replay"), config = h.find("config");
+    if (version == h.end() || !version->is_number_integer() || version->get<std::int64_t>() != 1 || config == h.end() ||
+        !config->is_object())
         throw BadLog("replay log line 1: not a kvlab replay log's header ({\"kvlab_replay\": 1, \"config\": ...})");
     ReplayHeader r;
-    r.plugin = h.value("plugin", std::string());
-    const json& c = h["config"];
+    r.plugin = text_field(h, "plugin");
+    const json& c = *config;
     constexpr int kMax = 1 << 20;
     r.config = {field(c, "dim", 1, kMax, 1),     field(c, "hidden_dim", 1, kMax, 1), field(c, "n_layers", 1, 1024, 1),
                 field(c, "n_heads", 1, 1024, 1), field(c, "n_kv_heads", 1, 1024, 1), field(c, "vocab_size", 1, kMax, 1),
@@ -118,7 +128,9 @@ public:
     // One log line: the call it names, through kvlab's books (a refusal of a full pool is an
     // answer, as in the check; any other Error is the verdict, and propagates).
     void run(const json& j, int line) {
-        const std::string call = j.value("call", std::string());
+        const std::string call = text_field(j, "call");
+        if (std::find(std::begin(kCalls), std::end(kCalls), call) == std::end(kCalls))
+            throw BadLog(fmt::format("replay log line {}: no call \"{}\"", line, one_line(call)));
         const int seq = field(j, "seq", 0, 1 << 30, line), max_seq = h_.config.max_seq;
         if (call == "create") {
             if (seqs_.count(seq)) throw BadLog(fmt::format("replay log line {}: sequence {} exists", line, seq));
@@ -151,10 +163,8 @@ public:
             const int child = field(j, "child", 0, 1 << 30, line);
             if (seqs_.count(child)) throw BadLog(fmt::format("replay log line {}: sequence {} exists", line, child));
             seqs_[child] = s.fork(child);
-        } else if (call == "destroy") {
+        } else {  // destroy (the calls were checked above)
             seqs_.erase(seq);
-        } else {
-            throw BadLog(fmt::format("replay log line {}: no call \"{}\"", line, call));
         }
     }
     // The replay's own entries so far, as the log writes them.
@@ -228,8 +238,9 @@ ReplayOutcome replay_plugin_log(const CachePlugin& plugin, const std::string& lo
     std::vector<json> logged;  // the log's call lines, to compare with the replay's answers
     for (std::size_t i = 1; i < lines.size(); i++) {
         if (lines[i].contains("verdict")) {
-            out.logged = lines[i].value("verdict", std::string());
-            out.logged_books = lines[i].value("books", true);
+            out.logged = text_field(lines[i], "verdict");
+            const auto books = lines[i].find("books");
+            out.logged_books = books == lines[i].end() || !books->is_boolean() || books->get<bool>();
             break;
         }
         logged.push_back(lines[i]);

@@ -370,6 +370,9 @@ TEST_CASE("kvlab replay: a file that is not a replay log, or a hang, ends in one
                                              "{\"call\": \"read\", \"seq\": 0, \"from\": 0, \"to\": 2}\n") +
                       " --plugin " + free_list,
                   "position 2 of sequence 0, which holds 0");
+    // A field of another type (fuzz_replay_log found "call": 1) is the log's error, not a library's.
+    check_refused("replay " + write("call.jsonl", header + "{\"call\": 1, \"seq\": 0}\n") + " --plugin " + free_list,
+                  "line 2: no call \"\"");
     check_refused("replay " + write("x.jsonl", header) + " --plugin " + free_list + " --plugin-stdio", "excludes");
     // hostile_hang spins in slot(pos=2): the replay is a verdict, in one line, after the timeout.
     const std::string hang_log =
@@ -381,9 +384,10 @@ TEST_CASE("kvlab replay: a file that is not a replay log, or a hang, ends in one
     CHECK_THAT(hang.out, Catch::Contains("no answer in 2 s inside the plugin's slot(pos=2)"));
 }
 
-TEST_CASE("verify --plugin: --block-sizes, --max-sequences and --time-limit bound a plugin's check, and a bad one is "
-          "one line",
-          "[plugin][cli]") {
+TEST_CASE(
+    "verify --plugin: --block-sizes, --max-sequences and --time-limit bound a plugin's check, and a bad one is "
+    "one line",
+    "[plugin][cli]") {
     const Run r = run_kvlab("verify --plugin " + plugin_path("block_manager") +
                             " --block-sizes 3,5 --max-sequences 2 --cases 30 --json");
     INFO(r.out << r.err);
