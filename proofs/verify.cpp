@@ -655,7 +655,7 @@ struct DrawnModel {
 
 // 1..n_requests requests arriving over a few steps, each prompt fresh or an earlier one's prefix
 // followed by fresh tokens, prompt and output within max_seq. The long profile: lengths biased
-// to the size thresholds (draw_size), and at most 3 new tokens each.
+// to the size thresholds (draw_size), and at most 32 new tokens each (so decode crosses blocks).
 std::vector<ServeRequest> draw_requests(const Config& c, int n_requests, bool long_run = false) {
     const auto length = [&](int lo, int hi) { return long_run ? draw_size(lo, hi) : draw(lo, hi); };
     std::vector<ServeRequest> requests;
@@ -669,7 +669,7 @@ std::vector<ServeRequest> draw_requests(const Config& c, int n_requests, bool lo
         const std::vector<int> fresh = draw_tokens(c, more);
         r.prompt.insert(r.prompt.end(), fresh.begin(), fresh.end());
         r.max_new_tokens =
-            draw(1, long_run ? std::min(3, c.max_seq - int(r.prompt.size())) : c.max_seq - int(r.prompt.size()));
+            draw(1, long_run ? std::min(32, c.max_seq - int(r.prompt.size())) : c.max_seq - int(r.prompt.size()));
         r.arrival = arrival += draw(0, 2);
         requests.push_back(r);
     }
@@ -736,14 +736,22 @@ void expect_served_alone(const Scheduler& s, const std::vector<ServeRequest>& re
 // logits each was chosen from equal decoding it alone on a contiguous cache, bit for bit, and
 // its first and last logits equal naive decode.
 // The long profile: a thin model to 8192 positions, prompts and block sizes biased to the
-// thresholds, 1-4 requests of at most 3 new tokens each.
+// thresholds, 1-4 requests of at most 32 new tokens each, a pool sized from the longest.
 void serve_property(const Devices& devices, Mutant mutant) {
     DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
     const bool long_run = devices.long_profile;
     SchedulerConfig sc;
-    sc.block_size = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
-    const int per_request = (c.max_seq + sc.block_size - 1) / sc.block_size, n_requests = draw(1, long_run ? 4 : 6);
+    // The long profile: blocks of up to 64 positions, so that decoding 32 tokens crosses blocks
+    // and a tight pool preempts.
+    sc.block_size = long_run ? draw_size(1, std::min(c.max_seq, 64)) : draw(1, c.max_seq);
+    const int n_requests = draw(1, long_run ? 4 : 6);
+    // The long profile draws the requests first: its pools are sized from the longest (max model
+    // len), since few requests come near max_seq.
+    std::vector<ServeRequest> requests;
+    if (long_run) requests = draw_requests(c, n_requests, true), sc.max_model_len = longest_request(requests);
+    const int len = sc.max_model_len > 0 ? sc.max_model_len : c.max_seq;
+    const int per_request = (len + sc.block_size - 1) / sc.block_size;
     // Half the time a pool of about one request's blocks: requests wait, and are preempted.
     sc.n_blocks = *rc::gen::arbitrary<bool>() ? per_request + draw(0, 1) : draw(per_request, per_request * n_requests);
     sc.max_batch_tokens = draw(1, 2 * c.max_seq);
@@ -754,7 +762,7 @@ void serve_property(const Devices& devices, Mutant mutant) {
     sc.attention = oracle.attention();
     Scheduler s(oracle.backend(), m, sc);
     s.swap_transform = planted_swap(mutant);
-    const std::vector<ServeRequest> requests = draw_requests(c, n_requests, long_run);
+    if (!long_run) requests = draw_requests(c, n_requests);
     note_reached(devices, longest_request(requests));
     std::string what = describe_requests(requests);
     what += fmt::format(", block_size {}, {} blocks, {} batch tokens, prefix caching {}, preemption by {}, {}, {}",
