@@ -116,15 +116,20 @@ T* box(std::int64_t id, std::int32_t length = 0) {
 }
 void unbox(void* h) { delete static_cast<Handle*>(h); }
 
+// An answer {"refused": why}: its text into err (true), else false.
+bool refusal(const json& answer, char* err, std::size_t err_len) {
+    const auto r = answer.find("refused");
+    if (r == answer.end()) return false;
+    std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
+    return true;
+}
+
 // A refusal's text into err, or the id the answer names (a sequence of `length` positions).
 template <class T>
 T* made(const json& answer, const char* name, const std::string& call, char* err, std::size_t err_len,
         std::int32_t length = 0) {
     epoch++;
-    if (const auto r = answer.find("refused"); r != answer.end()) {
-        std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
-        return nullptr;
-    }
+    if (refusal(answer, err, err_len)) return nullptr;
     return box<T>(integer(answer, name, call), length);
 }
 
@@ -162,10 +167,7 @@ int s_reserve(kvlab_cache* c, std::int32_t length, std::int32_t n, const std::in
     const json a =
         ask({{"op", "reserve"}, {"seq", id(c)}, {"length", length}, {"tokens", std::vector<int>(tokens, tokens + n)}},
             call);
-    if (const auto r = a.find("refused"); r != a.end()) {
-        std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
-        return 1;
-    }
+    if (refusal(a, err, err_len)) return 1;
     const json& list = field(a, "copies", false, call);
     *n_copies = std::int32_t(std::min<std::size_t>(list.size(), std::size_t(max_copies) + 1));
     for (std::size_t i = 0; i < list.size() && i < std::size_t(max_copies); i++) {
@@ -227,16 +229,14 @@ int s_step_done(kvlab_cache* c, kvlab_slot_move* moves, std::int32_t max_moves, 
     const std::string call = "step_done()";
     epoch++;
     const json a = ask({{"op", "step_done"}, {"seq", id(c)}}, call);
-    if (const auto r = a.find("refused"); r != a.end()) {
-        std::snprintf(err, err_len, "%s", quoted(r->is_string() ? r->get<std::string>() : r->dump()).c_str());
-        return 1;
-    }
+    if (refusal(a, err, err_len)) return 1;
     const auto list = a.find("moves");
     if (list == a.end()) return 0;  // {}: nothing moved
     if (!list->is_array())
         broken(fmt::format("the plugin server answered {} with {}, whose \"moves\" is not a list", call,
                            quoted(json_text(a))));
     *n_moves = std::int32_t(std::min<std::size_t>(list->size(), std::size_t(max_moves) + 1));
+    const auto narrow = [](std::int64_t x) { return std::int32_t(std::clamp<std::int64_t>(x, INT32_MIN, INT32_MAX)); };
     for (std::size_t i = 0; i < list->size() && i < std::size_t(max_moves); i++) {
         const json& m = (*list)[i];
         const std::vector<std::int64_t> t =
@@ -244,9 +244,6 @@ int s_step_done(kvlab_cache* c, kvlab_slot_move* moves, std::int32_t max_moves, 
         if (t.size() != 3)
             broken(fmt::format("the plugin server answered {} with a move {}, not [pos, count, slot]", call,
                                quoted(json_text(m))));
-        const auto narrow = [](std::int64_t x) {
-            return std::int32_t(std::clamp<std::int64_t>(x, INT32_MIN, INT32_MAX));
-        };
         moves[i] = {narrow(t[0]), narrow(t[1]), t[2]};
     }
     return 0;

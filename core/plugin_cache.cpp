@@ -615,7 +615,8 @@ void PluginCache::apply_moves(std::span<const kvlab_slot_move> moves, const std:
         pool_->moved_positions_ += m.count;
     }
     // Every position's slot, as the plugin now answers it, is the one kvlab's books moved it to.
-    for (int pos = 0; pos < length && !moves.empty(); pos++)
+    if (moves.empty()) return;
+    for (int pos = 0; pos < length; pos++)
         if (const std::int64_t s = ask_slot(pos); s != slots_[std::size_t(pos)])
             throw Error(fmt::format("{}: after {}, slot(pos={}) returned {}, but its moves put position {} in slot {}",
                                     who(), call, pos, s, pos, slots_[std::size_t(pos)]));

@@ -352,7 +352,7 @@ void fork_property(const Devices& devices, Mutant mutant) {
     int total = 0, longest = f;
     for (int i = 0; i <= n_children; i++) {
         if (long_run) {
-            const std::vector<int> chunk = draw_tokens(c, draw_size(1, c.max_seq - f - 1 > 0 ? c.max_seq - f - 1 : 1));
+            const std::vector<int> chunk = draw_tokens(c, draw_size(1, std::max(1, c.max_seq - f - 1)));
             tokens[std::size_t(i)].insert(tokens[std::size_t(i)].end(), chunk.begin(), chunk.end());
             oracle.expect_naive(tokens[std::size_t(i)],
                                 oracle.cached(*seqs[std::size_t(i)])->extend(tokens[std::size_t(i)]),
