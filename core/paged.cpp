@@ -174,8 +174,8 @@ int BlockPool::allocate(int owner, int seq) {
     const int block = manager_->allocate(evicted);
     // A manager is not always core's (lab 8): the pool checks what it hands out.
     if (block < 0 || block >= n_blocks_)
-        throw Error(fmt::format("block manager: allocate() gave block {}; the pool has blocks 0..{}", block,
-                                n_blocks_ - 1));
+        throw Error(
+            fmt::format("block manager: allocate() gave block {}; the pool has blocks 0..{}", block, n_blocks_ - 1));
     if (!holders_[std::size_t(block)].empty())
         throw Error(fmt::format("block manager: allocate() gave block {}, which {} sequence(s) still map", block,
                                 holders_[std::size_t(block)].size()));
@@ -186,12 +186,21 @@ int BlockPool::allocate(int owner, int seq) {
         event(EventKind::evicted, seq, block);
     }
     holders_[std::size_t(block)] = {{owner, 0}};
+    count_hold(true, owner);
     event(EventKind::block_allocated, seq, block);
     return block;
 }
 
+void BlockPool::count_hold(bool block_was_free, int owner) {
+    held_blocks_ += block_was_free;
+    owner_blocks_[owner]++;
+    peak_.blocks = std::max(peak_.blocks, held_blocks_);
+    peak_.sequences = std::max(peak_.sequences, int(owner_blocks_.size()));
+}
+
 void BlockPool::retain(int block, int owner, int seq, int rows) {
     manager_->retain(block);
+    count_hold(holders_[std::size_t(block)].empty(), owner);
     holders_[std::size_t(block)].push_back({owner, rows});
     event(EventKind::block_shared, seq, block);
 }
@@ -212,6 +221,9 @@ void BlockPool::release(int block, int owner, int seq) {
     auto& hs = holders_[std::size_t(block)];
     const int old_max = max_rows(block);
     hs.erase(hs.begin() + (&holder(block, owner) - hs.data()));
+    held_blocks_ -= hs.empty();
+    if (const auto it = owner_blocks_.find(owner); it != owner_blocks_.end() && --it->second == 0)
+        owner_blocks_.erase(it);
     if (manager_->release(block)) {
         poison(block, 0);
         event(EventKind::freed, seq, block);
@@ -567,9 +579,10 @@ void PagedCache::set_kv_format(KVFormat format, std::span<const float> scales) {
     if (format != pool().storage().format ||
         (!scales.empty() && !std::equal(scales.begin(), scales.end(), pool().storage().host_scales.begin(),
                                         pool().storage().host_scales.end())))
-        throw Error(fmt::format("paged cache: its blocks are the pool's, stored in {}; BlockPool::set_kv_format "
-                                "sets them (not {})",
-                                kv_format_name(pool().storage().format), kv_format_name(format)));
+        throw Error(
+            fmt::format("paged cache: its blocks are the pool's, stored in {}; BlockPool::set_kv_format "
+                        "sets them (not {})",
+                        kv_format_name(pool().storage().format), kv_format_name(format)));
 }
 
 MemoryStats PagedCache::memory() const {

@@ -143,6 +143,12 @@ public:
     int n_cached() const;  // mapped by nobody but published: reclaimable
     int n_used() const;    // in at least one block table
     int available() const { return manager_->available(); }
+    // The most blocks held at once (by at least one sequence), and the most sequences holding
+    // blocks at once, since the pool was made: how full a run drove it (verify's report).
+    struct Peak {
+        int blocks = 0, sequences = 0;
+    };
+    Peak peak() const { return peak_; }
     std::int64_t block_bytes() const { return kv_bytes(config_, block_size_, storage_.format); }
     // Writes that went into a block some other owner could read (shared, or published): the
     // invariant is that there are none.
@@ -253,8 +259,12 @@ private:
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     BlockStore* store_ = nullptr;
     StoreStats store_stats_;
-    std::unordered_map<int, BlockKey> keys_;  // the key of each published block, to name its record
-    void offload(int block);                  // block's record into the store, unless it has one
+    std::unordered_map<int, BlockKey> keys_;     // the key of each published block, to name its record
+    int held_blocks_ = 0;                        // blocks with at least one holder
+    std::unordered_map<int, int> owner_blocks_;  // owner -> blocks it holds, for owners holding any
+    Peak peak_;
+    void count_hold(bool block_was_free, int owner);  // a new holder: the counts and the peak
+    void offload(int block);                          // block's record into the store, unless it has one
     Holder& holder(int block, int owner);
     int max_rows(int block) const;               // the most rows any holder holds (0 with none)
     void poison_unheld(int block, int old_max);  // NaN from max_rows() when it fell below old_max

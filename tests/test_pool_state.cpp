@@ -233,6 +233,8 @@ struct Sut {
     SeqBug seq_bug;
     std::int64_t hit_positions = 0;  // what attach_prefix returned, summed
     mutable Coverage coverage;       // this case's tallies (check_invariants counts deep sharing)
+    mutable BlockPool::Peak seen;    // the most blocks in use and sequences holding blocks seen after a command
+    mutable int most_seqs = 0;       // the most sequences alive after a command
 };
 
 // The rows of positions 0..tokens.size()-1 read through the cache equal the model's, bit for bit.
@@ -403,6 +405,20 @@ void check_invariants(const Model& m, const Sut& sut) {
     if (pool.n_used() > m.used_bound())
         RC_FAIL(fmt::format("{} blocks in use, more than the {} the sequences need without any prefix sharing",
                             pool.n_used(), m.used_bound()));
+    // The peak (verify's pool fill): at least what any command left, at most the pool, and no
+    // more sequences than were ever alive at once (a copy-on-write holds one more block in passing).
+    int holding = 0;
+    for (const auto& [id, cache] : sut.seqs) holding += !cache->block_table().empty();
+    sut.seen.blocks = std::max(sut.seen.blocks, pool.n_used());
+    sut.seen.sequences = std::max(sut.seen.sequences, holding);
+    sut.most_seqs = std::max(sut.most_seqs, int(sut.seqs.size()));
+    const BlockPool::Peak peak = pool.peak();
+    if (peak.blocks < sut.seen.blocks || peak.blocks > pool.n_blocks() || peak.sequences < sut.seen.sequences ||
+        peak.sequences > sut.most_seqs)
+        RC_FAIL(fmt::format(
+            "peak {} blocks, {} sequences; seen {} blocks in use of {}, {} sequences holding blocks, "
+            "{} alive at most",
+            peak.blocks, peak.sequences, sut.seen.blocks, pool.n_blocks(), sut.seen.sequences, sut.most_seqs));
     if (pool.shared_writes() != 0)
         RC_FAIL(
             fmt::format("{} writes went into a block another owner can read (shared_writes)", pool.shared_writes()));
@@ -817,6 +833,7 @@ struct TooBig : Command {
                 }
             }
         } else {
+            sut.most_seqs = std::max(sut.most_seqs, int(sut.seqs.size()) + 1);  // alive until it is dropped
             std::unique_ptr<PagedCache> cache = sut.new_seq(ident, m.next_id);
             const int hit = cache->attach_prefix(tokens);
             NewRequest::check_hit(m, sut, *cache, ident, tokens, hit);
