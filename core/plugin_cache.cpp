@@ -18,9 +18,11 @@ constexpr std::size_t kErrLen = 512;  // the message buffer a plugin writes into
 // The plugin call under way (set_plugin_call_note), written before each call and cleared after it.
 char* call_note = nullptr;
 std::size_t call_note_size = 0;
+std::function<void()> call_hook;  // set_plugin_call_hook
 struct CallNote {
     template <class... Args>
     explicit CallNote(fmt::format_string<Args...> format, Args&&... args) {
+        if (call_hook) call_hook();
         if (!call_note) return;
         const auto end = fmt::format_to_n(call_note, call_note_size - 1, format, std::forward<Args>(args)...);
         *end.out = '\0';
@@ -207,6 +209,8 @@ void set_plugin_call_note(char* buffer, std::size_t size) {
     call_note_size = size;
     if (call_note) call_note[0] = '\0';
 }
+
+void set_plugin_call_hook(std::function<void()> hook) { call_hook = std::move(hook); }
 
 kvlab_cache_pool* CachePlugin::create_pool(const kvlab_cache_config& config, char* err, std::size_t err_len) const {
     const CallNote note("create_pool(max_seq={}, n_slots={}, block_size={})", config.max_seq, config.n_slots,

@@ -76,6 +76,9 @@ class PluginCache;
 // NUL-terminated, before each call into a plugin, and "" after it returns: `kvlab verify --plugin`
 // points it at memory its parent reads when the child dies inside a call. Null or size 0: none.
 void set_plugin_call_note(char* buffer, std::size_t size);
+// Called before each call into a plugin (null: none): verify's plugin check sends the case's call
+// log on from there, so that a call that never returns still leaves the log up to it.
+void set_plugin_call_hook(std::function<void()> hook);
 
 // A reserve the plugin refused when the pool had no room for it: fewer wholly free blocks (no
 // slot held, in kvlab's books) than the reserve could need. A refusal with room is an Error

@@ -16,10 +16,11 @@ MlaConfig draw_mla_config() {
     return c;
 }
 
-void mla_property(MlaForm form, MlaForm naive_form) {
+void mla_property(MlaForm form, MlaForm naive_form, const std::function<void(int T)>& reached) {
     const MlaConfig c = draw_mla_config();
     const MlaModel m = random_mla_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<int> tokens = draw_tokens(c.base, draw(1, c.base.max_seq));
+    if (reached) reached(int(tokens.size()));
     MlaCache cache(c);
     MlaDecoder cached(m, cache, form);
     const std::string what =

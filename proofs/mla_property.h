@@ -2,6 +2,8 @@
 // `mla-absorbed` and tests/test_mla.cpp.
 #pragma once
 
+#include <functional>
+
 #include "mla.h"
 
 namespace kvlab {
@@ -12,6 +14,7 @@ MlaConfig draw_mla_config();
 
 // A prompt prefilled in chunks of any sizes, then decoded: at every chunk and step the cached
 // decode in `form` equals naive decode in `naive_form` bitwise (a different form must fail).
-void mla_property(MlaForm form, MlaForm naive_form);
+// reached, if given, hears the case's length T before the first chunk (verify's report).
+void mla_property(MlaForm form, MlaForm naive_form, const std::function<void(int T)>& reached = nullptr);
 
 }  // namespace kvlab

@@ -199,8 +199,7 @@ std::string first_difference(const std::vector<json>& logged, const std::vector<
 
 }  // namespace
 
-std::string replay_log_text(const ReplayHeader& h, std::span<const PluginLogEntry> entries, const std::string& verdict,
-                            bool books) {
+std::string replay_log_header(const ReplayHeader& h) {
     const Config& c = h.config;
     const json header = {{"kvlab_replay", 1},
                          {"plugin", h.plugin},
@@ -216,9 +215,20 @@ std::string replay_log_text(const ReplayHeader& h, std::span<const PluginLogEntr
                          {"max_sequences", h.max_sequences},
                          {"block_size", h.block_size},
                          {"kv_format", h.kv_format}};
-    std::string text = json_text(header) + "\n";
-    for (const PluginLogEntry& e : entries) text += json_text(entry_json(e)) + "\n";
-    return text + json_text(json{{"verdict", verdict}, {"books", books}}) + "\n";
+    return json_text(header);
+}
+
+std::string replay_log_line(const PluginLogEntry& entry) { return json_text(entry_json(entry)); }
+
+std::string replay_log_verdict(const std::string& verdict, bool books) {
+    return json_text(json{{"verdict", verdict}, {"books", books}});
+}
+
+std::string replay_log_text(const ReplayHeader& h, std::span<const PluginLogEntry> entries, const std::string& verdict,
+                            bool books) {
+    std::string text = replay_log_header(h) + "\n";
+    for (const PluginLogEntry& e : entries) text += replay_log_line(e) + "\n";
+    return text + replay_log_verdict(verdict, books) + "\n";
 }
 
 ReplayOutcome replay_plugin_log(const CachePlugin& plugin, const std::string& log_text) {

@@ -38,6 +38,10 @@ struct ReplayHeader {
     std::string kv_format = "fp32";
 };
 
+// The log's lines, each one JSON object without its newline: the header, a call, the verdict.
+std::string replay_log_header(const ReplayHeader& header);
+std::string replay_log_line(const PluginLogEntry& entry);
+std::string replay_log_verdict(const std::string& verdict, bool books);
 // The log as JSON lines (each ending in a newline), the verdict last.
 std::string replay_log_text(const ReplayHeader& header, std::span<const PluginLogEntry> entries,
                             const std::string& verdict, bool books);

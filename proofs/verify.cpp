@@ -37,6 +37,82 @@ namespace {
 // ----------------------------------------------------------------------------------------------
 // Where a property runs (its inputs come from property.h: draw, draw_config, draw_tokens)
 
+// What a row's cases reached over a run, shrinking included: how many held each threshold
+// position, the largest T, pool fill and sequence count; and the sizes of the last case that
+// failed, which is the counterexample RapidCheck reports (it keeps the last failing shrink).
+// One record for every row, kvlab's own and a plugin's.
+struct Reach {
+    static constexpr int kMarks[] = {97, 257, 1025, 4097, 8191};  // positions held: T > mark
+    struct Sizes {
+        int T = 0;             // the longest sequence
+        int fill_percent = 0;  // the most of a pool's blocks held at once
+        int sequences = 0;     // the most sequences holding a pool's blocks at once
+        bool pool = false;     // whether the case had a pool
+    };
+    std::string row;                                 // names the progress line
+    std::function<void(std::string_view)> progress;  // the long profile's progress line, else null
+    int cases = 0, marks[5] = {0, 0, 0, 0, 0};
+    Sizes largest, current, failed;
+    // A plugin's: the most slots held at once, cases that filled a pool to 95% or more and to a
+    // refusal, whole-only plugins' preemptions and step_done's moved positions.
+    int held_slots = 0, fill95_cases = 0, full_cases = 0;
+    std::int64_t preemptions = 0, moved = 0;
+    std::string replay_log;  // a plugin's latest failing case (plugin_replay.h)
+
+    // T: the case's longest sequence so far; its first note shows on the progress line.
+    void size(int T) {
+        if (progress && current.T == 0) progress(fmt::format("{}: case {}, T = {}", row, cases + 1, T));
+        current.T = std::max(current.T, T);
+    }
+    void pool(int fill_percent, int sequences) {
+        current.pool = true;
+        current.fill_percent = std::max(current.fill_percent, fill_percent);
+        current.sequences = std::max(current.sequences, sequences);
+    }
+    // The case is over (failed: it threw).
+    void end(bool case_failed) {
+        cases++;
+        for (int i = 0; i < 5; i++) marks[i] += current.T > kMarks[i];
+        largest.T = std::max(largest.T, current.T);
+        largest.fill_percent = std::max(largest.fill_percent, current.fill_percent);
+        largest.sequences = std::max(largest.sequences, current.sequences);
+        largest.pool = largest.pool || current.pool;
+        fill95_cases += current.pool && current.fill_percent >= 95;
+        if (case_failed) failed = current;
+        current = {};
+    }
+    // A property body whose cases this record counts.
+    std::function<void()> around(std::function<void()> body) {
+        return [this, body = std::move(body)] {
+            current = {};
+            try {
+                body();
+            } catch (...) {
+                end(true);
+                throw;
+            }
+            end(false);
+        };
+    }
+    // The report's line: the marks when any case reached one (or the run is long), the largest
+    // sizes, and a plugin's counts.
+    std::string text(bool long_profile, bool plugin) const {
+        if (cases == 0) return "";
+        std::string t = fmt::format("cases run (shrinking included) {}: largest T {}", cases, largest.T);
+        if (largest.pool)
+            t += fmt::format(", pool fill {}%, most sequences at once {}", largest.fill_percent, largest.sequences);
+        if (long_profile || plugin || marks[0] > 0)
+            t += fmt::format("; position >= 97 held in {}, >= 257 in {}, >= 1025 in {}, >= 4097 in {}, 8191 in {}",
+                             marks[0], marks[1], marks[2], marks[3], marks[4]);
+        if (plugin)
+            t += fmt::format(
+                "; {} slots held at once; {} cases filled a pool to 95% or more, {} to a refusal; {} preemptions, {} "
+                "positions moved by step_done",
+                held_slots, fill95_cases, full_cases, preemptions, moved);
+        return t;
+    }
+};
+
 // The devices of a run (VerifyOptions::device): naive decode on `reference` is what every
 // result is checked against; the decoders under test and their caches run on `tested`.
 struct Devices {
@@ -52,17 +128,38 @@ struct Devices {
     // each chunk and a few decode steps; batch draws up to 300 sequences, and prefix-hit-extend
     // and fork block sizes up to 512.
     bool long_profile = false;
-    // Told each case's size (`what`: "T", its longest sequence, or "batch size") for the progress line.
-    std::function<void(int size, const char* what)> reached;
+    Reach* reach = nullptr;  // the row's record of its cases' sizes; null: none kept
 };
 
 // A long-profile-aware property's shape and the length it reaches.
 Config draw_shape(const Devices& d, int min_seq, bool long_ok) {
     return d.long_profile && long_ok ? draw_long_config(min_seq) : draw_config(min_seq);
 }
-void note_reached(const Devices& d, int size, const char* what = "T") {
-    if (d.reached) d.reached(size, what);
+// The case holds a sequence of T positions (its longest so far).
+void note_reached(const Devices& d, int T) {
+    if (d.reach) d.reach->size(T);
 }
+// The case drove a pool to fill_percent of its blocks held at once, by `sequences` at once.
+void note_pool(const Devices& d, int fill_percent, int sequences) {
+    if (d.reach) d.reach->pool(fill_percent, sequences);
+}
+// The case's pool, while it lives: its peak fill and sequence count go to the row's record as
+// it dies, so that a case that fails part-way still names how full it drove the pool.
+class PoolWatch {
+public:
+    PoolWatch(const Devices& d, const BlockPool* pool) : reach_(d.reach), pool_(pool) {}
+    PoolWatch(const PoolWatch&) = delete;
+    PoolWatch& operator=(const PoolWatch&) = delete;
+    ~PoolWatch() {
+        if (!reach_ || !pool_) return;
+        const BlockPool::Peak p = pool_->peak();
+        reach_->pool(int(100 * std::int64_t(p.blocks) / std::max(1, pool_->n_blocks())), p.sequences);  // no throw
+    }
+
+private:
+    Reach* reach_;
+    const BlockPool* pool_;
+};
 
 // The oracle for one generated model on the devices of a run: naive decode on the reference
 // device. With two devices, naive decode on the tested one must equal the reference's too, so
@@ -241,6 +338,8 @@ void decode_property(const VariantSetting& s, const Devices& devices, Mutant mut
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
     CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory(), format);
+    const PoolWatch watch(devices, u.pool.get());
+    note_reached(devices, int(tokens.size()));
     const auto cached = oracle.cached(*u);
     const std::int64_t limit = info.exact ? c.max_seq : info.exact_up_to(u.spec);
     const std::string what = fmt::format("{}{}, {}, prompt {} of {}", describe(u.spec),
@@ -278,6 +377,7 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     // Room for all three: nothing is evicted here.
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 3 * per_seq, true, oracle_a.memory());
     pool->set_kv_format(format);
+    const PoolWatch watch(devices, pool.get());
     const std::vector<int> a = draw_tokens(c, draw(1, c.max_seq));
     const int la = int(a.size());
     const int share_kind = draw(0, 3);  // none, part, all of A, a multiple of block_size
@@ -286,6 +386,7 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
     b.insert(b.end(), suffix.begin(), suffix.end());
     const int prompt_b = draw(1, int(b.size()));
+    note_reached(devices, std::max(la, int(b.size())));
     const bool free_a = *rc::gen::arbitrary<bool>();
     const std::string what = fmt::format("prefix-shared(block_size={}), {}, A {} tokens, B shares {} of {} (prompt {})",
                                          bs, c.describe(), la, k, b.size(), prompt_b);
@@ -335,11 +436,13 @@ void fork_property(const Devices& devices, Mutant mutant) {
     const std::unique_ptr<BlockPool> pool =
         planted_pool(mutant, c, bs, (n_children + 1) * per_seq, false, oracle.memory());
     pool->set_kv_format(format);
+    const PoolWatch watch(devices, pool.get());
     const int f = long_run ? draw_size(1, c.max_seq - 1) : draw(1, c.max_seq - 1);  // fork after f positions
     const std::string what = fmt::format("paged(block_size={}) in {}, {}, fork at {} into {} children", bs,
                                          kv_format_name(format), c.describe(), f, n_children);
     std::vector<std::unique_ptr<PagedCache>> seqs;
     seqs.push_back(std::make_unique<PagedCache>(*pool, 0, 0));
+    note_reached(devices, f);
     std::vector<std::vector<int>> tokens(1, draw_tokens(c, f));
     oracle.expect_naive(tokens[0], oracle.cached(*seqs[0])->prefill(tokens[0]), what);
     for (int i = 1; i <= n_children; i++) {
@@ -389,6 +492,7 @@ struct AnyExactVariant {
         const std::vector<Variant> exact = exact_variants();
         oracle.set_kv_format(format, {});
         u = cache_under_test(exact[draw(std::size_t{0}, exact.size() - 1)], c, mutant, oracle.memory(), format);
+        watch = std::make_unique<PoolWatch>(devices, u.pool.get());
         cached = oracle.cached(*u);
         if (oracle.attention().tiled()) {  // the split-KV path on threads too (bits never change)
             cached->exec.n_threads = draw(1, 2);
@@ -407,6 +511,7 @@ struct AnyExactVariant {
     const KVFormat format;
     Oracle oracle;
     CacheUnderTest u;
+    std::unique_ptr<PoolWatch> watch;  // u's pool, if it has one
     std::unique_ptr<CachedDecoder> cached;
 };
 
@@ -423,7 +528,6 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     std::vector<int> kept;
     const int rounds = draw(1, 3);
     std::string what = run.describe();
-    int longest = 0;
     for (int r = 0; r <= rounds; r++) {
         if (r > 0) {
             const int n = long_run ? draw_size(0, int(kept.size())) : draw(0, int(kept.size()));
@@ -437,18 +541,18 @@ void rollback_property(const Devices& devices, Mutant mutant) {
             const std::vector<int> chunk = draw_tokens(c, draw(0, 3) == 3 ? room : draw_size(1, room));
             what += fmt::format(", +{} in one request", chunk.size());
             kept.insert(kept.end(), chunk.begin(), chunk.end());
+            note_reached(devices, int(kept.size()));
             oracle.expect_naive(kept, cached->extend(kept), what);
         }
         const int steps = long_run ? std::min(c.max_seq - int(kept.size()), draw(0, 2)) : draw(1, room);
         const std::vector<int> more = draw_tokens(c, steps);
         if (!more.empty()) what += fmt::format(", +{}", more.size());
+        note_reached(devices, int(kept.size() + more.size()));
         for (int t : more) {
             kept.push_back(t);
             oracle.expect_naive(kept, cached->decode(t), what);
         }
-        longest = std::max(longest, int(kept.size()));
     }
-    note_reached(devices, longest);
     expect_memory_consistent(*u, what);
 }
 
@@ -497,6 +601,7 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
     const int per_seq = (c.max_seq + bs - 1) / bs;
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
     pool->set_kv_format(format);
+    const PoolWatch watch(devices, pool.get());
     const std::vector<int> a =
         draw_tokens(c, long_run ? (draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq)) : draw(1, c.max_seq));
     const int k = long_run ? draw_size(0, int(a.size())) : draw(0, int(a.size()));  // B's tokens shared with A
@@ -504,7 +609,7 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
     const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
     b.insert(b.end(), suffix.begin(), suffix.end());
     const int prompt = long_run ? std::max(1, int(b.size()) - draw(0, 3)) : draw(1, int(b.size()));
-    note_reached(devices, int(b.size()));
+    note_reached(devices, int(std::max(a.size(), b.size())));
     const std::span<const int> bspan(b);
     const std::string what = fmt::format("block_size {} in {}, {}, A {} tokens, B shares {} of {} (prompt {}){}", bs,
                                          kv_format_name(format), c.describe(), a.size(), k, b.size(), prompt,
@@ -591,12 +696,12 @@ void batch_property(const Devices& devices, Mutant mutant) {
     const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
     // The long profile: batch sizes up to 300, biased to the thresholds (short sequences keep it fast).
     const int n_seqs = devices.long_profile ? draw_size(2, 300) : draw(2, 4);
-    note_reached(devices, n_seqs, "batch size");
     const KVFormat format = draw_kv_format(devices);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, n_seqs * per_seq, false, oracle.memory());
     pool->set_kv_format(format);
+    const PoolWatch watch(devices, pool.get());
     std::vector<std::unique_ptr<PagedCache>> seqs;
     std::vector<std::vector<int>> tokens;
     std::vector<int> prompt, joins, next;
@@ -606,6 +711,7 @@ void batch_property(const Devices& devices, Mutant mutant) {
         prompt.push_back(draw(1, int(tokens.back().size())));
         joins.push_back(draw(0, 2));
         next.push_back(0);
+        note_reached(devices, int(tokens.back().size()));
     }
     const std::string what = fmt::format("batch of {} over paged(block_size={}) in {}, {}", n_seqs, bs,
                                          kv_format_name(format), c.describe());
@@ -654,9 +760,11 @@ struct DrawnModel {
 };
 
 // 1..n_requests requests arriving over a few steps, each prompt fresh or an earlier one's prefix
-// followed by fresh tokens, prompt and output within max_seq. The long profile: lengths biased
-// to the size thresholds (draw_size), and at most 32 new tokens each (so decode crosses blocks).
-std::vector<ServeRequest> draw_requests(const Config& c, int n_requests, bool long_run = false) {
+// followed by fresh tokens, prompt and output within `limit` positions (0: max_seq). The long
+// profile: lengths biased to the size thresholds (draw_size), and at most 32 new tokens each (so
+// decode crosses blocks).
+std::vector<ServeRequest> draw_requests(const Config& c, int n_requests, bool long_run = false, int limit = 0) {
+    const int max_len = limit > 0 ? std::min(limit, c.max_seq) : c.max_seq;
     const auto length = [&](int lo, int hi) { return long_run ? draw_size(lo, hi) : draw(lo, hi); };
     std::vector<ServeRequest> requests;
     for (int i = 0, arrival = 0; i < n_requests; i++) {
@@ -665,11 +773,11 @@ std::vector<ServeRequest> draw_requests(const Config& c, int n_requests, bool lo
             const std::vector<int>& p = requests[std::size_t(draw(0, i - 1))].prompt;
             r.prompt.assign(p.begin(), p.begin() + length(1, int(p.size())));
         }
-        const int more = length(r.prompt.empty() ? 1 : 0, c.max_seq - 1 - int(r.prompt.size()));
+        const int more = length(r.prompt.empty() ? 1 : 0, max_len - 1 - int(r.prompt.size()));
         const std::vector<int> fresh = draw_tokens(c, more);
         r.prompt.insert(r.prompt.end(), fresh.begin(), fresh.end());
         r.max_new_tokens =
-            draw(1, long_run ? std::min(32, c.max_seq - int(r.prompt.size())) : c.max_seq - int(r.prompt.size()));
+            draw(1, long_run ? std::min(32, max_len - int(r.prompt.size())) : max_len - int(r.prompt.size()));
         r.arrival = arrival += draw(0, 2);
         requests.push_back(r);
     }
@@ -736,7 +844,8 @@ void expect_served_alone(const Scheduler& s, const std::vector<ServeRequest>& re
 // logits each was chosen from equal decoding it alone on a contiguous cache, bit for bit, and
 // its first and last logits equal naive decode.
 // The long profile: a thin model to 8192 positions, prompts and block sizes biased to the
-// thresholds, 1-4 requests of at most 32 new tokens each, a pool sized from the longest.
+// thresholds, 1-4 requests of at most 32 new tokens each, or half the time 8-64 requests of at
+// most 512 positions (many sequences on one pool, as engines run), a pool sized from the longest.
 void serve_property(const Devices& devices, Mutant mutant) {
     DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
@@ -745,11 +854,13 @@ void serve_property(const Devices& devices, Mutant mutant) {
     // The long profile: blocks of up to 64 positions, so that decoding 32 tokens crosses blocks
     // and a tight pool preempts.
     sc.block_size = long_run ? draw_size(1, std::min(c.max_seq, 64)) : draw(1, c.max_seq);
-    const int n_requests = draw(1, long_run ? 4 : 6);
+    const bool many = long_run && *rc::gen::arbitrary<bool>();
+    const int n_requests = many ? draw_size(8, 64) : draw(1, long_run ? 4 : 6);
     // The long profile draws the requests first: its pools are sized from the longest (max model
     // len), since few requests come near max_seq.
     std::vector<ServeRequest> requests;
-    if (long_run) requests = draw_requests(c, n_requests, true), sc.max_model_len = longest_request(requests);
+    if (long_run)
+        requests = draw_requests(c, n_requests, true, many ? 512 : 0), sc.max_model_len = longest_request(requests);
     const int len = sc.max_model_len > 0 ? sc.max_model_len : c.max_seq;
     const int per_request = (len + sc.block_size - 1) / sc.block_size;
     // Half the time a pool of about one request's blocks: requests wait, and are preempted.
@@ -761,6 +872,7 @@ void serve_property(const Devices& devices, Mutant mutant) {
     sc.watermark = draw(0, 3) > 0 ? 0.0 : draw(0, 50) / 100.0;  // mostly none: more preemption
     sc.attention = oracle.attention();
     Scheduler s(oracle.backend(), m, sc);
+    const PoolWatch watch(devices, &s.pool());
     s.swap_transform = planted_swap(mutant);
     if (!long_run) requests = draw_requests(c, n_requests);
     note_reached(devices, longest_request(requests));
@@ -808,6 +920,7 @@ void store_property(const Devices& devices, Mutant mutant) {
     };
     for (int pass = 1; pass <= 2; pass++) {
         Scheduler s(oracle.backend(), m, sc, make_pool);
+        const PoolWatch watch(devices, &s.pool());
         std::string what = fmt::format("{}, pass {} over a store that hands out records {}",
                                        describe_requests(requests), pass, store.describe());
         what += fmt::format(", block_size {}, {} blocks, {} batch tokens, {}, {}", sc.block_size, sc.n_blocks,
@@ -841,6 +954,9 @@ void beam_property(const Devices& devices, Mutant mutant) {
     const std::string what = fmt::format("beam width {} over {} steps, prompt {}, block_size {}, {}, {}", bc.width,
                                          bc.steps, prompt.size(), bc.block_size, kv_format_name(format), c.describe());
     const BeamRun run = search.run(prompt);
+    std::size_t beams = 0;
+    for (const auto& step : run.steps) beams = std::max(beams, step.size());
+    note_pool(devices, int(100 * std::int64_t(run.peak_blocks) / std::max(1, run.n_blocks)), int(beams));
     for (std::size_t s = 0; s < run.steps.size(); s++)
         for (std::size_t b = 0; b < run.steps[s].size(); b++)
             oracle.expect_naive(run.steps[s][b].tokens, run.steps[s][b].logits,
@@ -856,6 +972,7 @@ void stale_property(const Devices& devices, Mutant mutant) {
     oracle.set_kv_format(format, {});
     CacheUnderTest u = cache_under_test(*rc::gen::arbitrary<bool>() ? Variant::contiguous_head : Variant::paged, c,
                                         mutant, oracle.memory(), format);
+    const PoolWatch watch(devices, u.pool.get());
     const auto cached = oracle.cached(*u);
     const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
     const int i = draw(0, int(prompt.size()) - 1);
@@ -863,6 +980,7 @@ void stale_property(const Devices& devices, Mutant mutant) {
     edited[i] = (prompt[i] + draw(1, c.vocab_size - 1)) % c.vocab_size;
     const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(prompt.size())));
     edited.insert(edited.end(), more.begin(), more.end());
+    note_reached(devices, int(edited.size()));
     const std::string what =
         fmt::format("{}, {}, prompt of {} edited at {}", u->name(), c.describe(), prompt.size(), i);
     cached->extend(prompt);
@@ -906,6 +1024,7 @@ void speculate_property(const Devices& devices, Mutant mutant) {
     oracle.set_kv_format(format, {});
     CacheUnderTest u = cache_under_test(*rc::gen::arbitrary<bool>() ? Variant::contiguous_head : Variant::paged, c,
                                         mutant, oracle.memory(), format);
+    const PoolWatch watch(devices, u.pool.get());
     const auto cached = oracle.cached(*u);
     // The draft runs on the tested device too: on the target's backend when it is the target.
     const std::unique_ptr<Backend> draft_backend = draft_model ? devices.make(devices.tested, *draft_model) : nullptr;
@@ -957,26 +1076,6 @@ void speculate_property(const Devices& devices, Mutant mutant) {
 
 // ----------------------------------------------------------------------------------------------
 // A cache kvlab did not write (plugin_cache.h): the plugin keeps the books, kvlab the rows
-
-// What a plugin check's cases reached, over a run (shrinking included): how many held each
-// threshold position, the largest sequence, pool fill and sequence count, and how many drove
-// the pool to a refusal.
-struct PluginReach {
-    static constexpr int kMarks[] = {97, 257, 1025, 4097, 8191};  // positions held
-    int cases = 0, marks[5] = {0, 0, 0, 0, 0};
-    int longest = 0, fill_percent = 0, sequences = 0, held_slots = 0, full_cases = 0, fill95_cases = 0;
-    std::int64_t preemptions = 0, moved = 0;  // whole-only plugins' preemptions; step_done's moved positions
-    std::string replay_log;                   // the latest failing case's (plugin_replay.h)
-    std::string text() const {
-        if (cases == 0) return "";
-        return fmt::format(
-            "cases run (shrinking included) {}: position >= 97 held in {}, >= 257 in {}, >= 1025 in {}, >= 4097 "
-            "in {}, 8191 in {}; largest T {}, pool fill {}%, {} sequences at once, {} slots held at once; {} cases "
-            "filled a pool to 95% or more, {} to a refusal; {} preemptions, {} positions moved by step_done",
-            cases, marks[0], marks[1], marks[2], marks[3], marks[4], longest, fill_percent, sequences, held_slots,
-            fill95_cases, full_cases, preemptions, moved);
-    }
-};
 
 // The block sizes a plugin's pools are drawn from: the plugin's and the options' (o.block_sizes)
 // both, or either's alone; empty when neither lists any (kvlab draws 1..16 or 1..64). Throws
@@ -1054,8 +1153,16 @@ public:
         pool_.emplace(c_, plugin, oracle_.memory(), n_slots_, max_sequences_, bs);
         pool_->set_kv_format(format_);
         pool_->set_log(&log_);
+        if (o.call_log) {
+            call_log_ = o.call_log;
+            call_log_("h " + replay_log_header(header()));
+            set_plugin_call_hook([this] { stream_log(); });
+        }
     }
-    ~PluginFamily() { seqs_.clear(); }  // before the pool
+    ~PluginFamily() {
+        if (call_log_) set_plugin_call_hook(nullptr);
+        seqs_.clear();  // before the pool
+    }
 
     void run() {
         if (thin() && *rc::gen::arbitrary<bool>()) fill();  // a wide pool filled first, half the time
@@ -1083,28 +1190,35 @@ public:
     // The case so far as a replayable log ending in `verdict` (books: raised by kvlab's books,
     // not a logit that differs).
     std::string replay_log(const std::string& verdict, bool books) const {
-        const ReplayHeader h{plugin_.name(),         c_, n_slots_, max_sequences_, pool_->block_size(),
-                             kv_format_name(format_)};
-        return replay_log_text(h, log_, verdict, books);
+        return replay_log_text(header(), log_, verdict, books);
     }
     // The case's sizes, first in its counterexample: "T = 258, pool 97% full, 5 sequences".
     std::string sizes() const {
         return fmt::format("T = {}, pool {}% full, {} sequences", longest_, fill_percent(), most_sequences_);
     }
-    void count(PluginReach& r) const {
-        r.cases++;
-        for (int i = 0; i < 5; i++) r.marks[i] += longest_ > PluginReach::kMarks[i];
-        r.longest = std::max(r.longest, longest_);
-        r.fill_percent = std::max(r.fill_percent, fill_percent());
-        r.sequences = std::max(r.sequences, most_sequences_);
+    // The case's sizes and counts into the row's record (Reach::end counts the case).
+    void count(Reach& r) const {
+        r.size(longest_);
+        r.pool(fill_percent(), most_sequences_);
         r.held_slots = std::max(r.held_slots, pool_->peak_held_slots());
         r.full_cases += refusals_ > 0;
-        r.fill95_cases += fill_percent() >= 95;
         r.preemptions += preemptions_;
         r.moved += pool_->moved_positions();
     }
 
 private:
+    ReplayHeader header() const {
+        return {plugin_.name(), c_, n_slots_, max_sequences_, pool_->block_size(), kv_format_name(format_)};
+    }
+    // Before each plugin call: the log so far to VerifyOptions::call_log, each entry no longer the
+    // last as a final line ("f"), and the last as the pending one ("p": the call under way may
+    // still fill in its answer, or never return).
+    void stream_log() {
+        if (log_.empty() || log_.size() == pending_at_) return;
+        for (; streamed_ + 1 < log_.size(); streamed_++) call_log_("f " + replay_log_line(log_[streamed_]));
+        call_log_("p " + replay_log_line(log_.back()));
+        pending_at_ = log_.size();
+    }
     // A thin model of draw_reaching_config (past the small models' kFastMaxSeq positions).
     bool thin() const { return c_.max_seq > kFastMaxSeq; }
     // The most of the pool in use at once: blocks with a held slot, as a block allocator sees it.
@@ -1364,13 +1478,15 @@ private:
     std::vector<std::unique_ptr<PluginCache>> seqs_;  // the live sequences
     std::vector<std::vector<int>> tokens_;            // [seqs_] the tokens each holds
     std::vector<PluginLogEntry> log_;                 // every call into the pool, for a replay
+    std::function<void(std::string_view)> call_log_;  // VerifyOptions::call_log
+    std::size_t streamed_ = 0, pending_at_ = 0;       // log_ entries sent as final; log_'s size at the last pending
     std::optional<Model> draft_model_;
     std::unique_ptr<Backend> draft_backend_;
 };
 
 // One case of the plugin property: a drawn family run; a failure names the case's sizes first
 // ("T = 258, pool 97% full, 5 sequences"), then every operation that led there.
-void plugin_property(const CachePlugin& plugin, const Devices& devices, const VerifyOptions& o, PluginReach& reach) {
+void plugin_property(const CachePlugin& plugin, const Devices& devices, const VerifyOptions& o, Reach& reach) {
     std::optional<PluginFamily> family;
     const auto counted = [&] {
         if (family) family->count(reach);
@@ -1475,6 +1591,7 @@ void quant_exact_property(const Devices& devices, Mutant mutant) {
     oracle.set_quant(u.spec.quant);
     const auto cached = oracle.cached(*u);
     const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    note_reached(devices, int(tokens.size()));
     const int prompt = draw(1, int(tokens.size()));
     const std::string what = fmt::format("{}, {}, prompt {} of {}", u->name(), c.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
@@ -1526,6 +1643,8 @@ void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, scales);
     CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory(), format, scales);
+    const PoolWatch watch(devices, u.pool.get());
+    note_reached(devices, int(tokens.size()));
     const auto cached = oracle.cached(*u);
     const std::string what = fmt::format("{} in {}{}, {}, prompt {} of {}", describe(u.spec), kv_format_name(format),
                                          scales.empty() ? "" : " with scales", c.describe(), prompt, tokens.size());
@@ -1550,11 +1669,13 @@ void format_switch_property(const Devices& devices, Mutant mutant) {
     if (fb == fa) fb = kKVFormats[std::size_t(n_formats - 1)];
     Oracle oracle(m, devices, mutant);
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
+    const PoolWatch watch(devices, pool.get());
     const std::vector<int> a = draw_tokens(c, draw(bs, c.max_seq));
     const int k = draw(0, int(a.size()));
     std::vector<int> b(a.begin(), a.begin() + k);
     const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
     b.insert(b.end(), suffix.begin(), suffix.end());
+    note_reached(devices, int(std::max(a.size(), b.size())));
     const std::string what =
         fmt::format("prefix-shared(block_size={}), {}, A {} tokens in {}, then B in {} shares {} of {}", bs,
                     c.describe(), a.size(), kv_format_name(fa), kv_format_name(fb), k, b.size());
@@ -1666,8 +1787,9 @@ const std::vector<Check>& checks() {
         v.push_back({"batch", "exact", "2-4 sequences (long profile: 2-300), mixed lengths, late joins; any KV format",
                      "sequences of different lengths stepped together over one pool", std::nullopt, batch_property});
         v.push_back({"serve", "exact",
-                     "1-6 requests arriving over time, shared prefixes, a pool of 1..all their blocks, 1..2 max_seq "
-                     "batch tokens, prefix caching on/off, preemption by recompute or swap; any KV format",
+                     "1-6 requests arriving over time (long profile: 1-4 to 8192 positions, or 8-64 to 512), shared "
+                     "prefixes, a pool of 1..all their blocks, 1..2 max_seq batch tokens, prefix caching on/off, "
+                     "preemption by recompute or swap; any KV format",
                      "continuous batching (scheduler.h): every request's logits equal decoding it alone", std::nullopt,
                      serve_property});
         v.push_back({"store", "exact",
@@ -1714,7 +1836,9 @@ const std::vector<Check>& checks() {
                                "same form"
                              : "the latent cache, W_UK and W_UV absorbed into the query and output, equals MLA naive "
                                "decode in the same form",
-                         std::nullopt, [form](const Devices&, Mutant) { mla_property(form, form); }});
+                         std::nullopt, [form](const Devices& d, Mutant) {
+                             mla_property(form, form, [&d](int T) { note_reached(d, T); });
+                         }});
         for (const VariantSetting& s : variant_settings())
             if (!is_exact(s.variant)) v.push_back(variant_check(s));
         for (KVFormat f : kKVFormats)
@@ -1739,57 +1863,47 @@ int counterexample_T(const std::string& text) {
     return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + 4);
 }
 
-// A row's counterexample sizes: its T, and the pool fill and sequence count a case names as
-// "pool N% full, M sequences" (0 when it names none).
-void set_counterexample_sizes(VerifyRow& row) {
+// A row's counterexample sizes: the T it names ("T = N", else the failing case's longest
+// sequence), and its pool fill and sequence count ("pool N% full, M sequences" when it names them,
+// else the failing case's pool's, 0 without a pool).
+void set_counterexample_sizes(VerifyRow& row, const Reach& reach) {
     const std::string& text = row.counterexample;
+    if (text.empty()) return;
     row.counterexample_T = counterexample_T(text);
+    if (row.counterexample_T == 0) row.counterexample_T = reach.failed.T;
     if (const std::size_t full = text.find("% full, "); full != std::string::npos) {
         const std::size_t pool = text.rfind("pool ", full);
         if (pool != std::string::npos) row.counterexample_fill = std::atoi(text.c_str() + pool + 5);
         row.counterexample_sequences = std::atoi(text.c_str() + full + 8);
+    } else if (reach.failed.pool) {
+        row.counterexample_fill = reach.failed.fill_percent;
+        row.counterexample_sequences = reach.failed.sequences;
     }
 }
 
-// The long profile's record of a row: how many cases reached each threshold, and the progress line.
-struct Reach {
-    static constexpr int kMarks[] = {97, 257, 1025, 4097, 8192};
-    int counts[5] = {0, 0, 0, 0, 0};
-    int cases = 0;
-    std::string what = "T";  // what the sizes are
-    // d, with each case's length counted (and shown on the progress line).
-    Devices watch(const Devices& d, const std::string& row, const VerifyOptions& o) {
-        Devices w = d;
-        if (!d.long_profile) return w;
-        w.reached = [this, row, &o](int size, const char* about) {
-            cases++, what = about;
-            for (int i = 0; i < 5; i++) counts[i] += size >= kMarks[i];
-            if (o.progress) o.progress(fmt::format("{}: case {}, {} = {}", row, cases, about, size));
-        };
-        return w;
-    }
-    std::string text() const {
-        if (cases == 0) return "";
-        return fmt::format(
-            "cases run (shrinking included) {}: {} >= 97 in {}, >= 257 in {}, >= 1025 in {}, >= 4097 in "
-            "{}, = 8192 in {}",
-            cases, what, counts[0], counts[1], counts[2], counts[3], counts[4]);
-    }
-};
+// A row's record of its cases, its progress line when the run is long.
+Reach reach_for(const std::string& row, const Devices& d, const VerifyOptions& o) {
+    Reach r;
+    r.row = row;
+    if (d.long_profile) r.progress = o.progress;
+    return r;
+}
 
 VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
-    Reach reach;
-    const Devices watched = reach.watch(d, check.name, o);
-    const PropertyOutcome r = check_property([&] { check.body(watched, Mutant::none); }, o.cases, o.seed);
-    return {check.name,
-            check.kind,
-            check.parameters,
-            r.cases,
-            r.passed ? "bitwise equal" : "FAILED",
-            r.passed,
-            r.counterexample,
-            reach.text(),
-            counterexample_T(r.counterexample)};
+    Reach reach = reach_for(check.name, d, o);
+    Devices watched = d;
+    watched.reach = &reach;
+    const PropertyOutcome r = check_property(reach.around([&] { check.body(watched, Mutant::none); }), o.cases, o.seed);
+    VerifyRow row{check.name,
+                  check.kind,
+                  check.parameters,
+                  r.cases,
+                  r.passed ? "bitwise equal" : "FAILED",
+                  r.passed,
+                  r.counterexample,
+                  reach.text(d.long_profile, false)};
+    set_counterexample_sizes(row, reach);
+    return row;
 }
 
 // Why a planted bug cannot show in this run ("" when it can): its threshold lies past the fast
@@ -1816,18 +1930,20 @@ VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptio
     const std::string parameters = fmt::format("{} (check: {})", info.bug, target);
     if (const std::string why = why_not_run(info, d); !why.empty())  // cases 0: not counted in the kill rate
         return {std::string(info.name), "mutant", parameters, 0, "not run: " + why, true, "", ""};
-    Reach reach;
-    const Devices watched = reach.watch(d, std::string(info.name), o);
-    const PropertyOutcome r = check_property([&] { it->body(watched, info.mutant); }, o.cases, o.seed);
-    return {std::string(info.name),
-            "mutant",
-            parameters,
-            r.cases,
-            r.passed ? "NOT caught" : "caught",
-            !r.passed,
-            r.counterexample,
-            reach.text(),
-            counterexample_T(r.counterexample)};
+    Reach reach = reach_for(std::string(info.name), d, o);
+    Devices watched = d;
+    watched.reach = &reach;
+    const PropertyOutcome r = check_property(reach.around([&] { it->body(watched, info.mutant); }), o.cases, o.seed);
+    VerifyRow row{std::string(info.name),
+                  "mutant",
+                  parameters,
+                  r.cases,
+                  r.passed ? "NOT caught" : "caught",
+                  !r.passed,
+                  r.counterexample,
+                  reach.text(d.long_profile, false)};
+    set_counterexample_sizes(row, reach);
+    return row;
 }
 
 // How far an approximate variant's logits drift from exact decode beyond its regime, on random
@@ -1853,15 +1969,20 @@ void regime_drift(const VariantSetting& s, const Devices& devices, ErrorSummary&
 VerifyRow run_regime(const Check& check, const Devices& d, const VerifyOptions& o) {
     const VariantSetting& s = *check.setting;
     const std::string_view limit = variant_info(s.variant).exact_limit;
-    const PropertyOutcome inside = check_property([&] { decode_property(s, d, Mutant::none); }, o.cases, o.seed);
+    Reach in_reach = reach_for(check.name, d, o), all_reach = reach_for(check.name, d, o);
+    Devices in_d = d, all_d = d;
+    in_d.reach = &in_reach, all_d.reach = &all_reach;
+    const PropertyOutcome inside =
+        check_property(in_reach.around([&] { decode_property(s, in_d, Mutant::none); }), o.cases, o.seed);
     const PropertyOutcome everywhere =
-        check_property([&] { decode_property(s, d, Mutant::none, true); }, o.cases, o.seed);
+        check_property(all_reach.around([&] { decode_property(s, all_d, Mutant::none, true); }), o.cases, o.seed);
     VerifyRow row{check.name, check.kind, check.parameters, inside.cases, "", false, "", ""};
     row.ok = inside.passed && !everywhere.passed;
     row.result = !inside.passed      ? fmt::format("FAILED inside T <= {}", limit)
                  : everywhere.passed ? fmt::format("never differed (expected to beyond {})", limit)
                                      : fmt::format("bitwise equal while T <= {}; differs beyond", limit);
     row.counterexample = inside.passed ? everywhere.counterexample : inside.counterexample;
+    set_counterexample_sizes(row, inside.passed ? all_reach : in_reach);
     // A measurement, not a search: a few dozen texts of 32 steps say it, at any --cases.
     ErrorSummary drift;
     check_property([&] { regime_drift(s, d, drift); }, std::min(o.cases, 25), o.seed);
@@ -1888,6 +2009,7 @@ VerifyRow run_bounded(const Check& check, const VerifyOptions& o,
     row.ok = within.passed && !equal.passed;
     row.result = !within.passed ? "FAILED its error bound" : equal.passed ? "never differed" : "within bound; differs";
     row.counterexample = within.passed ? equal.counterexample : within.counterexample;
+    set_counterexample_sizes(row, Reach{});  // the T its verdict names
     row.figures = fmt::format("max |dlogit| {:.3g}, max KL {:.3g}, mean KL {:.3g}, top-1 agreement {:.1f}%",
                               summary.max_abs, summary.max_kl, summary.mean_kl(), 100.0 * summary.top1_rate());
     return row;
@@ -1926,7 +2048,7 @@ bool selects(std::string_view which, const Check& c) {
 // The devices, format, attention and profile VerifyOptions name (throws Error for a bad one).
 Devices devices_of(const VerifyOptions& o) {
     const std::vector<std::string> devices = parse_devices(o.device);
-    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt, std::nullopt, false, nullptr};
+    Devices d{devices.front(), devices.back(), o.make_backend, std::nullopt, std::nullopt, false};
     if (!o.kv_format.empty()) d.format = parse_kv_format(o.kv_format);
     if (!o.attention.empty()) d.attention = parse_attention(o.attention, o.tile);
     if (o.profile != "fast" && o.profile != "long")
@@ -1996,8 +2118,8 @@ VerifyRow verify_plugin(const CachePlugin& plugin, const VerifyOptions& o) {
     if (o.cases < 1) throw Error(fmt::format("verify: --cases must be at least 1, not {}", o.cases));
     const Devices d = devices_of(o);
     const std::string parameters = plugin_parameters(plugin, d, o);  // refuses block sizes the plugin takes none of
-    PluginReach reach;
-    const auto property = [&] { plugin_property(plugin, d, o, reach); };
+    Reach reach;  // no progress line: the plugin's family writes its own
+    const auto property = reach.around([&] { plugin_property(plugin, d, o, reach); });
     PropertyOutcome r;
     if (o.time_limit <= 0) {
         r = check_property(property, o.cases, o.seed);
@@ -2013,9 +2135,10 @@ VerifyRow verify_plugin(const CachePlugin& plugin, const VerifyOptions& o) {
             r.cases += before;
         }
     }
-    VerifyRow row{fmt::format("plugin {}", plugin.name()), "exact",  parameters,       r.cases,
-                  r.passed ? "bitwise equal" : "FAILED",   r.passed, r.counterexample, reach.text()};
-    set_counterexample_sizes(row);
+    VerifyRow row{
+        fmt::format("plugin {}", plugin.name()), "exact",  parameters,       r.cases,
+        r.passed ? "bitwise equal" : "FAILED",   r.passed, r.counterexample, reach.text(d.long_profile, true)};
+    set_counterexample_sizes(row, reach);
     if (!r.passed) row.replay_log = reach.replay_log;
     if (r.passed && r.cases < o.cases)
         row.figures += fmt::format("{}the time limit ({} s) ended the run after {} of {} cases",

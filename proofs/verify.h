@@ -64,6 +64,11 @@ struct VerifyOptions {
     std::vector<int> block_sizes = {};
     int max_sequences = 0;
     double time_limit = 0;
+    // A plugin's checks only: each case's call log as it grows, one line at a time: "h <header>"
+    // as a case starts, then before each plugin call "f <entry>" for entries that are final and
+    // "p <entry>" for the call under way (plugin_replay.h's lines). `kvlab verify --plugin`'s
+    // child sends them to its parent, so that a plugin that crashes or hangs still leaves its log.
+    std::function<void(std::string_view line)> call_log = nullptr;
 };
 
 struct VerifyRow {

@@ -45,10 +45,20 @@ void check_mutants(const VerifyOptions& o) {
         }
         CHECK(r.result == "caught");
         CHECK(!r.counterexample.empty());
-        // The size-dependent bugs say how long their shrunk case is (--json: counterexample_T).
-        for (const char* sized : {"split-kv-from-length", "key-tile-from-rows", "extend-splits-prefix",
-                                  "chunk-boundary-rope", "split-from-batch"})
-            if (r.name == sized) CHECK(r.counterexample_T > 0);
+        // Every shrunk case says how long it is (--json: counterexample_T), within the largest T
+        // the row's report names; one over a pool, how full it drove it and with how many sequences.
+        CHECK(r.counterexample_T > 0);
+        const std::size_t at = r.figures.find("largest T ");
+        REQUIRE(at != std::string::npos);
+        CHECK(r.counterexample_T <= std::atoi(r.figures.c_str() + at + 10));
+        const std::string_view check = kMutants[i].check;
+        for (const char* pooled : {"paged", "prefix-shared", "fork", "batch", "serve", "store", "beam",
+                                   "prefix-hit-extend", "format-switch"})
+            if (check == pooled) {
+                CHECK(r.counterexample_fill > 0);
+                CHECK(r.counterexample_fill <= 100);
+                CHECK(r.counterexample_sequences > 0);
+            }
         caught += r.ok;
     }
     CHECK(caught + long_only == int(kMutants.size()));
