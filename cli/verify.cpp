@@ -117,6 +117,9 @@ std::string one_line(std::string s) {
 // ended: the parent's view of a plugin run that may crash or hang.
 struct ChildRun {
     std::string last_step, row, error;
+    // A plugin check's latest case as its call log came ("log h|f|p <line>", VerifyOptions::call_log).
+    std::string log_header, log_pending;
+    std::vector<std::string> log_final;
     bool hung = false;
     int status = 0;
     std::string inside;  // the plugin call it was in when it ended, or ""
@@ -193,6 +196,9 @@ ChildRun run_child(int timeout_s, const std::function<void(std::FILE*)>& body) {
             if (line.rfind("step ", 0) == 0) r.last_step = line.substr(5);
             if (line.rfind("row ", 0) == 0) r.row = line.substr(4);
             if (line.rfind("error ", 0) == 0) r.error = line.substr(6);
+            if (line.rfind("log h ", 0) == 0) r.log_header = line.substr(6), r.log_final.clear(), r.log_pending.clear();
+            if (line.rfind("log f ", 0) == 0) r.log_final.push_back(line.substr(6));
+            if (line.rfind("log p ", 0) == 0) r.log_pending = line.substr(6);
         }
     }
     ::close(fds[0]);
@@ -211,6 +217,10 @@ VerifyRow run_plugin(const VerifyCommandOptions& o, VerifyOptions vo) {
             std::fprintf(out, "step %s\n", one_line(std::string(line)).c_str());
             std::fflush(out);
         };
+        vo.call_log = [out](std::string_view line) {  // flushed: the next call may never return
+            std::fprintf(out, "log %.*s\n", int(line.size()), line.data());
+            std::fflush(out);
+        };
         std::fprintf(out, "row %s\n", json_text(row_json(verify_plugin(o.plugin, vo))).c_str());
     });
     if (!c.error.empty()) throw Error(c.error);  // the plugin did not load, or an option is wrong
@@ -221,6 +231,16 @@ VerifyRow run_plugin(const VerifyCommandOptions& o, VerifyOptions vo) {
     r.parameters = "-";
     r.result = c.hung ? "HUNG" : "CRASHED";
     r.counterexample = c.ending(o.plugin_timeout);
+    // The case it died in, up to the call under way (not shrunk: shrinking needs the process).
+    if (!c.log_header.empty()) {
+        const nlohmann::json h = nlohmann::json::parse(c.log_header, nullptr, false);
+        if (h.is_object() && h.contains("plugin") && h["plugin"].is_string())  // the name it reports
+            r.name = "plugin " + h["plugin"].get<std::string>();
+        r.replay_log = c.log_header + "\n";
+        for (const std::string& line : c.log_final) r.replay_log += line + "\n";
+        if (!c.log_pending.empty()) r.replay_log += c.log_pending + "\n";
+        r.replay_log += replay_log_verdict(r.counterexample, true) + "\n";
+    }
     return r;
 }
 
@@ -253,6 +273,19 @@ int run_plugin_stdio(const VerifyCommandOptions& o) {
     return row.ok ? 0 : 1;
 }
 
+namespace {
+// "; the log's verdict: ..." from a log's last line, or "" when it has none.
+std::string logged_verdict(const std::string& text) {
+    std::size_t end = text.size();
+    while (end > 0 && text[end - 1] == '\n') end--;
+    const std::size_t nl = end == 0 ? std::string::npos : text.rfind('\n', end - 1);
+    const std::size_t from = nl == std::string::npos ? 0 : nl + 1;
+    const nlohmann::json last = nlohmann::json::parse(text.substr(from, end - from), nullptr, false);
+    if (!last.is_object() || !last.contains("verdict") || !last["verdict"].is_string()) return "";
+    return "; the log's verdict: " + one_line(last["verdict"].get<std::string>());
+}
+}  // namespace
+
 int run_replay(const ReplayOptions& o) {
     const std::string text = read_file_bytes(o.log, std::int64_t{1} << 30);
     if (o.plugin_stdio) {
@@ -276,8 +309,9 @@ int run_replay(const ReplayOptions& o) {
                      json_text(nlohmann::json{{"report", replay_report(r)}, {"failed", !r.verdict.empty()}}).c_str());
     });
     if (!c.error.empty()) throw Error(c.error);  // the plugin did not load, or the log is not one
-    if (c.row.empty() || c.hung) {
-        fmt::print("kvlab replay {} on {}: {}\n", one_line(o.log), one_line(o.plugin), c.ending(o.plugin_timeout));
+    if (c.row.empty() || c.hung) {               // a log of a crash or a hang, replayed, ends the same way
+        fmt::print("kvlab replay {} on {}: {}{}\n", one_line(o.log), one_line(o.plugin), c.ending(o.plugin_timeout),
+                   logged_verdict(text));
         return 1;
     }
     const nlohmann::json r = nlohmann::json::parse(c.row);

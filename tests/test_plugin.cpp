@@ -218,22 +218,36 @@ TEST_CASE("kvlab verify --plugin: exact passes, a planted bug fails, and a crash
     const Run good = run_kvlab("verify --plugin " + plugin_path("block_manager"));
     CHECK(good.exit_code == 0);
     CHECK_THAT(good.out, Catch::Contains("plugin block_manager") && Catch::Contains("bitwise equal"));
-    const Run bug = run_kvlab("verify --plugin " + plugin_path("free_list_off_by_one") + " --json");
+    const Run bug = run_kvlab("verify --plugin " + plugin_path("free_list_off_by_one") + " --json --replay-log " +
+                              (scratch() / "off_by_one.jsonl").string());
     CHECK(bug.exit_code == 1);
     CHECK_THAT(bug.out, Catch::Contains("\"ok\": false") && Catch::Contains("which is still held"));
     // The child dies of the plugin's own null read (or, under AddressSanitizer, is ended by it):
     // kvlab reports it with the step it was on and exits 1.
-    const Run crash = run_kvlab("verify --plugin " + plugin_path("hostile_crash"));
+    const std::string log = (scratch() / "crash.jsonl").string(), hung_log = (scratch() / "hang.jsonl").string();
+    const Run crash = run_kvlab("verify --plugin " + plugin_path("hostile_crash") + " --replay-log " + log);
     INFO(crash.out << crash.err);
     CHECK(!crash.signaled);
     CHECK(crash.exit_code == 1);
     CHECK_THAT(crash.out, Catch::Contains("CRASHED") && Catch::Contains("the last step: plugin hostile"));
     // The call it died in: hostile_crash reads through a null pointer in slot() of position 3.
     CHECK_THAT(crash.out, Catch::Contains("inside the plugin's slot(pos=3) of sequence"));
-    const Run hang = run_kvlab("verify --plugin " + plugin_path("hostile_hang") + " --plugin-timeout 2");
+    // The case's calls up to that one are its replay log, and replayed they die in the same call.
+    CHECK_THAT(crash.out, Catch::Contains("the failing case's calls: " + log));
+    const std::string text = slurp(log);
+    CHECK_THAT(text, Catch::StartsWith("{\"block_size\"") && Catch::Contains("\"call\":\"reserve\"") &&
+                         Catch::Contains("inside the plugin's slot(pos=3) of sequence"));
+    const Run again = run_kvlab("replay " + log + " --plugin " + plugin_path("hostile_crash"));
+    INFO(again.out << again.err);
+    CHECK(again.exit_code == 1);
+    CHECK_THAT(again.out, Catch::Contains("inside the plugin's slot(pos=3) of sequence") &&
+                              Catch::Contains("before its first step; the log's verdict: "));
+    const Run hang =
+        run_kvlab("verify --plugin " + plugin_path("hostile_hang") + " --plugin-timeout 2 --replay-log " + hung_log);
     CHECK(hang.exit_code == 1);
     CHECK_THAT(hang.out,
                Catch::Contains("HUNG") && Catch::Contains("no answer in 2 s inside the plugin's slot(pos=2)"));
+    CHECK_THAT(slurp(hung_log), Catch::Contains("\"verdict\":\"no answer in 2 s"));
 }
 
 TEST_CASE("kvlab verify --plugin-stdio: a server that does not answer ends the run in one line", "[plugin][cli]") {
