@@ -108,14 +108,44 @@ Var dot(int n, A a, B b) {
     return s;
 }
 
+// A weight as an input: a float taken as exact, or a Var (a rounded weight, latent_weights).
+inline Var weight(const float* w, std::size_t i) { return exact(w[i]); }
+inline Var weight(const Var* w, std::size_t i) { return w[i]; }
+
 // y [n_out] = x [n_in] W, W[k][o] = w[k * in_stride + o * out_stride] (matmul's sum in k order).
-inline Row product(const Row& x, const float* w, int n_in, int n_out, int in_stride, int out_stride = 1) {
+template <class W>
+Row product(const Row& x, const W* w, int n_in, int n_out, int in_stride, int out_stride = 1) {
     Row y(static_cast<std::size_t>(n_out));
     for (int o = 0; o < n_out; o++)
         y[std::size_t(o)] = dot(
             n_in, [&](int k) { return x[std::size_t(k)]; },
-            [&](int k) { return exact(w[std::size_t(k) * in_stride + std::size_t(o) * out_stride]); });
+            [&](int k) { return weight(w, std::size_t(k) * in_stride + std::size_t(o) * out_stride); });
     return y;
+}
+
+// The latent's weights W_DKV, W_UK, W_UV as the reference reads them. Exact inputs, or (rounded)
+// each a node of its own with rho = u |w|: the weight is the float rounding of a real one
+// (truncate_rank's products, computed in double and stored in float). One node per weight, so
+// its rounding is the same perturbation wherever the weight is read.
+struct LatentWeights {
+    std::vector<Var> wdkv, wuk, wuv;
+};
+
+inline LatentWeights latent_weights(const MlaModel& m, Tape& tape, bool rounded) {
+    auto read = [&](const std::vector<float>& w) {
+        std::vector<Var> out;
+        out.reserve(w.size());
+        for (float x : w) {
+            if (!rounded) {
+                out.push_back(exact(x));
+                continue;
+            }
+            tape.nodes.push_back({{-1, -1}, {0, 0}, kU * std::fabs(double(x))});
+            out.push_back({double(x), std::int32_t(tape.nodes.size() - 1), &tape});
+        }
+        return out;
+    };
+    return {read(m.wdkv), read(m.wuk), read(m.wuv)};
 }
 
 // y [n] = x [n] w / sqrt(mean(x^2) + 1e-5) in rmsnorm's order: 1 / sqrt(ss / n + eps), then
@@ -162,7 +192,8 @@ struct LayerRows {
     std::vector<Row> qc, qr, c, kr, k, v;
 };
 
-inline LayerRows layer_rows(const MlaModel& m, MlaForm form, int l, const std::vector<Row>& x) {
+inline LayerRows layer_rows(const MlaModel& m, const LatentWeights& lw, MlaForm form, int l,
+                            const std::vector<Row>& x) {
     const MlaConfig& mc = m.config;
     const int dim = mc.base.dim, wide = mc.base.n_heads * mc.head_size(), dr = mc.rope_dim, r = mc.rank;
     const std::size_t L = std::size_t(l);
@@ -172,13 +203,13 @@ inline LayerRows layer_rows(const MlaModel& m, MlaForm form, int l, const std::v
         rows.qc.push_back(product(xb, m.wq.data() + L * dim * wide, dim, wide, wide));
         rows.qr.push_back(product(xb, m.wqr.data() + L * dim * mc.base.n_heads * dr, dim, mc.base.n_heads * dr,
                                   mc.base.n_heads * dr));
-        rows.c.push_back(product(xb, m.wdkv.data() + L * dim * r, dim, r, r));
+        rows.c.push_back(product(xb, lw.wdkv.data() + L * dim * r, dim, r, r));
         rows.kr.push_back(product(xb, m.wkr.data() + L * dim * dr, dim, dr, dr));
         for (int h = 0; h < mc.base.n_heads; h++) rotate(rows.qr.back(), std::size_t(h) * dr, dr, int(t), m.rope);
         rotate(rows.kr.back(), 0, dr, int(t), m.rope);
         if (form == MlaForm::rebuild) {  // K_C and V of every head, rebuilt from the latent
-            rows.k.push_back(product(rows.c.back(), m.wuk.data() + L * r * wide, r, wide, wide));
-            rows.v.push_back(product(rows.c.back(), m.wuv.data() + L * r * wide, r, wide, wide));
+            rows.k.push_back(product(rows.c.back(), lw.wuk.data() + L * r * wide, r, wide, wide));
+            rows.v.push_back(product(rows.c.back(), lw.wuv.data() + L * r * wide, r, wide, wide));
         }
     }
     return rows;
@@ -189,12 +220,13 @@ inline LayerRows layer_rows(const MlaModel& m, MlaForm form, int l, const std::v
 //   absorbed  q~ = W_UK_h q_C [rank], score_t = [q~ ; q_R] . [c_t ; k_R(t)] / scale,
 //             out = (sum_t p_t c_t) W_UV_h
 // The float's scale is sqrt(width) correctly rounded, u off the real one: u |score| more.
-inline Row head(const MlaModel& m, MlaForm form, int l, int h, int i, const LayerRows& rows, double scale) {
+inline Row head(const MlaModel& m, const LatentWeights& lw, MlaForm form, int l, int h, int i, const LayerRows& rows,
+                double scale) {
     const MlaConfig& mc = m.config;
     const int hs = mc.head_size(), dr = mc.rope_dim, r = mc.rank, wide = mc.base.n_heads * hs;
     // W_UK_h and W_UV_h [rank, head_size]: head h's columns of W_UK, W_UV [rank, n_heads * head_size]
-    const float* wuk = m.wuk.data() + std::size_t(l) * r * wide + std::size_t(h) * hs;
-    const float* wuv = m.wuv.data() + std::size_t(l) * r * wide + std::size_t(h) * hs;
+    const Var* wuk = lw.wuk.data() + std::size_t(l) * r * wide + std::size_t(h) * hs;
+    const Var* wuv = lw.wuv.data() + std::size_t(l) * r * wide + std::size_t(h) * hs;
     const Row& qc = rows.qc[std::size_t(i)];
     const Row& qr = rows.qr[std::size_t(i)];
     const std::size_t c0 = std::size_t(h) * hs, r0 = std::size_t(h) * dr;  // head h's columns
@@ -206,7 +238,7 @@ inline Row head(const MlaModel& m, MlaForm form, int l, int h, int i, const Laye
         for (int j = 0; j < r; j++)
             q.push_back(dot(
                 hs, [&](int e) { return qc[c0 + std::size_t(e)]; },
-                [&](int e) { return exact(wuk[std::size_t(j) * wide + e]); }));
+                [&](int e) { return wuk[std::size_t(j) * wide + e]; }));
     }
     q.insert(q.end(), qr.begin() + std::ptrdiff_t(r0), qr.begin() + std::ptrdiff_t(r0 + dr));
     const int front = int(q.size()) - dr;  // head_size or rank: where the RoPE part starts
@@ -243,12 +275,14 @@ struct Logits {
 
 // MLA over tokens, every position recomputed, in `form`'s order of operations. planted_scale:
 // scores divided by sqrt(head_size), the scale of a head without its RoPE part (a counter-test's
-// bug; the bound is left as it is).
-inline Logits mla_reference64(const MlaModel& m, std::span<const int> tokens, MlaForm form,
-                              bool planted_scale = false) {
+// bug; the bound is left as it is). rounded_latent: the bound also covers the rounding of each
+// latent weight (latent_weights), for a model whose latent weights are float roundings of real ones.
+inline Logits mla_reference64(const MlaModel& m, std::span<const int> tokens, MlaForm form, bool planted_scale = false,
+                              bool rounded_latent = false) {
     const MlaConfig& mc = m.config;
     const int dim = mc.base.dim, H = mc.base.n_heads, hs = mc.head_size(), hid = mc.base.hidden_dim;
     Tape tape;
+    const LatentWeights lw = latent_weights(m, tape, rounded_latent);
     std::vector<Row> x(tokens.size(), Row(static_cast<std::size_t>(dim)));  // [T][dim] residual rows
     for (std::size_t t = 0; t < tokens.size(); t++)
         for (int e = 0; e < dim; e++)
@@ -256,11 +290,11 @@ inline Logits mla_reference64(const MlaModel& m, std::span<const int> tokens, Ml
     const double scale = std::sqrt(double(planted_scale ? hs : hs + mc.rope_dim));
     for (int l = 0; l < mc.base.n_layers; l++) {
         const std::size_t L = std::size_t(l);
-        const LayerRows rows = layer_rows(m, form, l, x);
+        const LayerRows rows = layer_rows(m, lw, form, l, x);
         for (std::size_t i = 0; i < x.size(); i++) {
             Row att;  // [n_heads * head_size]
             for (int h = 0; h < H; h++) {
-                const Row o = head(m, form, l, h, int(i), rows, scale);
+                const Row o = head(m, lw, form, l, h, int(i), rows, scale);
                 att.insert(att.end(), o.begin(), o.end());
             }
             const Row o = product(att, m.wo.data() + L * H * hs * dim, H * hs, dim, dim);
