@@ -384,8 +384,8 @@ CLI::App* add_verify(CLI::App& app, VerifyCommandOptions& ver) {
     verify_cmd->add_option("--tile", ver.attention.tile, "with --attention: tiled attention's keys per tile (1..256)")
         ->needs(attention);
     verify_cmd->add_option("--profile", ver.profile,
-                           "fast (default: tiny models, sequences up to 20; a plugin's checks also draw thin models "
-                           "to position 257 and pools filled to a refusal) or long (thin models, contexts up to "
+                           "fast (default: tiny models, sequences up to 20, and half the time thin models to "
+                           "position 257; a plugin's pools filled to a refusal) or long (thin models, contexts up to "
                            "8192, sizes biased to 96-98, 255-258 and powers of two; a plugin's pools hold 1-64 "
                            "sequences; a progress line on stderr; runs the planted bugs whose threshold lies past "
                            "the fast profile)");

@@ -117,8 +117,11 @@ namespace {
 Config draw_thin_config() {
     Config c;
     c.n_layers = draw(1, 2);
-    c.n_heads = draw(1, 2);
-    c.n_kv_heads = *proofs::gen_n_kv_heads(c.n_heads);
+    // Query heads over KV heads, each pair as likely: 4 over 2 is grouped query attention's index
+    // map at its smallest (groups of 2, more than one group).
+    const auto [n_heads, n_kv_heads] = *rc::gen::element(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2},
+                                                         std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4});
+    c.n_heads = n_heads, c.n_kv_heads = n_kv_heads;
     c.dim = c.n_heads * draw(c.n_heads == 1 ? 2 : 1, 4);
     c.hidden_dim = draw(1, 8);
     c.vocab_size = draw(2, 16);

@@ -38,7 +38,7 @@ T draw(T lo, T hi_inclusive) {
 // takes microseconds.
 inline constexpr int kFastMaxSeq = 20;
 Config draw_config(int min_seq = 1, int min_vocab = 1, bool wide_heads = true);
-// Inside a property, for `kvlab verify --profile long`: a thin model (1-2 layers, 1-2 query heads,
+// Inside a property, for `kvlab verify --profile long`: a thin model (1-2 layers, 1, 2 or 4 query heads,
 // head_size 1-4, dim >= 2, hidden_dim 1-8, vocab_size 2-16) with a long context: max_seq 8192 an
 // eighth of the time, else from draw_size(max(min_seq, 2), 8192), so that a naive decode of
 // thousands of positions takes milliseconds and every size threshold up to 8192 is reached.

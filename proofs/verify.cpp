@@ -122,18 +122,41 @@ struct Devices {
     // VerifyOptions::attention: what naive and cached decode both run (simple unless given); the
     // tiled-attention scenario draws a tile when none is given.
     std::optional<AttentionSpec> attention;
-    // --profile long: the scenarios that can (chunked-prefill, tiled-attention, prefix-hit-extend,
-    // rescoring, rollback, fork, speculate) draw thin models with contexts up to 8192
-    // (draw_long_config), sizes biased to the thresholds (draw_size), and check naive decode at
-    // each chunk and a few decode steps; batch draws up to 300 sequences, and prefix-hit-extend
-    // and fork block sizes up to 512.
+    // The exact variants' rows and the scenarios that can (chunked-prefill, tiled-attention,
+    // prefix-hit-extend, rescoring, rollback, fork, speculate, serve, store, beam) draw thin
+    // models (draw_shape): half the time to positions 97 and 257 in the fast profile, always with
+    // contexts up to 8192 in --profile long; a thin case biases its sizes to the thresholds
+    // (draw_size) and checks naive decode at each chunk and a few decode steps. The long profile's
+    // batch draws up to 300 sequences.
     bool long_profile = false;
     Reach* reach = nullptr;  // the row's record of its cases' sizes; null: none kept
 };
 
-// A long-profile-aware property's shape and the length it reaches.
+// A property's shape: with long_ok, the plugin checks' sizes (draw_reaching_config: half the
+// time a thin model to position 97 or 257 in the fast profile, contexts to 8192 in the long one),
+// else a tiny model.
 Config draw_shape(const Devices& d, int min_seq, bool long_ok) {
-    return d.long_profile && long_ok ? draw_long_config(min_seq) : draw_config(min_seq);
+    return long_ok ? draw_reaching_config(d.long_profile, min_seq) : draw_config(min_seq);
+}
+// A thin model past the tiny ones' lengths: its case takes prompts in chunks and checks naive
+// decode at each chunk and a few steps, as naive decode of every prefix would cost T^2 decodes.
+bool thin(const Config& c) { return c.max_seq > kFastMaxSeq; }
+// A case's tokens and how many of them are the prompt (the rest decode one at a time): any
+// lengths; a thin model's biased to the thresholds, its prompt all but at most 3 of them.
+struct Prompted {
+    std::vector<int> tokens;
+    int prompt = 0;
+};
+Prompted draw_prompted(const Config& c) {
+    Prompted p;
+    if (!thin(c)) {
+        p.tokens = draw_tokens(c, draw(1, c.max_seq));
+        p.prompt = draw(1, int(p.tokens.size()));
+        return p;
+    }
+    p.tokens = draw_tokens(c, draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq));
+    p.prompt = std::max(1, int(p.tokens.size()) - draw(0, 3));
+    return p;
 }
 // The case holds a sequence of T positions (its longest so far).
 void note_reached(const Devices& d, int T) {
@@ -330,10 +353,10 @@ KVFormat row_kv_format(const Devices& d, Variant v) {
 // which an approximate variant must fail).
 void decode_property(const VariantSetting& s, const Devices& devices, Mutant mutant, bool everywhere = false) {
     const VariantInfo& info = variant_info(s.variant);
-    const Config c = draw_config();
+    // An exact variant meets thin models too; a thin case prefills all but at most 3 tokens.
+    const Config c = info.exact ? draw_shape(devices, 1, true) : draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const int prompt = draw(1, int(tokens.size()));
+    const auto [tokens, prompt] = draw_prompted(c);
     const KVFormat format = row_kv_format(devices, s.variant);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
@@ -363,9 +386,11 @@ void decode_property(const VariantSetting& s, const Devices& devices, Mutant mut
 // Properties of their own: prefix-shared's later request, and the scenarios
 
 // Request A runs; request B shares a prefix with it (none, part, all of A, or a block multiple)
-// and maps A's cached blocks; a third request from another model never hits.
+// and maps A's cached blocks; a third request from another model never hits. A thin model: A
+// extends in at most 4 requests, B prefills all but at most 3 tokens.
 void prefix_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config(2);
+    const Config c = draw_shape(devices, 2, true);
+    const bool long_run = thin(c);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model ma = random_model(c, seed), mb = random_model(c, seed + 1);
     const std::uint64_t ida = ma.w.fingerprint(), idb = mb.w.fingerprint();
@@ -378,14 +403,15 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 3 * per_seq, true, oracle_a.memory());
     pool->set_kv_format(format);
     const PoolWatch watch(devices, pool.get());
-    const std::vector<int> a = draw_tokens(c, draw(1, c.max_seq));
+    const auto length = [&](int lo, int hi) { return long_run ? draw_size(lo, hi) : draw(lo, hi); };
+    const std::vector<int> a = draw_tokens(c, length(1, c.max_seq));
     const int la = int(a.size());
     const int share_kind = draw(0, 3);  // none, part, all of A, a multiple of block_size
-    const int k = share_kind == 0 ? 0 : share_kind == 1 ? draw(0, la) : share_kind == 2 ? la : bs * draw(0, la / bs);
+    const int k = share_kind == 0 ? 0 : share_kind == 1 ? length(0, la) : share_kind == 2 ? la : bs * draw(0, la / bs);
     std::vector<int> b(a.begin(), a.begin() + k);
-    const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
+    const std::vector<int> suffix = draw_tokens(c, length(k == 0 ? 1 : 0, c.max_seq - k));
     b.insert(b.end(), suffix.begin(), suffix.end());
-    const int prompt_b = draw(1, int(b.size()));
+    const int prompt_b = long_run ? std::max(1, int(b.size()) - draw(0, 3)) : draw(1, int(b.size()));
     note_reached(devices, std::max(la, int(b.size())));
     const bool free_a = *rc::gen::arbitrary<bool>();
     const std::string what = fmt::format("prefix-shared(block_size={}), {}, A {} tokens, B shares {} of {} (prompt {})",
@@ -394,8 +420,11 @@ void prefix_property(const Devices& devices, Mutant mutant) {
     auto seq_a = std::make_unique<PagedCache>(*pool, ida, 0);
     {
         const auto da = oracle_a.cached(*seq_a);
-        for (int T = 1; T <= la; T++)
+        const int step = long_run ? std::max(1, la / draw(1, 4)) : 1;  // the prefix each request extends to
+        for (int T = std::min(step, la);; T = std::min(T + step, la)) {
             oracle_a.expect_naive(std::span(a).first(T), da->extend(std::span(a).first(T)), "A: " + what);
+            if (T == la) break;
+        }
     }
     if (free_a) seq_a.reset();  // its full blocks stay cached, unreferenced
 
@@ -421,11 +450,11 @@ void prefix_property(const Devices& devices, Mutant mutant) {
 
 // A sequence forks into children at any position; all of them decode, interleaved, each its own
 // tokens; every one equals naive decode of its own sequence.
-// The long profile: a thin model to 8192 positions, the fork point and block size biased to the
+// A thin model (to 8192 positions in the long profile): the fork point and block size biased to the
 // thresholds, each child's continuation a chunk (one request) and then a few single steps.
 void fork_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_shape(devices, 2, true);
-    const bool long_run = devices.long_profile;
+    const bool long_run = thin(c);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
     const int per_seq = (c.max_seq + bs - 1) / bs;
@@ -449,7 +478,7 @@ void fork_property(const Devices& devices, Mutant mutant) {
         seqs.push_back(seqs[0]->fork(i));
         tokens.push_back(tokens[0]);
     }
-    // Each sequence's continuation (the long profile: a chunk in one request first), then a
+    // Each sequence's continuation (a thin model: a chunk in one request first), then a
     // random interleaving of single decode steps.
     std::vector<std::vector<int>> rest;
     int total = 0, longest = f;
@@ -515,7 +544,7 @@ struct AnyExactVariant {
     std::unique_ptr<CachedDecoder> cached;
 };
 
-// The long profile: a thin model to 8192 positions; each round appends a chunk (one request of
+// A thin model (to 8192 positions in the long profile): each round appends a chunk (one request of
 // draw_size positions, checked at its end) and up to two decode steps, and rollbacks land on the
 // size thresholds (96-98, 255-258, 4095-4097, ...) half the time.
 void rollback_property(const Devices& devices, Mutant mutant) {
@@ -524,7 +553,7 @@ void rollback_property(const Devices& devices, Mutant mutant) {
     Oracle& oracle = run.oracle;
     CacheUnderTest& u = run.u;
     CachedDecoder* cached = run.cached.get();
-    const bool long_run = devices.long_profile;
+    const bool long_run = thin(c);
     std::vector<int> kept;
     const int rounds = draw(1, 3);
     std::string what = run.describe();
@@ -564,7 +593,7 @@ void chunked_prefill_property(const Devices& devices, Mutant mutant) {
     const Config& c = run.c;
     Oracle& oracle = run.oracle;
     CachedDecoder* cached = run.cached.get();
-    const bool long_run = devices.long_profile;  // then at most 4 chunks and 3 decode steps
+    const bool long_run = thin(c);  // then at most 4 chunks and 3 decode steps
     const int prompt = long_run ? (draw(0, 3) == 3 ? c.max_seq : draw_size(2, c.max_seq)) : draw(2, c.max_seq);
     const std::vector<int> tokens =
         draw_tokens(c, long_run ? std::min(c.max_seq, prompt + draw(0, 3)) : draw(prompt, c.max_seq));
@@ -590,13 +619,13 @@ void chunked_prefill_property(const Devices& devices, Mutant mutant) {
 // and naive decode; the hit is as long as the shared full blocks allow.
 void prefix_extend_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_shape(devices, 2, true);
-    const bool long_run = devices.long_profile;  // then at most 3 decode steps
+    const bool long_run = thin(c);  // then at most 3 decode steps
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     Oracle oracle(m, devices, mutant);
     const KVFormat format = draw_kv_format(devices);
     oracle.set_kv_format(format, {});
     const VariantParam& block_size = *find_param(variant_info(Variant::prefix_shared), "block_size");
-    // The long profile: block sizes biased to the thresholds too (16, 32, 256, ...).
+    // A thin model: block sizes biased to the thresholds too (16, 32, 256, ...).
     const int bs = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw_value(block_size, c, {});
     const int per_seq = (c.max_seq + bs - 1) / bs;
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
@@ -644,8 +673,8 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
 void rescoring_property(const Devices& devices, Mutant mutant) {
     AnyExactVariant run(devices, mutant, 1, true);
     const Config& c = run.c;
-    std::vector<int> tokens = draw_tokens(
-        c, devices.long_profile ? (draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq)) : draw(1, c.max_seq));
+    std::vector<int> tokens =
+        draw_tokens(c, thin(c) ? (draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq)) : draw(1, c.max_seq));
     const int P = int(tokens.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token is not fed
     note_reached(devices, P + steps - 1);
@@ -843,20 +872,20 @@ void expect_served_alone(const Scheduler& s, const std::vector<ServeRequest>& re
 // or off, preemption by recompute or by swap, any KV format. Every request's tokens and the
 // logits each was chosen from equal decoding it alone on a contiguous cache, bit for bit, and
 // its first and last logits equal naive decode.
-// The long profile: a thin model to 8192 positions, prompts and block sizes biased to the
+// A thin model (to 8192 positions in the long profile): prompts and block sizes biased to the
 // thresholds, 1-4 requests of at most 32 new tokens each, or half the time 8-64 requests of at
 // most 512 positions (many sequences on one pool, as engines run), a pool sized from the longest.
 void serve_property(const Devices& devices, Mutant mutant) {
     DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
-    const bool long_run = devices.long_profile;
+    const bool long_run = thin(c);
     SchedulerConfig sc;
-    // The long profile: blocks of up to 64 positions, so that decoding 32 tokens crosses blocks
+    // A thin model: blocks of up to 64 positions, so that decoding 32 tokens crosses blocks
     // and a tight pool preempts.
     sc.block_size = long_run ? draw_size(1, std::min(c.max_seq, 64)) : draw(1, c.max_seq);
     const bool many = long_run && *rc::gen::arbitrary<bool>();
     const int n_requests = many ? draw_size(8, 64) : draw(1, long_run ? 4 : 6);
-    // The long profile draws the requests first: its pools are sized from the longest (max model
+    // A thin model's requests come first: its pools are sized from the longest (max model
     // len), since few requests come near max_seq.
     std::vector<ServeRequest> requests;
     if (long_run)
@@ -892,12 +921,12 @@ void serve_property(const Devices& devices, Mutant mutant) {
 // records it hands out, one drawn way (none, flipped bits, truncated, another model's, format's or
 // block's, another key's record, gone). Every request of both passes equals decoding it alone and
 // naive decode: a damaged record is refused and recomputed, never used.
-// The long profile: a thin model to 8192 positions, prompts biased to the thresholds, blocks of
+// A thin model (to 8192 positions in the long profile): prompts biased to the thresholds, blocks of
 // 16 to 512 positions (thousands of one-position records would only cost time), 1-3 requests.
 void store_property(const Devices& devices, Mutant mutant) {
     DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
-    const bool long_run = devices.long_profile;
+    const bool long_run = thin(c);
     SchedulerConfig sc;
     sc.block_size = long_run
                         ? draw_size(std::min(16, std::max(1, c.max_seq / 2)), std::max(1, std::min(512, c.max_seq / 2)))
@@ -935,12 +964,12 @@ void store_property(const Devices& devices, Mutant mutant) {
 
 // Beam search on forked caches (beam.h): width 1-4, a prompt, steps to max_seq, any block size and
 // KV format. Every beam's logits after every step equal naive decode of its tokens.
-// The long profile: a thin model to 8192 positions, the prompt and block size biased to the
+// A thin model (to 8192 positions in the long profile): the prompt and block size biased to the
 // thresholds, at most 4 steps.
 void beam_property(const Devices& devices, Mutant mutant) {
     DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
-    const bool long_run = devices.long_profile;
+    const bool long_run = thin(c);
     BeamConfig bc;
     bc.width = draw(1, 4);
     bc.block_size = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
@@ -965,7 +994,12 @@ void beam_property(const Devices& devices, Mutant mutant) {
 
 // A cache continued with an edited prompt refuses; rolled back to the edit, it continues exactly.
 void stale_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config(2, 2);
+    const Config c = [&] {
+        Config drawn = draw_shape(devices, 2, true);
+        drawn.vocab_size = std::max(drawn.vocab_size, 2);  // an edit needs another token
+        return drawn;
+    }();
+    const bool long_run = thin(c);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const KVFormat format = devices.format.value_or(KVFormat::fp32);
     Oracle oracle(m, devices, mutant);
@@ -974,8 +1008,8 @@ void stale_property(const Devices& devices, Mutant mutant) {
                                         mutant, oracle.memory(), format);
     const PoolWatch watch(devices, u.pool.get());
     const auto cached = oracle.cached(*u);
-    const std::vector<int> prompt = draw_tokens(c, draw(1, c.max_seq - 1));
-    const int i = draw(0, int(prompt.size()) - 1);
+    const std::vector<int> prompt = draw_tokens(c, long_run ? draw_size(1, c.max_seq - 1) : draw(1, c.max_seq - 1));
+    const int i = long_run ? draw_size(0, int(prompt.size()) - 1) : draw(0, int(prompt.size()) - 1);
     std::vector<int> edited = prompt;
     edited[i] = (prompt[i] + draw(1, c.vocab_size - 1)) % c.vocab_size;
     const std::vector<int> more = draw_tokens(c, draw(1, c.max_seq - int(prompt.size())));
@@ -1000,11 +1034,11 @@ void stale_property(const Devices& devices, Mutant mutant) {
 // shape and max_seq, or the target itself) proposes k tokens and the target verifies them in one
 // step; the tokens, and the logits each was chosen from, equal plain greedy cached decode's bit for
 // bit, which in turn equal naive decode's.
-// The long profile: a thin target to 8192 positions, its prompt biased to the thresholds, at most
+// A thin target (to 8192 positions in the long profile): its prompt biased to the thresholds, at most
 // 16 steps speculated.
 void speculate_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_shape(devices, 1, true);
-    const bool long_run = devices.long_profile;
+    const bool long_run = thin(c);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model target = random_model(c, seed);
     const int draft_kind = draw(0, 2);  // another model of the target's shape, another shape, the target
@@ -1579,7 +1613,7 @@ void quant_property(const VariantSetting& s, const Devices& devices, bool bound,
 // as it does (same groups; KIVI's keys quantized once their group is complete, read quantized by
 // the queries at or past its end): bitwise equal at every step.
 void quant_exact_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config();
+    const Config c = draw_shape(devices, 1, true);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<VariantSetting> settings = variant_settings(Variant::quantized);
     const VariantSetting& s = settings[std::size_t(draw(0, int(settings.size()) - 1))];
@@ -1590,9 +1624,8 @@ void quant_exact_property(const Devices& devices, Mutant mutant) {
     CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory());
     oracle.set_quant(u.spec.quant);
     const auto cached = oracle.cached(*u);
-    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
+    const auto [tokens, prompt] = draw_prompted(c);
     note_reached(devices, int(tokens.size()));
-    const int prompt = draw(1, int(tokens.size()));
     const std::string what = fmt::format("{}, {}, prompt {} of {}", u->name(), c.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
     oracle.expect_naive(all.first(prompt), cached->prefill(all.first(prompt)), what);
@@ -1632,10 +1665,9 @@ std::vector<VariantSetting> format_settings() {
 // An exact variant that takes a format, its parameters drawn, storing K and V in `format` (fp8
 // with scales half the time): every step equals naive decode storing them the same way.
 void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
-    const Config c = draw_config();
+    const Config c = draw_shape(devices, 1, true);
     const Model m = format_model(c);
-    const std::vector<int> tokens = draw_tokens(c, draw(1, c.max_seq));
-    const int prompt = draw(1, int(tokens.size()));
+    const auto [tokens, prompt] = draw_prompted(c);
     const std::vector<VariantSetting> settings = format_settings();
     const VariantSetting& s = settings[std::size_t(draw(0, int(settings.size()) - 1))];
     const std::vector<float> scales =
@@ -1659,10 +1691,12 @@ void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
 // blocks stay cached); the pool switches to the second; B shares a prefix with A. B must equal
 // naive decode in the second format, so it must not map A's blocks.
 void format_switch_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_config(2);
+    const Config c = draw_shape(devices, 2, true);
+    const auto length = [&](int lo, int hi) { return thin(c) ? draw_size(lo, hi) : draw(lo, hi); };
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::uint64_t id = m.w.fingerprint();
-    const int bs = draw(1, c.max_seq), per_seq = (c.max_seq + bs - 1) / bs;
+    const int bs = thin(c) ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
+    const int per_seq = (c.max_seq + bs - 1) / bs;
     const int n_formats = int(std::size(kKVFormats));
     const KVFormat fa = kKVFormats[std::size_t(draw(0, n_formats - 1))];
     KVFormat fb = kKVFormats[std::size_t(draw(0, n_formats - 2))];
@@ -1670,10 +1704,10 @@ void format_switch_property(const Devices& devices, Mutant mutant) {
     Oracle oracle(m, devices, mutant);
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
     const PoolWatch watch(devices, pool.get());
-    const std::vector<int> a = draw_tokens(c, draw(bs, c.max_seq));
-    const int k = draw(0, int(a.size()));
+    const std::vector<int> a = draw_tokens(c, length(bs, c.max_seq));
+    const int k = length(0, int(a.size()));
     std::vector<int> b(a.begin(), a.begin() + k);
-    const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
+    const std::vector<int> suffix = draw_tokens(c, length(k == 0 ? 1 : 0, c.max_seq - k));
     b.insert(b.end(), suffix.begin(), suffix.end());
     note_reached(devices, int(std::max(a.size(), b.size())));
     const std::string what =
