@@ -451,14 +451,19 @@ void prefix_property(const Devices& devices, Mutant mutant) {
 // A sequence forks into children at any position; all of them decode, interleaved, each its own
 // tokens; every one equals naive decode of its own sequence.
 // A thin model (to 8192 positions in the long profile): the fork point and block size biased to the
-// thresholds, each child's continuation a chunk (one request) and then a few single steps.
+// thresholds, each child's continuation a chunk (one request) and then a few single steps. The
+// long profile, half the time: 8-64 sequences (parallel sampling), each of at most 578 positions.
 void fork_property(const Devices& devices, Mutant mutant) {
     const Config c = draw_shape(devices, 2, true);
     const bool long_run = thin(c);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const int bs = long_run ? draw_size(1, std::min(c.max_seq, 512)) : draw(1, c.max_seq);
-    const int per_seq = (c.max_seq + bs - 1) / bs;
-    const int n_children = draw(1, 3);
+    const bool many = devices.long_profile && *rc::gen::arbitrary<bool>();
+    const int n_children = many ? draw_size(7, 63) : draw(1, 3);
+    // The most positions a sequence holds: with many, a fork point below 512 and a chunk of at
+    // most 64, then 2 steps.
+    const int longest_seq = many ? std::min(c.max_seq, 512 + 64 + 2) : c.max_seq;
+    const int per_seq = (longest_seq + bs - 1) / bs;
     const KVFormat format = draw_kv_format(devices);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
@@ -466,7 +471,8 @@ void fork_property(const Devices& devices, Mutant mutant) {
         planted_pool(mutant, c, bs, (n_children + 1) * per_seq, false, oracle.memory());
     pool->set_kv_format(format);
     const PoolWatch watch(devices, pool.get());
-    const int f = long_run ? draw_size(1, c.max_seq - 1) : draw(1, c.max_seq - 1);  // fork after f positions
+    const int f = long_run ? draw_size(1, std::min(c.max_seq, many ? 512 : c.max_seq) - 1)
+                           : draw(1, c.max_seq - 1);  // fork after f positions
     const std::string what = fmt::format("paged(block_size={}) in {}, {}, fork at {} into {} children", bs,
                                          kv_format_name(format), c.describe(), f, n_children);
     std::vector<std::unique_ptr<PagedCache>> seqs;
@@ -484,7 +490,8 @@ void fork_property(const Devices& devices, Mutant mutant) {
     int total = 0, longest = f;
     for (int i = 0; i <= n_children; i++) {
         if (long_run) {
-            const std::vector<int> chunk = draw_tokens(c, draw_size(1, std::max(1, c.max_seq - f - 1)));
+            const std::vector<int> chunk =
+                draw_tokens(c, draw_size(1, std::max(1, std::min(many ? 64 : c.max_seq, c.max_seq - f - 1))));
             tokens[std::size_t(i)].insert(tokens[std::size_t(i)].end(), chunk.begin(), chunk.end());
             oracle.expect_naive(tokens[std::size_t(i)],
                                 oracle.cached(*seqs[std::size_t(i)])->extend(tokens[std::size_t(i)]),
@@ -922,7 +929,8 @@ void serve_property(const Devices& devices, Mutant mutant) {
 // block's, another key's record, gone). Every request of both passes equals decoding it alone and
 // naive decode: a damaged record is refused and recomputed, never used.
 // A thin model (to 8192 positions in the long profile): prompts biased to the thresholds, blocks of
-// 16 to 512 positions (thousands of one-position records would only cost time), 1-3 requests.
+// 16 to 512 positions (thousands of one-position records would only cost time), 1-3 requests,
+// or in the long profile, half the time, 8-64 of at most 512 positions.
 void store_property(const Devices& devices, Mutant mutant) {
     DrawnModel drawn(devices, mutant, true);
     auto& [c, m, format, oracle] = drawn;  // all but the oracle const
@@ -942,7 +950,9 @@ void store_property(const Devices& devices, Mutant mutant) {
         StoreDamage::other_format, StoreDamage::other_block, StoreDamage::swapped, StoreDamage::gone);
     HostileStore store(damage, draw(1, 4) / 4.0, *rc::gen::arbitrary<std::uint64_t>());
     sc.store = &store;
-    const std::vector<ServeRequest> requests = draw_requests(c, draw(1, long_run ? 3 : 6), long_run);
+    const bool many = devices.long_profile && *rc::gen::arbitrary<bool>();  // 8-64 requests of at most 512
+    const std::vector<ServeRequest> requests =
+        draw_requests(c, many ? draw_size(8, 64) : draw(1, long_run ? 3 : 6), long_run, many ? 512 : 0);
     note_reached(devices, longest_request(requests));
     const auto make_pool = [mutant](const Config& config, int bs, int n, bool caching, Memory& memory) {
         return planted_pool(mutant, config, bs, n, caching, memory);
@@ -1795,7 +1805,8 @@ const std::vector<Check>& checks() {
         std::vector<Check> v;
         for (const VariantSetting& s : variant_settings())
             if (is_exact(s.variant)) v.push_back(variant_check(s));
-        v.push_back({"fork", "exact", "paged: fork anywhere into 1-3 children, interleaved; any KV format",
+        v.push_back({"fork", "exact",
+                     "paged: fork anywhere into 1-3 children (long profile: or 7-63), interleaved; any KV format",
                      "children share the parent's blocks; a shared partial block is copied on first write",
                      std::nullopt, fork_property});
         v.push_back({"rollback", "exact", "any exact variant, 1-3 rollbacks of any length; any KV format",
@@ -1827,7 +1838,8 @@ const std::vector<Check>& checks() {
                      "continuous batching (scheduler.h): every request's logits equal decoding it alone", std::nullopt,
                      serve_property});
         v.push_back({"store", "exact",
-                     "1-6 requests served twice by fresh pools over one store, a pool of 1..2 requests' blocks; "
+                     "1-6 requests (long profile: or 8-64) served twice by fresh pools over one store, a pool of 1..2 "
+                     "requests' blocks; "
                      "records damaged (bits, truncation, another model's, format's, block's or key's, gone) at "
                      "0..100%; any KV format",
                      "prefix blocks evicted into a store and fetched back: every request equals decoding it alone, "
