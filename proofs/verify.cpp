@@ -122,12 +122,13 @@ struct Devices {
     // VerifyOptions::attention: what naive and cached decode both run (simple unless given); the
     // tiled-attention scenario draws a tile when none is given.
     std::optional<AttentionSpec> attention;
-    // The exact variants' rows and the scenarios that can (chunked-prefill, tiled-attention,
-    // prefix-hit-extend, rescoring, rollback, fork, speculate, serve, store, beam) draw thin
-    // models (draw_shape): half the time to positions 97 and 257 in the fast profile, always with
-    // contexts up to 8192 in --profile long; a thin case biases its sizes to the thresholds
-    // (draw_size) and checks naive decode at each chunk and a few decode steps. The long profile's
-    // batch draws up to 300 sequences.
+    // The scenarios that can (chunked-prefill, tiled-attention, prefix-hit-extend, rescoring,
+    // rollback, fork, speculate, serve, store, beam, stale) draw thin models (draw_shape): half
+    // the time to positions 97 and 257 in the fast profile, always with contexts up to 8192 in
+    // --profile long; the exact variant and format rows keep the fast profile's sizes in both
+    // (draw_row_shape). A thin case biases its sizes to the thresholds (draw_size) and checks
+    // naive decode at each chunk and a few decode steps. The long profile's batch draws up to 300
+    // sequences, fork 8-64 of them and serve and store 8-64 requests, half the time.
     bool long_profile = false;
     Reach* reach = nullptr;  // the row's record of its cases' sizes; null: none kept
 };
@@ -141,6 +142,12 @@ Config draw_shape(const Devices& d, int min_seq, bool long_ok) {
 // A thin model past the tiny ones' lengths: its case takes prompts in chunks and checks naive
 // decode at each chunk and a few steps, as naive decode of every prefix would cost T^2 decodes.
 bool thin(const Config& c) { return c.max_seq > kFastMaxSeq; }
+// The shape of a row whose scenario the long profile's rows already run at every size (the
+// variant rows, the formats, prefix-shared, format-switch: rollback, chunked-prefill, rescoring
+// and tiled-attention draw every exact variant and KV format to 8192, prefix-hit-extend maps
+// prefixes there): the fast profile's reach, half the time a thin model to position 257, in both
+// profiles, which keeps --profile long within its minutes.
+Config draw_row_shape(int min_seq) { return draw_reaching_config(false, min_seq); }
 // A case's tokens and how many of them are the prompt (the rest decode one at a time): any
 // lengths; a thin model's biased to the thresholds, its prompt all but at most 3 of them.
 struct Prompted {
@@ -354,7 +361,7 @@ KVFormat row_kv_format(const Devices& d, Variant v) {
 void decode_property(const VariantSetting& s, const Devices& devices, Mutant mutant, bool everywhere = false) {
     const VariantInfo& info = variant_info(s.variant);
     // An exact variant meets thin models too; a thin case prefills all but at most 3 tokens.
-    const Config c = info.exact ? draw_shape(devices, 1, true) : draw_config();
+    const Config c = info.exact ? draw_row_shape(1) : draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const auto [tokens, prompt] = draw_prompted(c);
     const KVFormat format = row_kv_format(devices, s.variant);
@@ -389,7 +396,7 @@ void decode_property(const VariantSetting& s, const Devices& devices, Mutant mut
 // and maps A's cached blocks; a third request from another model never hits. A thin model: A
 // extends in at most 4 requests, B prefills all but at most 3 tokens.
 void prefix_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_shape(devices, 2, true);
+    const Config c = draw_row_shape(2);
     const bool long_run = thin(c);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Model ma = random_model(c, seed), mb = random_model(c, seed + 1);
@@ -1623,7 +1630,10 @@ void quant_property(const VariantSetting& s, const Devices& devices, bool bound,
 // as it does (same groups; KIVI's keys quantized once their group is complete, read quantized by
 // the queries at or past its end): bitwise equal at every step.
 void quant_exact_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_shape(devices, 1, true);
+    // The fast profile's sizes in both profiles: the naive decode that rounds like the cache builds
+    // each query row's mix of rounded and raw keys afresh (T^2 row copies a layer), so a case of
+    // thousands of positions takes minutes.
+    const Config c = draw_row_shape(1);
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::vector<VariantSetting> settings = variant_settings(Variant::quantized);
     const VariantSetting& s = settings[std::size_t(draw(0, int(settings.size()) - 1))];
@@ -1675,7 +1685,7 @@ std::vector<VariantSetting> format_settings() {
 // An exact variant that takes a format, its parameters drawn, storing K and V in `format` (fp8
 // with scales half the time): every step equals naive decode storing them the same way.
 void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
-    const Config c = draw_shape(devices, 1, true);
+    const Config c = draw_row_shape(1);
     const Model m = format_model(c);
     const auto [tokens, prompt] = draw_prompted(c);
     const std::vector<VariantSetting> settings = format_settings();
@@ -1701,7 +1711,7 @@ void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
 // blocks stay cached); the pool switches to the second; B shares a prefix with A. B must equal
 // naive decode in the second format, so it must not map A's blocks.
 void format_switch_property(const Devices& devices, Mutant mutant) {
-    const Config c = draw_shape(devices, 2, true);
+    const Config c = draw_row_shape(2);
     const auto length = [&](int lo, int hi) { return thin(c) ? draw_size(lo, hi) : draw(lo, hi); };
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
     const std::uint64_t id = m.w.fingerprint();
