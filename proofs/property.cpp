@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 
 namespace kvlab {
@@ -118,11 +119,12 @@ Config draw_thin_config() {
     Config c;
     c.n_layers = draw(1, 2);
     // Query heads over KV heads, each pair as likely: 4 over 2 is grouped query attention's index
-    // map at its smallest (groups of 2, more than one group).
-    const auto [n_heads, n_kv_heads] = *rc::gen::element(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2},
-                                                         std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4});
+    // map at its smallest (groups of 2, more than one group), its heads of 1-2 dimensions so that
+    // dim stays at most 8 (naive decode's cost).
+    const auto [n_heads, n_kv_heads] =
+        *rc::gen::element(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2});
     c.n_heads = n_heads, c.n_kv_heads = n_kv_heads;
-    c.dim = c.n_heads * draw(c.n_heads == 1 ? 2 : 1, 4);
+    c.dim = c.n_heads * draw(c.n_heads == 1 ? 2 : 1, c.n_heads == 4 ? 2 : 4);
     c.hidden_dim = draw(1, 8);
     c.vocab_size = draw(2, 16);
     return c;
@@ -132,8 +134,18 @@ Config draw_thin_config() {
 
 Config draw_long_config(int min_seq) {
     Config c = draw_thin_config();
-    // The longest an eighth of the time (on the last value: shrinking moves to the other branch).
-    c.max_seq = draw(0, 7) == 7 ? 8192 : draw_size(std::max(min_seq, 2), 8192);
+    // The longest an eighth of the time (on the last value: shrinking moves to the other branch);
+    // else a threshold half the time, or a length in a drawn power-of-two octave: naive decode
+    // costs T^2, and a uniform draw would spend most of a run's time on its top octave.
+    const int lo = std::max(min_seq, 2);
+    if (draw(0, 7) == 7) {
+        c.max_seq = 8192;
+    } else if (draw(0, 1) == 0) {
+        c.max_seq = draw_size(lo, 8192);
+    } else {
+        const int octave = draw(int(std::bit_width(unsigned(lo))) - 1, 12);  // [2^octave, 2^(octave+1))
+        c.max_seq = draw(std::max(lo, 1 << octave), std::min(8192, (2 << octave) - 1));
+    }
     return c;
 }
 

@@ -38,10 +38,13 @@ T draw(T lo, T hi_inclusive) {
 // takes microseconds.
 inline constexpr int kFastMaxSeq = 20;
 Config draw_config(int min_seq = 1, int min_vocab = 1, bool wide_heads = true);
-// Inside a property, for `kvlab verify --profile long`: a thin model (1-2 layers, 1, 2 or 4 query heads,
-// head_size 1-4, dim >= 2, hidden_dim 1-8, vocab_size 2-16) with a long context: max_seq 8192 an
-// eighth of the time, else from draw_size(max(min_seq, 2), 8192), so that a naive decode of
-// thousands of positions takes milliseconds and every size threshold up to 8192 is reached.
+// Inside a property, for `kvlab verify --profile long`: a thin model (1-2 layers, 1 or 2 query
+// heads of head_size 1-4 over 1 or 2 KV heads, or 4 of 1-2 over 2; dim 2-8, hidden_dim 1-8,
+// vocab_size 2-16) with a long context: max_seq 8192 an
+// eighth of the time, else half the time from draw_size(max(min_seq, 2), 8192) and half in a drawn
+// power-of-two octave, so that a naive decode of thousands of positions takes milliseconds, every
+// size threshold up to 8192 is reached, and short contexts (cheap: naive decode costs T^2) are
+// as common as long ones.
 Config draw_long_config(int min_seq = 1);
 // Inside a property: an integer in [lo, hi], half the time one of the sizes where kernels and
 // caches switch (powers of two and their neighbours, 96-98, 255-258: a length that holds position
