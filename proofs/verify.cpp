@@ -363,7 +363,9 @@ void decode_property(const VariantSetting& s, const Devices& devices, Mutant mut
     // An exact variant meets thin models too; a thin case prefills all but at most 3 tokens.
     const Config c = info.exact ? draw_row_shape(1) : draw_config();
     const Model m = random_model(c, *rc::gen::arbitrary<std::uint64_t>());
-    const auto [tokens, prompt] = draw_prompted(c);
+    const Prompted drawn = draw_prompted(c);  // no structured binding: clang 14 cannot capture one
+    const std::vector<int>& tokens = drawn.tokens;
+    const int prompt = drawn.prompt;
     const KVFormat format = row_kv_format(devices, s.variant);
     Oracle oracle(m, devices, mutant);
     oracle.set_kv_format(format, {});
@@ -1644,7 +1646,9 @@ void quant_exact_property(const Devices& devices, Mutant mutant) {
     CacheUnderTest u = cache_under_test(s, c, mutant, oracle.memory());
     oracle.set_quant(u.spec.quant);
     const auto cached = oracle.cached(*u);
-    const auto [tokens, prompt] = draw_prompted(c);
+    const Prompted drawn = draw_prompted(c);
+    const std::vector<int>& tokens = drawn.tokens;
+    const int prompt = drawn.prompt;
     note_reached(devices, int(tokens.size()));
     const std::string what = fmt::format("{}, {}, prompt {} of {}", u->name(), c.describe(), prompt, tokens.size());
     const std::span<const int> all(tokens);
@@ -1687,7 +1691,9 @@ std::vector<VariantSetting> format_settings() {
 void format_property(KVFormat format, const Devices& devices, Mutant mutant) {
     const Config c = draw_row_shape(1);
     const Model m = format_model(c);
-    const auto [tokens, prompt] = draw_prompted(c);
+    const Prompted drawn = draw_prompted(c);
+    const std::vector<int>& tokens = drawn.tokens;
+    const int prompt = drawn.prompt;
     const std::vector<VariantSetting> settings = format_settings();
     const VariantSetting& s = settings[std::size_t(draw(0, int(settings.size()) - 1))];
     const std::vector<float> scales =
