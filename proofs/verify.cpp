@@ -183,7 +183,7 @@ public:
     ~PoolWatch() {
         if (!reach_ || !pool_) return;
         const BlockPool::Peak p = pool_->peak();
-        reach_->pool(int(100 * std::int64_t(p.blocks) / std::max(1, pool_->n_blocks())), p.sequences);  // no throw
+        reach_->pool(int(100 * std::int64_t(p.blocks) / std::max(1, pool_->n_blocks())), p.sequences);
     }
 
 private:
@@ -1951,11 +1951,17 @@ Reach reach_for(const std::string& row, const Devices& d, const VerifyOptions& o
     return r;
 }
 
-VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
-    Reach reach = reach_for(check.name, d, o);
+// check_property over body(d), each case counted in `reach` (told its sizes through the devices).
+PropertyOutcome check_reaching(Reach& reach, const Devices& d, const VerifyOptions& o,
+                               const std::function<void(const Devices&)>& body) {
     Devices watched = d;
     watched.reach = &reach;
-    const PropertyOutcome r = check_property(reach.around([&] { check.body(watched, Mutant::none); }), o.cases, o.seed);
+    return check_property(reach.around([&] { body(watched); }), o.cases, o.seed);
+}
+
+VerifyRow run_exact(const Check& check, const Devices& d, const VerifyOptions& o) {
+    Reach reach = reach_for(check.name, d, o);
+    const PropertyOutcome r = check_reaching(reach, d, o, [&](const Devices& w) { check.body(w, Mutant::none); });
     VerifyRow row{check.name,
                   check.kind,
                   check.parameters,
@@ -1993,9 +1999,7 @@ VerifyRow run_mutant(const MutantInfo& info, const Devices& d, const VerifyOptio
     if (const std::string why = why_not_run(info, d); !why.empty())  // cases 0: not counted in the kill rate
         return {std::string(info.name), "mutant", parameters, 0, "not run: " + why, true, "", ""};
     Reach reach = reach_for(std::string(info.name), d, o);
-    Devices watched = d;
-    watched.reach = &reach;
-    const PropertyOutcome r = check_property(reach.around([&] { it->body(watched, info.mutant); }), o.cases, o.seed);
+    const PropertyOutcome r = check_reaching(reach, d, o, [&](const Devices& w) { it->body(w, info.mutant); });
     VerifyRow row{std::string(info.name),
                   "mutant",
                   parameters,
@@ -2032,12 +2036,10 @@ VerifyRow run_regime(const Check& check, const Devices& d, const VerifyOptions& 
     const VariantSetting& s = *check.setting;
     const std::string_view limit = variant_info(s.variant).exact_limit;
     Reach in_reach = reach_for(check.name, d, o), all_reach = reach_for(check.name, d, o);
-    Devices in_d = d, all_d = d;
-    in_d.reach = &in_reach, all_d.reach = &all_reach;
     const PropertyOutcome inside =
-        check_property(in_reach.around([&] { decode_property(s, in_d, Mutant::none); }), o.cases, o.seed);
+        check_reaching(in_reach, d, o, [&](const Devices& w) { decode_property(s, w, Mutant::none); });
     const PropertyOutcome everywhere =
-        check_property(all_reach.around([&] { decode_property(s, all_d, Mutant::none, true); }), o.cases, o.seed);
+        check_reaching(all_reach, d, o, [&](const Devices& w) { decode_property(s, w, Mutant::none, true); });
     VerifyRow row{check.name, check.kind, check.parameters, inside.cases, "", false, "", ""};
     row.ok = inside.passed && !everywhere.passed;
     row.result = !inside.passed      ? fmt::format("FAILED inside T <= {}", limit)
