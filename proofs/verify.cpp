@@ -154,15 +154,16 @@ struct Prompted {
     std::vector<int> tokens;
     int prompt = 0;
 };
+// A sequence length for a thin model: max_seq a quarter of the time, else biased to the
+// thresholds (draw_size); a tiny model's, any of 1..max_seq.
+int draw_length(const Config& c) {
+    if (!thin(c)) return draw(1, c.max_seq);
+    return draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq);
+}
 Prompted draw_prompted(const Config& c) {
     Prompted p;
-    if (!thin(c)) {
-        p.tokens = draw_tokens(c, draw(1, c.max_seq));
-        p.prompt = draw(1, int(p.tokens.size()));
-        return p;
-    }
-    p.tokens = draw_tokens(c, draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq));
-    p.prompt = std::max(1, int(p.tokens.size()) - draw(0, 3));
+    p.tokens = draw_tokens(c, draw_length(c));
+    p.prompt = thin(c) ? std::max(1, int(p.tokens.size()) - draw(0, 3)) : draw(1, int(p.tokens.size()));
     return p;
 }
 // The case holds a sequence of T positions (its longest so far).
@@ -647,8 +648,7 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
     const std::unique_ptr<BlockPool> pool = planted_pool(mutant, c, bs, 2 * per_seq, true, oracle.memory());
     pool->set_kv_format(format);
     const PoolWatch watch(devices, pool.get());
-    const std::vector<int> a =
-        draw_tokens(c, long_run ? (draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq)) : draw(1, c.max_seq));
+    const std::vector<int> a = draw_tokens(c, draw_length(c));
     const int k = long_run ? draw_size(0, int(a.size())) : draw(0, int(a.size()));  // B's tokens shared with A
     std::vector<int> b(a.begin(), a.begin() + k);
     const std::vector<int> suffix = draw_tokens(c, draw(k == 0 ? 1 : 0, c.max_seq - k));
@@ -689,8 +689,7 @@ void prefix_extend_property(const Devices& devices, Mutant mutant) {
 void rescoring_property(const Devices& devices, Mutant mutant) {
     AnyExactVariant run(devices, mutant, 1, true);
     const Config& c = run.c;
-    std::vector<int> tokens =
-        draw_tokens(c, thin(c) ? (draw(0, 3) == 3 ? c.max_seq : draw_size(1, c.max_seq)) : draw(1, c.max_seq));
+    std::vector<int> tokens = draw_tokens(c, draw_length(c));
     const int P = int(tokens.size());
     const int steps = draw(1, c.max_seq - P + 1);  // the last token is not fed
     note_reached(devices, P + steps - 1);
