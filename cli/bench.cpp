@@ -179,9 +179,11 @@ int run_bench_device(const BenchOptions& o) {
     const std::int64_t weight_bytes = 4 * c.n_params(model.w.shared_classifier);
 
     if (!o.json)
-        fmt::print("kvlab bench --device {}: {} ({}), medians of {} reps\n{:>6} {:>16} {:>16} {:>14} {:>14} {:>14} {:>9}  {}\n",
-                   devices[0], o.shape, c.describe(), o.reps, "T", "cached us graph", "cached us plain", "naive us",
-                   "prefill tok/s", "bytes/step", "GB/s", "logits");
+        fmt::print(
+            "kvlab bench --device {}: {} ({}), medians of {} reps\n{:>6} {:>16} {:>16} {:>14} {:>14} {:>14} {:>9}  "
+            "{}\n",
+            devices[0], o.shape, c.describe(), o.reps, "T", "cached us graph", "cached us plain", "naive us",
+            "prefill tok/s", "bytes/step", "GB/s", "logits");
     nlohmann::json rows = nlohmann::json::array();
     for (int T : lengths) {
         const std::span<const int> seq(tokens.data(), std::size_t(T));
@@ -209,9 +211,14 @@ int run_bench_device(const BenchOptions& o) {
         const std::int64_t bytes = weight_bytes + kv_bytes(c, T);
         const bool equal = compare_bits(ln, lg).equal && compare_bits(ln, lp).equal;
         if (o.json)
-            rows.push_back({{"T", T}, {"cached_us_graph", graph_us}, {"cached_us_no_graph", plain_us},
-                            {"naive_us", naive_us}, {"prefill_tok_per_s", T / prefill_s}, {"bytes_per_step", bytes},
-                            {"achieved_gb_per_s", bytes / graph_us / 1e3}, {"bitwise_equal", equal}});
+            rows.push_back({{"T", T},
+                            {"cached_us_graph", graph_us},
+                            {"cached_us_no_graph", plain_us},
+                            {"naive_us", naive_us},
+                            {"prefill_tok_per_s", T / prefill_s},
+                            {"bytes_per_step", bytes},
+                            {"achieved_gb_per_s", bytes / graph_us / 1e3},
+                            {"bitwise_equal", equal}});
         else
             fmt::print("{:>6} {:>16.1f} {:>16.1f} {:>14.1f} {:>14.0f} {:>14} {:>9.2f}  {}\n", T, graph_us, plain_us,
                        naive_us, T / prefill_s, bytes, bytes / graph_us / 1e3,
@@ -261,6 +268,8 @@ void print_format_table(const Config& c, const BenchOptions& o, const std::vecto
         nlohmann::json j;
         j["shape"] = c.describe();
         j["threads"] = o.threads;
+        j["threads_choice"] = threads_json();
+        j["threads_choice"] = threads_json();
         j["reps"] = o.reps;
         for (const FormatRow& r : rows)
             j["formats"].push_back({{"T", r.T},
@@ -274,9 +283,9 @@ void print_format_table(const Config& c, const BenchOptions& o, const std::vecto
         return;
     }
     fmt::print(
-        "kvlab bench --kv-format / --attention: random model, {}\n{} thread(s), median of {} decode steps per figure "
+        "kvlab bench --kv-format / --attention: random model, {}\n{}, median of {} decode steps per figure "
         "(configurations interleaved); the cache holds T - 1 random rows, the step adds one\n\n",
-        c.describe(), o.threads, o.reps);
+        c.describe(), threads_text(o.threads), o.reps);
     const std::string vs = fmt::format("vs {}", with_attention ? "fp32 simple" : "fp32");
     fmt::print("{:>6} {:<10} {:<16} {:>15} {:>12} {:>14} {:>14}\n", "T", "format", "attention", "bytes/token", "KV MB",
                "decode tok/s", vs);
@@ -363,7 +372,6 @@ int run_bench_formats(const BenchOptions& o) {
     return 0;
 }
 
-// The context lengths of --lengths, ascending, each within max_seq.
 std::vector<int> bench_lengths(const Config& c, const BenchOptions& o) {
     std::vector<int> lengths = parse_int_list("--lengths", o.lengths);
     std::sort(lengths.begin(), lengths.end());
@@ -528,9 +536,9 @@ void print_bench_json(const Config& c, const BenchOptions& o, const BenchResult&
 void print_bench_text(const Config& c, const BenchOptions& o, const BenchResult& b) {
     fmt::print("kvlab bench: random model, {}\n", c.describe());
     fmt::print(
-        "{} thread(s) for cached, naive and prefill; the llama2.c-style decoder runs on one; "
+        "{} for cached, naive and prefill; the llama2.c-style decoder runs on one; "
         "median of {} runs each\n\n",
-        o.threads, o.reps);
+        threads_text(o.threads), o.reps);
     fmt::print("{:>5} {:>14} {:>14} {:>14} {:>10} {:>14} {:>10}  {}\n", "T", "prefill tok/s", "cached tok/s",
                "seqdot tok/s", "vs seqdot", "naive tok/s", "vs naive", "logits at T");
     for (const auto& r : b.rows)
@@ -599,6 +607,14 @@ void write_bench_plot(const Config& c, const BenchOptions& o, const BenchResult&
 }
 
 int run_bench(const BenchOptions& options) {
+    if (options.background_load >= 0) {
+        if (!options.startup.empty() || !options.plot.empty() || !options.kv_formats.empty() ||
+            options.attentions != "simple" || options.device != "cpu")
+            throw Error(
+                "bench --background-load measures decode on the cpu per thread count: no --startup, --plot, "
+                "--kv-format, --attention or --device");
+        return run_bench_threads(options);
+    }
     if (!options.startup.empty()) {
         if (!options.plot.empty() || !options.kv_formats.empty() || options.attentions != "simple" ||
             options.device != "cpu")

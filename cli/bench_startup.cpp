@@ -74,6 +74,7 @@ int run_bench_startup(const BenchOptions& o) {
     if (o.json) {
         nlohmann::json j{{"model", o.startup},
                          {"threads", o.threads},
+                         {"threads_choice", threads_json()},
                          {"panels", source},
                          {"map_seconds", seconds(t0, t_load)},
                          {"panels_seconds", seconds(t_load, t_panels)},
@@ -90,7 +91,8 @@ int run_bench_startup(const BenchOptions& o) {
         fmt::print("{}\n", json_document(j));
         return 0;
     }
-    fmt::print("kvlab bench --startup: {} ({}), {} thread(s); panels {}\n", o.startup, c.describe(), o.threads, source);
+    fmt::print("kvlab bench --startup: {} ({}), {}; panels {}\n", o.startup, c.describe(), threads_text(o.threads),
+               source);
     fmt::print(
         "start-up, load to first logits: {:.1f} ms (map and check the file {:.1f} ms, panels {:.1f} ms, first "
         "prefill {:.1f} ms)\n",

@@ -26,7 +26,7 @@ struct DemoOptions {
     AttentionOptions attention;
     std::string prompt, tokens;
     int steps = 64;
-    int threads = 1;
+    int threads = 0;             // 0: auto (common.h resolve_threads)
     std::string device = "cpu";  // one device, or two side by side (gpu/device.h: parse_devices)
     bool graphs = true;
     bool json = false;
@@ -44,7 +44,7 @@ struct GenerateOptions {
     float temperature = 0.0f;  // 0 = greedy
     float top_p = 0.9f;
     std::uint64_t sample_seed = 42;
-    int threads = 1;
+    int threads = 0;  // 0: auto (common.h resolve_threads)
     std::string device = "cpu";
     bool graphs = true;
     bool json = false;
@@ -62,8 +62,8 @@ struct SpeculateOptions {
     int k = 4;                     // draft tokens per target step
     std::string prompt, tokens;
     int steps = 100;
-    int reps = 3;  // timed runs of each decode; the fastest counts
-    int threads = 1;
+    int reps = 3;     // timed runs of each decode; the fastest counts
+    int threads = 0;  // 0: auto (common.h resolve_threads)
     std::string device = "cpu";
     std::string kv_format = "fp32";  // the target's, plain decode's and the draft's caches
     bool json = false;
@@ -150,8 +150,8 @@ struct FrontierOptions {
     int prefill = 0;         // positions each cache prefills before it decodes; 0: length / 4
     int probe_gap = 96;      // the recall probe's tokens between the fact and its cue (fewer if it must fit)
     std::uint64_t seed = 1;  // the texts' sampling seed
-    int threads = 1;
-    std::string plot;  // a PNG of mean KL against bytes per token ("": none)
+    int threads = 0;         // 0: auto (common.h resolve_threads)
+    std::string plot;        // a PNG of mean KL against bytes per token ("": none)
     bool json = false;
 };
 int run_frontier(const FrontierOptions& o);
@@ -160,7 +160,7 @@ struct BenchOptions {
     std::string shape = "stories15M";
     std::uint64_t seed = 7;
     int reps = 5;
-    int threads = 1;
+    int threads = 0;  // 0: auto (common.h resolve_threads)
     std::string lengths = "64,128,256";
     int naive_max = 1024;  // naive decode is timed only up to this T (its step is O(T^2))
     std::string plot;      // a PNG of tok/s and bytes per step against T ("": none)
@@ -174,11 +174,14 @@ struct BenchOptions {
     std::string attentions = "simple";  // the format table's attentions ("simple,tiled"); other than simple: the table
     int tile = 64;                      // tiled attention's keys per tile
     bool lengths_given = false;         // --lengths was set (the device and format tables have their own defaults)
+    int background_load = -1;           // >= 0: the threads table, idle and beside this many busy processes
     bool json = false;
 };
 int run_bench(const BenchOptions& o);
 int run_bench_startup(const BenchOptions& o);
-int run_bench_startup(const BenchOptions& o);
+int run_bench_threads(const BenchOptions& o);  // cli/bench_threads.cpp: --background-load
+// The context lengths of --lengths, ascending, each within max_seq (an Error otherwise).
+std::vector<int> bench_lengths(const Config& c, const BenchOptions& o);
 
 struct ExportOptions {
     std::string shape = "stories260K";

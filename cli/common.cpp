@@ -5,12 +5,16 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "decode.h"
+#include "thread_pool.h"
 
 namespace kvlab::cli {
 
@@ -35,6 +39,53 @@ void add_attention_options(CLI::App* cmd, AttentionOptions& a) {
 }
 
 AttentionSpec attention_spec(const AttentionOptions& a) { return parse_attention(a.kind, a.tile); }
+
+namespace {
+std::optional<CpuBudget> auto_threads;  // set when --threads auto was resolved
+}
+
+void add_threads_option(CLI::App* cmd, int& threads) {
+    cmd->add_option("--threads", threads,
+                    "threads for the kernels: a count 1..256, or auto (default): the CPUs this process may use "
+                    "(affinity mask, cgroup quota), at most 16")
+        ->transform(
+            [](const std::string& s) {
+                if (s == "auto") return std::string("0");
+                int n = 0;
+                const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+                if (ec != std::errc() || end != s.data() + s.size() || n < 1 || n > 256)
+                    throw CLI::ValidationError("a count 1..256, or auto: " + s);
+                return s;
+            },
+            "")
+        ->type_name("auto|1..256")
+        ->default_str("auto");
+}
+
+int resolve_threads(int& threads) {
+    if (threads == 0) {
+        auto_threads = usable_cpus();
+        threads = auto_threads->threads;
+    }
+    return threads;
+}
+
+nlohmann::json threads_json() {
+    if (!auto_threads) return {{"auto", false}};
+    const CpuBudget& b = *auto_threads;
+    return {{"auto", true},
+            {"affinity", b.affinity},
+            {"quota", b.quota > 0 ? nlohmann::json(b.quota) : nlohmann::json(nullptr)},
+            {"picked", b.threads}};
+}
+
+std::string threads_text(int threads) {
+    std::string s = fmt::format("{} thread{}", threads, threads == 1 ? "" : "s");
+    if (!auto_threads) return s;
+    const CpuBudget& b = *auto_threads;
+    return s + fmt::format(" (auto: {} CPU{} in the affinity mask, {})", b.affinity, b.affinity == 1 ? "" : "s",
+                           b.quota > 0 ? fmt::format("a cgroup quota of {:.2f} CPUs", b.quota) : "no cgroup quota");
+}
 
 void check_numbers(CLI::App& app) {
     // CLI::Range compares, and every comparison with NaN is false: NaN passed every range.

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,16 @@ void add_model_options(CLI::App* cmd, std::string& model, std::string& tokenizer
 void add_attention_options(CLI::App* cmd, AttentionOptions& a);
 // The options as core's spec; Error (one line) for a kind or tile out of range.
 AttentionSpec attention_spec(const AttentionOptions& a);
+
+// --threads, for every command that decodes: a count 1..256, or auto (the default), held as 0
+// until resolve_threads replaces it with what core's usable_cpus() picks.
+void add_threads_option(CLI::App* cmd, int& threads);
+// Replaces 0 (auto) by the pick, remembering it for threads_json and threads_text; returns it.
+int resolve_threads(int& threads);
+// {"given": n} or {"auto": true, "affinity": CPUs in the mask, "quota": CPUs or null, "picked": n}
+nlohmann::json threads_json();
+// "2 threads (auto: 2 CPUs in the affinity mask, no cgroup quota)", or "1 thread"
+std::string threads_text(int threads);
 
 // Refuses what CLI11's own checks let through, for every option of every command of `app`: a
 // value that is not finite (nan, inf) for a floating-point option, and a negative one for an

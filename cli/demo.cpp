@@ -191,6 +191,7 @@ void print_json(const DemoOptions& o, const SideBySide& run, const std::vector<i
                    {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"vocab_size", c.vocab_size},
                    {"max_seq", c.max_seq}};
     j["threads"] = o.threads;
+    j["threads_choice"] = threads_json();
     j["devices"] = run.devices;
     j["kv_format"] = kv_format_name(run.format);
     j["attention"] = {{"kind", run.attention.tiled() ? "tiled" : "simple"}, {"tile", run.attention.tile}};
@@ -258,9 +259,8 @@ void print_header(const DemoOptions& o, const SideBySide& run, const std::vector
                run.fp32 ? fmt::format(", K and V stored in {} by both", kv_format_name(run.format)) : "");
     fmt::print("model      {}  ({})\n", lm.source, lm.model.config().describe());
     fmt::print(
-        "prompt     {} tokens{}; greedy decode of {} more; {} thread{}{}\n\n", P,
-        lm.tokenizer ? fmt::format(" \"{}\"", one_line(prompt_text)) : "", o.steps, o.threads,
-        o.threads == 1 ? "" : "s",
+        "prompt     {} tokens{}; greedy decode of {} more; {}{}\n\n", P,
+        lm.tokenizer ? fmt::format(" \"{}\"", one_line(prompt_text)) : "", o.steps, threads_text(o.threads),
         run.attention.tiled() ? fmt::format("; {} attention, split-KV decode", attention_name(run.attention)) : "");
     const std::string other_header =
         run.naive2 ? fmt::format(" {:>14} {:>14}", run.d1 + " naive ms", run.d1 + " cached ms") : std::string();

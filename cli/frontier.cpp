@@ -506,7 +506,7 @@ void print_text(const FrontierRun& run, int threads) {
         fmt::print(
             "mla        a random MLA model of this shape (not the checkpoint), each rank cut from its full rank "
             "(truncate_rank) and measured against it, absorbed form; no probe, and off the front: another model\n");
-    fmt::print("time       {:.1f} s ({} thread{})\n", run.seconds, threads, threads == 1 ? "" : "s");
+    fmt::print("time       {:.1f} s ({})\n", run.seconds, threads_text(threads));
 }
 
 nlohmann::json result_json(const Result& r, double exact_probe) {
@@ -546,6 +546,7 @@ void print_json(const FrontierRun& run, const FrontierOptions& o) {
                         {"steps_per_prompt", steps_per_text(run)},
                         {"seed", o.seed},
                         {"threads", o.threads},
+                        {"threads_choice", threads_json()},
                         {"reference", "contiguous-head fp32 (exact decode)"},
                         {"seconds", run.seconds}};
     j["probe"] = {{"text", probe_text(run)},

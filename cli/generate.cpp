@@ -103,13 +103,16 @@ int run_generate(const GenerateOptions& o) {
                             {"seed", o.sample_seed},
                             {"kv_format", kv_format_name(cache.kv_format())},
                             {"seconds", secs},
-                            {"tokens_per_second", generated / secs}};
+                            {"tokens_per_second", generated / secs},
+                            {"threads", o.threads},
+                            {"threads_choice", threads_json()}};
         if (o.logprobs) j["logprobs"] = logprobs, j["rescored_logprobs_bitwise_equal"] = rescore_equal;
         fmt::print("{}\n", json_document(j));
     } else {
         fmt::print("\n");
         if (o.logprobs) print_logprobs(lm, tokens, P, logprobs, rescore_equal);
-        fmt::print(stderr, "achieved tok/s: {:.1f} ({} tokens in {:.3f} s)\n", generated / secs, generated, secs);
+        fmt::print(stderr, "achieved tok/s: {:.1f} ({} tokens in {:.3f} s, {})\n", generated / secs, generated, secs,
+                   threads_text(o.threads));
     }
     if (!rescore_equal) fmt::print(stderr, "kvlab: error: rescoring by one prefill changed a log-probability\n");
     return rescore_equal ? 0 : 1;

@@ -86,10 +86,7 @@ CLI::App* add_demo(CLI::App& app, DemoOptions& demo) {
     demo_cmd->add_option("--prompt", demo.prompt, "prompt text (needs a tokenizer)");
     demo_cmd->add_option("--tokens", demo.tokens, "prompt as token ids, e.g. 1,403,407");
     demo_cmd->add_option("--steps", demo.steps, "tokens to decode after the prompt")->check(CLI::Range(1, 1 << 20));
-    demo_cmd
-        ->add_option("--threads", demo.threads,
-                     "threads for the kernels (on a busy machine also set OMP_WAIT_POLICY=PASSIVE)")
-        ->check(CLI::Range(1, 256));
+    add_threads_option(demo_cmd, demo.threads);
     demo_cmd->add_option("--device", demo.device,
                          "cpu, gpu, gpu-host (the GPU's kernels run on the host), or two side by side: both (cpu,gpu) "
                          "or e.g. cpu,gpu-host");
@@ -124,7 +121,7 @@ CLI::App* add_generate(CLI::App& app, GenerateOptions& gen) {
     // llama2.c's xorshift generator is stuck at 0 from seed 0, so 0 is refused.
     gen_cmd->add_option("--seed", gen.sample_seed, "sampling seed, positive (llama2.c's xorshift generator)")
         ->check(CLI::Range(std::uint64_t{1}, std::numeric_limits<std::uint64_t>::max()));
-    gen_cmd->add_option("--threads", gen.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    add_threads_option(gen_cmd, gen.threads);
     gen_cmd->add_option("--device", gen.device, "cpu, gpu or gpu-host");
     gen_cmd->add_flag("!--no-graph", gen.graphs, "gpu: run each cached decode step without CUDA Graph replay");
     gen_cmd->add_flag("--json", gen.json, "machine-readable output");
@@ -153,7 +150,7 @@ CLI::App* add_speculate(CLI::App& app, SpeculateOptions& spec) {
     spec_cmd->add_option("--steps", spec.steps, "tokens to generate after the prompt")->check(CLI::Range(1, 1 << 20));
     spec_cmd->add_option("--reps", spec.reps, "timed runs of each decode, alternating (the fastest counts)")
         ->check(CLI::Range(1, 1000));
-    spec_cmd->add_option("--threads", spec.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    add_threads_option(spec_cmd, spec.threads);
     spec_cmd->add_option("--device", spec.device, "cpu, gpu or gpu-host (target and draft both run there)");
     spec_cmd->add_option(
         "--kv-format", spec.kv_format,
@@ -171,7 +168,12 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
     bench_cmd->add_option("--model-seed", bench.seed, "seed of the random model");
     bench_cmd->add_option("--reps", bench.reps, "repetitions per figure (the median is reported)")
         ->check(CLI::Range(1, 1000));
-    bench_cmd->add_option("--threads", bench.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    add_threads_option(bench_cmd, bench.threads);
+    bench_cmd
+        ->add_option("--background-load", bench.background_load,
+                     "the threads table: greedy decode tok/s for 1..--threads threads, idle and beside N busy-looping "
+                     "processes kvlab starts and stops (0..64), interleaved, every row's logits checked")
+        ->check(CLI::Range(0, 64));
     bench_cmd->add_option("--lengths", bench.lengths,
                           "context lengths T to measure, e.g. 64,128,256, each up to the shape's max_seq");
     bench_cmd
@@ -351,7 +353,7 @@ CLI::App* add_frontier(CLI::App& app, FrontierOptions& o) {
                     "short)")
         ->check(CLI::Range(0, 1 << 24));
     cmd->add_option("--seed", o.seed, "the texts' sampling seed (default 1)");
-    cmd->add_option("--threads", o.threads, "threads for the kernels")->check(CLI::Range(1, 256));
+    add_threads_option(cmd, o.threads);
     cmd->add_option("--plot", o.plot,
                     "write a PNG: mean KL (log) against KV bytes per token (log), a colour per family, the Pareto "
                     "front as a line");
@@ -491,10 +493,11 @@ bool refused_unknown_command(CLI::App& app, int argc, char** argv) {
 // whole app is passed for completions and man, which describe every command.
 int run_command(const CLI::App& app, Commands& c, ViewCommand& view) {
     try {
-        if (*c.demo_cmd) return run_demo(c.demo);
-        if (*c.gen_cmd) return run_generate(c.gen);
-        if (*c.spec_cmd) return run_speculate(c.spec);
+        if (*c.demo_cmd) return resolve_threads(c.demo.threads), run_demo(c.demo);
+        if (*c.gen_cmd) return resolve_threads(c.gen.threads), run_generate(c.gen);
+        if (*c.spec_cmd) return resolve_threads(c.spec.threads), run_speculate(c.spec);
         if (*c.bench_cmd) {
+            resolve_threads(c.bench.threads);
             c.bench.lengths_given = c.bench_cmd->count("--lengths") > 0;
             return run_bench(c.bench);
         }
@@ -511,7 +514,7 @@ int run_command(const CLI::App& app, Commands& c, ViewCommand& view) {
         if (*c.golden_cmd) return run_golden(c.golden);
         if (*c.serve_cmd) return run_serve_sim(c.serve);
         if (*c.beam_cmd) return run_beam(c.beam);
-        if (*c.frontier_cmd) return run_frontier(c.frontier);
+        if (*c.frontier_cmd) return resolve_threads(c.frontier.threads), run_frontier(c.frontier);
         if (*c.completions_cmd) return run_completions(app, c.completions);
         if (*c.man_cmd) return run_man(app, c.man);
         if (view.command()) return view.run();

@@ -105,6 +105,8 @@ void print_json(const SpeculateOptions& o, const LoadedModel& lm, const Draft& d
                         {"kv_format", o.kv_format},
                         {"k", o.k},
                         {"steps", o.steps},
+                        {"threads", o.threads},
+                        {"threads_choice", threads_json()},
                         {"prompt_tokens", prompt},
                         {"generated_tokens", r.got.tokens},
                         {"text", decoded_text(lm, prompt, r.got.tokens)},

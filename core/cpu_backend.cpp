@@ -1,12 +1,12 @@
 #include "cpu_backend.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cassert>
 #include <cstring>
 #include <limits>
 #include <mutex>
+
+#include "thread_pool.h"
 
 namespace kvlab {
 
@@ -132,17 +132,17 @@ void tiled_causal_attention(Exec& ex, const Config& c, float* att, const float* 
     assert(scratch.scores.size() == std::size_t(ex.n_threads) * per_thread);
     const std::int64_t n_items = std::int64_t(T) * c.n_heads;
     const bool parallel = ex.n_threads > 1 && std::int64_t(T) * T * hs * c.n_heads >= ex.parallel_min_work;
-    // Rows differ in length, so threads take items as they go; which thread runs one changes nothing.
-#pragma omp parallel for num_threads(ex.n_threads) schedule(dynamic, 16) if (parallel)
-    for (std::int64_t item = 0; item < n_items; item++) {
+    // Rows differ in length; threads claim chunks of items as they go, and which thread runs one
+    // changes nothing.
+    parallel_for(parallel ? ex.n_threads : 1, n_items, [&](std::int64_t item, int thread) {
         const int i = int(item / c.n_heads), h = int(item % c.n_heads);
         const float* kh = k + kv_head[h] * hs;
         const float* vh = v + kv_head[h] * hs;
         tiled_attention_row(
             att + std::int64_t(i) * dim + h * hs, q + std::int64_t(i) * dim + h * hs, hs, i + 1, tile,
             [&](int t) { return kh + std::int64_t(t) * kv_dim; }, [&](int t) { return vh + std::int64_t(t) * kv_dim; },
-            scratch.scores.data() + std::size_t(omp_get_thread_num()) * per_thread);
-    }
+            scratch.scores.data() + std::size_t(thread) * per_thread);
+    });
     ex.flops += causal_attention_flops(c.n_heads, hs, T, ex.attention);
 }
 
@@ -369,6 +369,7 @@ struct ValuesOf {
 constexpr int kStreamingRows = 8;
 
 float* CpuBackend::thread_scratch(std::vector<float>& v, std::size_t per_thread, int n_threads) {
+    assert(n_threads >= 1);
     v.resize(std::size_t(n_threads) * per_thread + 16);  // [n_threads, per_thread], 64-byte aligned below
     assert(v.size() == std::size_t(n_threads) * per_thread + 16);
     const auto at = reinterpret_cast<std::uintptr_t>(v.data());
@@ -399,11 +400,9 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
     float* const decoded_base = thread_scratch(decoded_, kScratchRows * row_floats, ex.n_threads);  // HeadRows' scratch
     const std::int64_t n_items = std::int64_t(n_rows) * n_heads;
     // Each (row, head) is independent: one thread computes it whole, in the kernel's order.
-#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel && n_items > 1)
-    for (std::int64_t item = 0; item < n_items; item++) {
+    parallel_for(parallel ? ex.n_threads : 1, n_items, [&](std::int64_t item, int thread) {
         const int i = int(item / n_heads), h = int(item % n_heads);
         const RowKV& r = rows[i];
-        const int thread = omp_get_thread_num();
         HeadRows kv(r, l, kv_head[h], slots + std::int64_t(i) * max_n, hs, row_floats,
                     decoded_base + std::size_t(thread) * kScratchRows * row_floats, nan_row_.data(),
                     n_rows <= kStreamingRows);
@@ -417,11 +416,11 @@ void CpuBackend::attention(Exec& ex, float* att, const float* q, const RowKV* ro
             tiled_attention_row(out, qi, hs, r.n, a.tile, key, value, tile);
         else
             attention_row(out, qi, hs, r.n, key, value, scores);
-        if (i != probe_row) continue;
+        if (i != probe_row) return;
         // The viewer's weights: the row's softmax (tiled attention never forms it), into scratch.
         if (a.tiled()) attention_row(tile, qi, hs, r.n, key, value, scores);
         std::copy_n(scores, r.n, probe + std::int64_t(h) * max_n);
-    }
+    });
 }
 
 // Flash-decoding: one query row, so each (head, key tile) is an item of its own, its partial
@@ -439,16 +438,15 @@ void CpuBackend::split_attention(Exec& ex, float* att, const float* q, const Row
     float* const e_base = thread_scratch(scores_, per_thread, ex.n_threads);  // [n_threads, tile]
     float* const decoded_base = thread_scratch(decoded_, kScratchRows * row_floats, ex.n_threads);
     const std::int64_t n_items = std::int64_t(n_heads) * n_tiles;
-#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel && n_items > 1)
-    for (std::int64_t item = 0; item < n_items; item++) {
-        const int h = int(item / n_tiles), j = int(item % n_tiles), thread = omp_get_thread_num();
+    parallel_for(parallel ? ex.n_threads : 1, n_items, [&](std::int64_t item, int thread) {
+        const int h = int(item / n_tiles), j = int(item % n_tiles);
         HeadRows kv(r, l, kv_head[h], slots, hs, row_floats,
                     decoded_base + std::size_t(thread) * kScratchRows * row_floats, nan_row_.data(), true);
         float* partial = partials_.data() + std::size_t(item) * stride;
         const TileStats st = attention_tile(partial, e_base + std::size_t(thread) * per_thread, q + h * hs, hs,
                                             j * tile, std::min((j + 1) * tile, r.n), KeysOf{kv}, ValuesOf{kv});
         partial[hs] = st.m, partial[hs + 1] = st.l;
-    }
+    });
     for (int h = 0; h < n_heads; h++) {
         float* out = att + h * hs;
         for (int d = 0; d < hs; d++) out[d] = 0.0f;

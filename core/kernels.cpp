@@ -7,7 +7,6 @@
 #include "kernels.h"
 
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -16,6 +15,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "config.h"
+#include "thread_pool.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -81,11 +81,10 @@ void for_each_tile(Exec& ex, int rows, int n_in, int n_out, Tile tile) {
     const int n_row_tiles = (rows + kMR - 1) / kMR;
     const std::int64_t n_tiles = std::int64_t(n_row_tiles) * ((n_out + kNR - 1) / kNR);
     const bool parallel = ex.n_threads > 1 && std::int64_t(rows) * n_in * n_out >= ex.parallel_min_work;
-#pragma omp parallel for num_threads(ex.n_threads) schedule(static) if (parallel)
-    for (std::int64_t i = 0; i < n_tiles; i++) {
+    parallel_for(parallel ? ex.n_threads : 1, n_tiles, [&](std::int64_t i, int) {
         const int r0 = int(i % n_row_tiles) * kMR, c0 = int(i / n_row_tiles) * kNR;
         tile(r0, std::min(kMR, rows - r0), c0, std::min(kNR, n_out - c0));
-    }
+    });
 }
 
 }  // namespace

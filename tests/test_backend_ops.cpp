@@ -73,6 +73,7 @@
 #include "planted.h"
 #include "property.h"
 #include "test_util.h"
+#include "thread_pool.h"
 
 using namespace kvlab;
 using namespace kvlab::oracle;
@@ -217,7 +218,7 @@ Exec exec_of(const Case& c) {
     Exec ex;
     if (c.has("threads")) {
         ex.n_threads = c.get("threads");
-        if (ex.n_threads > 1) ex.parallel_min_work = 0;
+        if (ex.n_threads > 1) ex.parallel_min_work = 0, pool_always_threads(true);
     }
     return ex;
 }

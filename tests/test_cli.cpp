@@ -97,8 +97,8 @@ TEST_CASE("messages quote user text on one printable line, and name the option t
 // line of printable text, whatever bytes its field names and values hold.
 TEST_CASE("shape specs: any --shape text parses or is refused in one printable line", "[cli][errors]") {
     rc::prop("Config::parse of arbitrary field names and values", [] {
-        const std::vector<std::string> pieces = {"dim", "n_heads", "max_seq", "=", ",", "7", "-1", "x",
-                                                 "\n", "\x1b", "\x7f", "\xff", " ", "99999999999"};
+        const std::vector<std::string> pieces = {"dim", "n_heads", "max_seq", "=",    ",",    "7", "-1",
+                                                 "x",   "\n",      "\x1b",    "\x7f", "\xff", " ", "99999999999"};
         std::string spec;
         for (int i = *kvlab::test::full_range(0, 12); i > 0; i--) {
             const std::string& p = pieces[std::size_t(*kvlab::test::full_range(0, int(pieces.size()) - 1))];
@@ -110,7 +110,8 @@ TEST_CASE("shape specs: any --shape text parses or is refused in one printable l
             const std::string m = e.what();
             for (unsigned char ch : m)
                 if (ch < 0x20 || ch == 0x7f || ch >= 0x80)
-                    RC_FAIL(fmt::format("the refusal of shape '{}' holds byte {:#04x}", kvlab::one_line(spec), int(ch)));
+                    RC_FAIL(
+                        fmt::format("the refusal of shape '{}' holds byte {:#04x}", kvlab::one_line(spec), int(ch)));
         }
     });
 }
@@ -271,8 +272,8 @@ TEST_CASE("kvlab demo --kv-format: cached equals the format-aware naive decode, 
           "[cli][demo]") {
     const fs::path model = exported_model("demo.bin", kTiny);
     for (const char* format : {"bf16", "fp16", "fp8-e5m2", "fp8-e4m3", "int8", "int4"}) {
-        const Run r = run_kvlab("demo --model " + model.string() + " --tokens 1,5,7 --steps 12 --json --kv-format " +
-                                format);
+        const Run r =
+            run_kvlab("demo --model " + model.string() + " --tokens 1,5,7 --steps 12 --json --kv-format " + format);
         INFO(format << ": " << r.err);
         REQUIRE(r.exit_code == 0);
         const auto j = nlohmann::json::parse(r.out);
@@ -386,6 +387,59 @@ TEST_CASE("kvlab bench on a tiny shape: all decoders bitwise equal", "[cli][benc
     }
     // B shares 24 of its 32 tokens with A: whole blocks of 16 of them come from the cache.
     CHECK(j["prefix_cache"]["positions_not_recomputed"] == 16);
+}
+
+TEST_CASE(
+    "kvlab bench --background-load gives a row per thread count and load with bitwise logits and leaves no load behind",
+    "[cli][bench][threads]") {
+    const Run r = run_kvlab("bench --shape " + std::string(kTiny) +
+                            " --lengths 32 --reps 2 --threads 3 --background-load 2 --json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["steps"] == 31);
+    CHECK(j["threads_choice"]["auto"] == false);
+    REQUIRE(j["rows"].size() == 6);  // threads 1, 2, 3, idle then beside 2 busy processes
+    for (std::size_t i = 0; i < 6; i++) {
+        const auto& row = j["rows"][i];
+        CHECK(row["threads"] == int(i % 3) + 1);
+        CHECK(row["background_load"] == (i < 3 ? 0 : 2));
+        CHECK(row["bitwise_equal_naive"] == true);
+        CHECK(row["decode_tokens_per_second"].get<double>() > 0);
+    }
+    // The busy processes are kvlab's children, killed and reaped before it exits: run in a session
+    // of its own, kvlab leaves no process in that session behind (pgrep -s finds none: status 1).
+    const std::string in_session = "sh -c 'setsid " + std::string(KVLAB_BINARY) + " bench --shape " + kTiny +
+                                   " --lengths 8 --reps 1 --background-load 2 >/dev/null & p=$!; wait $p || exit 3; "
+                                   "sleep 0.2; pgrep -s $p >/dev/null && exit 4; exit 0'";
+    CHECK(WEXITSTATUS(std::system(in_session.c_str())) == 0);
+    const Run text = run_kvlab("bench --shape " + std::string(kTiny) + " --lengths 8 --reps 1 --background-load 1");
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.find("loops on threads") != std::string::npos);
+    check_refused("bench --background-load 65", "--background-load");
+    check_refused("bench --background-load 1 --kv-format fp32", "--background-load measures");
+}
+
+TEST_CASE("threads default to auto and say so in json and take a count or auto only", "[cli][threads]") {
+    const fs::path model = exported_model("threads.bin", kTiny);
+    const Run a = run_kvlab("generate --model " + model.string() + " --tokens 1,2 --steps 4 --json");
+    INFO(a.err);
+    REQUIRE(a.exit_code == 0);
+    const auto j = nlohmann::json::parse(a.out);
+    CHECK(j["threads_choice"]["auto"] == true);
+    CHECK(j["threads"] == j["threads_choice"]["picked"]);
+    CHECK(j["threads"].get<int>() >= 1);
+    CHECK(j["threads"].get<int>() <= j["threads_choice"]["affinity"].get<int>());
+    // Pinned to one CPU, auto picks one thread.
+    const Run pinned =
+        run_kvlab("generate --model " + model.string() + " --tokens 1,2 --steps 4 --json", "taskset -c 0");
+    if (pinned.exit_code == 0) CHECK(nlohmann::json::parse(pinned.out)["threads"] == 1);
+    const Run given = run_kvlab("generate --model " + model.string() + " --tokens 1,2 --steps 4 --threads 3 --json");
+    REQUIRE(given.exit_code == 0);
+    CHECK(nlohmann::json::parse(given.out)["threads"] == 3);
+    CHECK(nlohmann::json::parse(given.out)["threads_choice"]["auto"] == false);
+    for (const char* bad : {"0", "257", "two", "2x", "-1", ""})
+        check_refused("demo --threads '" + std::string(bad) + "'", "--threads");
 }
 
 TEST_CASE("kvlab bench --naive-max: naive decode timed only up to it and the bits still checked above it",
@@ -520,7 +574,8 @@ TEST_CASE("kvlab demo --kv-format on stories260K: each format stays within the d
     }
 }
 
-TEST_CASE("kvlab speculate: tokens and logits bitwise equal to plain greedy decode, for any draft", "[cli][speculate]") {
+TEST_CASE("kvlab speculate: tokens and logits bitwise equal to plain greedy decode, for any draft",
+          "[cli][speculate]") {
     const fs::path model = exported_model("spec.bin", kTiny);
     const std::string base = "speculate --model " + model.string() + " --tokens 1,5,7 --steps 20 --k 3 --reps 1";
     // The default draft: a random model of the target's shape, one layer deep.
@@ -551,8 +606,9 @@ TEST_CASE("kvlab speculate: tokens and logits bitwise equal to plain greedy deco
     CHECK(js["target_steps"] == 5);
     CHECK(js["generated_tokens"] == j["generated_tokens"]);
     // A checkpoint of another shape as draft, and the text report.
-    const fs::path other = exported_model("spec_draft.bin", "dim=8,hidden_dim=12,n_layers=1,n_heads=2,n_kv_heads=1,"
-                                                            "vocab_size=40,max_seq=16");
+    const fs::path other = exported_model("spec_draft.bin",
+                                          "dim=8,hidden_dim=12,n_layers=1,n_heads=2,n_kv_heads=1,"
+                                          "vocab_size=40,max_seq=16");
     const Run text = run_kvlab(base + " --draft " + other.string());
     INFO(text.out << text.err);
     CHECK(text.exit_code == 0);
@@ -567,17 +623,20 @@ TEST_CASE("kvlab speculate: bad k, another vocabulary, too many steps, an unread
     const std::string base = "speculate --model " + model.string() + " --tokens 1,2";
     check_refused(base + " --steps 8 --k 0", "--k must be at least 1");
     check_refused(base + " --steps 8 --k -2", "--k must be at least 1");
-    const fs::path vocab50 = exported_model("spec_vocab50.bin", "dim=16,n_layers=1,n_heads=4,n_kv_heads=2,vocab_size=50");
+    const fs::path vocab50 =
+        exported_model("spec_vocab50.bin", "dim=16,n_layers=1,n_heads=4,n_kv_heads=2,vocab_size=50");
     check_refused(base + " --steps 8 --draft " + vocab50.string(), "vocab_size 50 differs from the target's 40");
     check_refused(base + " --steps 32", "max_seq");
     check_refused(base + " --steps 8 --draft /nonexistent/draft.bin", "/nonexistent/draft.bin");
     check_refused(base + " --steps 8 --device both", "one device");
 }
 
-TEST_CASE("kvlab speculate on stories260K: the target as draft accepts every draft, llama2.c's text", "[cli][stories260k]") {
+TEST_CASE("kvlab speculate on stories260K: the target as draft accepts every draft, llama2.c's text",
+          "[cli][stories260k]") {
     KVLAB_MODEL_FILE_OR_SKIP(model, "stories260K.bin");
     KVLAB_MODEL_FILE_OR_SKIP(tok, "tok512.bin");
-    const Run r = run_kvlab("speculate --model " + model + " --tokenizer " + tok + " --draft self --k 4 --steps 100 --json");
+    const Run r =
+        run_kvlab("speculate --model " + model + " --tokenizer " + tok + " --draft self --k 4 --steps 100 --json");
     INFO(r.err);
     REQUIRE(r.exit_code == 0);
     const auto j = nlohmann::json::parse(r.out);
@@ -790,7 +849,8 @@ TEST_CASE("kvlab bench --kv-format: bytes per token and decode speed per format,
     check_refused("bench --kv-format bf16 --lengths 1", "too short");
 }
 
-TEST_CASE("kvlab bench --device gpu-host: the device table, with naive, graph and plain bitwise equal", "[cli][device]") {
+TEST_CASE("kvlab bench --device gpu-host: the device table, with naive, graph and plain bitwise equal",
+          "[cli][device]") {
     const Run r = run_kvlab("bench --device gpu-host --shape stories260K --lengths 8,24 --reps 1");
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);

@@ -17,6 +17,7 @@
 #include "property.h"
 #include "sampler.h"
 #include "test_util.h"
+#include "thread_pool.h"
 
 using namespace kvlab;
 using kvlab::first_difference;
@@ -154,6 +155,7 @@ void check_thread_count_invariance(MatmulFn matmul) {
         naive.exec.n_threads = cached.exec.n_threads = threads;
         // Force every product onto the threads, however small, so the split is exercised.
         naive.exec.parallel_min_work = cached.exec.parallel_min_work = 0;
+        pool_always_threads(true);
         std::vector<float> all;
         for (int T = prompt_len; T <= int(tokens.size()); T++) {
             const std::span<const int> prefix(tokens.data(), T);

@@ -17,6 +17,7 @@
 #include "kernels.h"
 #include "planted.h"
 #include "test_util.h"
+#include "thread_pool.h"
 
 using namespace kvlab;
 using kvlab::first_difference;
@@ -45,6 +46,7 @@ TEST_CASE("matmul equals the textbook triple loop bit for bit, for any shape, st
         const std::vector<float> w = random_floats(std::size_t(n_in) * ldw, seed + 1);
         std::vector<float> fast(std::size_t(rows) * ldy, -1.0f), ref(fast);
         Exec ex{threads, 0, 0, {}};
+        pool_always_threads(true);  // every tile on the threads, however small the product
         matmul(ex, fast.data(), ldy, x.data(), ldx, w.data(), ldw, rows, n_in, n_out);
         Exec ex_ref;
         matmul_reference(ex_ref, ref.data(), ldy, x.data(), ldx, w.data(), ldw, rows, n_in, n_out);

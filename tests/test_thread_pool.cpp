@@ -1,0 +1,194 @@
+// The pool behind the kernels' parallel loops (core/thread_pool.h): every item runs exactly once,
+// on a thread index below the count asked for, whatever the count, the size, nesting, several
+// callers at once or a fork; a loop too small to pay for threads goes to the caller alone; and
+// --threads auto reads the affinity mask and the cgroup quota. That threads never change a bit
+// is P3 (test_decode.cpp) and the kernels' own tests.
+#include <rapidcheck/catch.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+#include "thread_pool.h"
+
+using namespace kvlab;
+namespace fs = std::filesystem;
+
+namespace {
+
+// What one loop did: how often each item ran, and whether any ran on a thread index outside
+// [0, n_threads).
+struct Coverage {
+    std::vector<std::atomic<int>> runs;
+    std::atomic<int> bad_thread{0};
+    explicit Coverage(std::int64_t n) : runs(std::size_t(n)) {}
+};
+
+// The first item that did not run exactly once, or a bad thread index; nullopt when the loop was right.
+std::optional<std::string> coverage_error(const Coverage& c) {
+    if (c.bad_thread.load() != 0) return "an item ran on a thread index outside [0, n_threads)";
+    for (std::size_t i = 0; i < c.runs.size(); i++)
+        if (c.runs[i].load() != 1) return fmt::format("item {} ran {} times", i, c.runs[i].load());
+    return std::nullopt;
+}
+
+void cover(Coverage& c, int n_threads, std::int64_t n) {
+    parallel_for(n_threads, n, [&](std::int64_t i, int thread) {
+        c.runs[std::size_t(i)].fetch_add(1);
+        if (thread < 0 || thread >= std::max(1, n_threads)) c.bad_thread.store(1);
+    });
+}
+
+fs::path scratch_folder(const std::string& name) {
+    const fs::path dir = fs::temp_directory_path() / fmt::format("kvlab-pool-{}-{}", getpid(), name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    return dir;
+}
+
+void write(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
+
+}  // namespace
+
+TEST_CASE("parallel_for runs every item exactly once on a thread index below the count", "[pool]") {
+    rc::prop("any thread count and size", [] {
+        const int n_threads = *rc::gen::inRange(1, 9);
+        const std::int64_t n =
+            *rc::gen::oneOf(rc::gen::inRange<std::int64_t>(0, 70), rc::gen::inRange<std::int64_t>(0, 200000));
+        Coverage c(n);
+        cover(c, n_threads, n);
+        const auto error = coverage_error(c);
+        RC_ASSERT_FALSE(error.has_value());
+    });
+}
+
+TEST_CASE("parallel_for counter-test: a loop that drops its last item or runs one twice is caught", "[pool][counter]") {
+    Coverage dropped(100), doubled(100);
+    parallel_for(2, 99, [&](std::int64_t i, int) { dropped.runs[std::size_t(i)].fetch_add(1); });
+    parallel_for(2, 100, [&](std::int64_t i, int) { doubled.runs[std::size_t(i)].fetch_add(i == 50 ? 2 : 1); });
+    REQUIRE(coverage_error(dropped) == "item 99 ran 0 times");
+    REQUIRE(coverage_error(doubled) == "item 50 ran 2 times");
+}
+
+TEST_CASE("a loop inside a loop, and loops from several threads at once, each run every item once", "[pool]") {
+    // Nested: the inner loop finds the pool busy and runs on its caller alone.
+    Coverage outer(64), inner(64 * 50);
+    parallel_for(4, 64, [&](std::int64_t i, int) {
+        outer.runs[std::size_t(i)].fetch_add(1);
+        parallel_for(4, 50, [&](std::int64_t j, int t) {
+            inner.runs[std::size_t(i * 50 + j)].fetch_add(1);
+            if (t != 0) inner.bad_thread.store(1);  // a loop that found the pool busy runs as thread 0
+        });
+    });
+    CHECK_FALSE(coverage_error(outer).has_value());
+    CHECK_FALSE(coverage_error(inner).has_value());
+    // Four callers at once, each with many loops: one holds the pool, the others run alone.
+    std::vector<std::unique_ptr<Coverage>> each;
+    for (int k = 0; k < 4; k++) each.push_back(std::make_unique<Coverage>(300 * 97));
+    std::vector<std::thread> callers;
+    for (int k = 0; k < 4; k++)
+        callers.emplace_back([&, k] {
+            for (int rep = 0; rep < 300; rep++)
+                parallel_for(3, 97, [&](std::int64_t i, int t) {
+                    each[std::size_t(k)]->runs[std::size_t(rep * 97 + i)].fetch_add(1);
+                    if (t < 0 || t >= 3) each[std::size_t(k)]->bad_thread.store(1);
+                });
+        });
+    for (std::thread& t : callers) t.join();
+    for (const auto& c : each) CHECK_FALSE(coverage_error(*c).has_value());
+}
+
+TEST_CASE("a forked child runs parallel loops with workers of its own", "[pool]") {
+    Coverage before(1000);
+    cover(before, 4, 1000);  // the parent's workers exist now
+    REQUIRE_FALSE(coverage_error(before).has_value());
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        Coverage c(5000);
+        for (int rep = 0; rep < 20; rep++) {
+            for (auto& r : c.runs) r.store(0);
+            cover(c, 4, 5000);
+            if (coverage_error(c)) _exit(1);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("a loop too small to pay for threads soon runs on the caller alone", "[pool]") {
+    // Two items that cost nothing: whatever a worker takes, posting the loop and waiting cost more.
+    // The pool judges a site over 16 loops, then leaves it to the caller for 64, 128, 256, ...
+    auto run = [](int reps) {
+        const PoolCounters before = pool_counters();
+        std::atomic<int> sum{0};
+        for (int rep = 0; rep < reps; rep++)
+            parallel_for(2, 2, [&](std::int64_t i, int) { sum.fetch_add(int(i) + 1); });
+        REQUIRE(sum.load() == reps * 3);
+        return pool_counters().serial_loops - before.serial_loops;
+    };
+    const std::uint64_t alone = run(400);
+    INFO("of 400 loops, " << alone << " ran on the caller alone");
+    REQUIRE(alone >= 200);
+    // The tests' switch: every loop goes to the threads.
+    pool_always_threads(true);
+    const std::uint64_t forced = run(400);
+    pool_always_threads(false);
+    REQUIRE(forced == 0);
+}
+
+TEST_CASE("threads auto counts the affinity mask, not the machine", "[pool][auto]") {
+    const CpuBudget all = usable_cpus();
+    REQUIRE(all.affinity >= 1);
+    REQUIRE(all.threads >= 1);
+    REQUIRE(all.threads <= std::min(all.affinity, CpuBudget::kMaxAutoThreads));
+    // A thread pinned to one CPU sees a mask of one, and auto picks one thread.
+    std::optional<CpuBudget> pinned;
+    std::thread([&] {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        cpu_set_t mine;
+        REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+            if (CPU_ISSET(cpu, &mine)) {
+                CPU_SET(cpu, &one);
+                break;
+            }
+        if (sched_setaffinity(0, sizeof one, &one) == 0) pinned = usable_cpus();
+    }).join();
+    REQUIRE(pinned.has_value());
+    CHECK(pinned->affinity == 1);
+    CHECK(pinned->threads == 1);
+}
+
+TEST_CASE("cgroup quotas: v2 cpu.max and v1 cfs files in CPUs, none for max, -1 or garbage", "[pool][auto]") {
+    const fs::path v2 = scratch_folder("v2"), v1 = scratch_folder("v1"), bad = scratch_folder("bad");
+    write(v2 / "cpu.max", "150000 100000\n");
+    CHECK(cgroup_folder_quota(v2.string()) == 1.5);
+    write(v2 / "cpu.max", "max 100000\n");
+    CHECK(cgroup_folder_quota(v2.string()) == 0.0);
+    write(v1 / "cpu.cfs_quota_us", "250000\n");
+    write(v1 / "cpu.cfs_period_us", "100000\n");
+    CHECK(cgroup_folder_quota(v1.string()) == 2.5);
+    write(v1 / "cpu.cfs_quota_us", "-1\n");
+    CHECK(cgroup_folder_quota(v1.string()) == 0.0);
+    for (const char* text : {"12x 100000", "nan 100000", "100000 0", "100000 -5", "", "inf 1"}) {
+        write(bad / "cpu.max", text);
+        INFO(text);
+        CHECK(cgroup_folder_quota(bad.string()) == 0.0);
+    }
+    CHECK(cgroup_folder_quota((bad / "missing").string()) == 0.0);
+    for (const fs::path& dir : {v2, v1, bad}) fs::remove_all(dir);
+}
