@@ -75,6 +75,7 @@ nlohmann::json threads_json() {
     const CpuBudget& b = *auto_threads;
     return {{"auto", true},
             {"affinity", b.affinity},
+            {"kvlab_threads", b.from_env > 0 ? nlohmann::json(b.from_env) : nlohmann::json(nullptr)},
             {"quota", b.quota > 0 ? nlohmann::json(b.quota) : nlohmann::json(nullptr)},
             {"picked", b.threads}};
 }
@@ -83,6 +84,7 @@ std::string threads_text(int threads) {
     std::string s = fmt::format("{} thread{}", threads, threads == 1 ? "" : "s");
     if (!auto_threads) return s;
     const CpuBudget& b = *auto_threads;
+    if (b.from_env > 0) return s + " (auto: KVLAB_THREADS)";
     return s + fmt::format(" (auto: {} CPU{} in the affinity mask, {})", b.affinity, b.affinity == 1 ? "" : "s",
                            b.quota > 0 ? fmt::format("a cgroup quota of {:.2f} CPUs", b.quota) : "no cgroup quota");
 }

@@ -33,7 +33,8 @@ AttentionSpec attention_spec(const AttentionOptions& a);
 void add_threads_option(CLI::App* cmd, int& threads);
 // Replaces 0 (auto) by the pick, remembering it for threads_json and threads_text; returns it.
 int resolve_threads(int& threads);
-// {"given": n} or {"auto": true, "affinity": CPUs in the mask, "quota": CPUs or null, "picked": n}
+// {"auto": false}, or {"auto": true, "affinity": CPUs in the mask, "kvlab_threads": the environment's
+// count or null, "quota": CPUs or null, "picked": n}
 nlohmann::json threads_json();
 // "2 threads (auto: 2 CPUs in the affinity mask, no cgroup quota)", or "1 thread"
 std::string threads_text(int threads);

@@ -9,14 +9,18 @@
 #include <bit>
 #include <cassert>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "config.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -116,7 +120,9 @@ public:
         RangeFn body = nullptr;
         int size_class = -1;
         int loops = 0, serial_left = 0, backoff = 0;
-        double saved_ns = 0, overhead_ns = 0, ns_per_item = 0;  // this window's
+        // This window's: the items workers ran and the caller's least time per item (a site's),
+        // the time they saved (the pool's), and the caller's time posting and waiting (both).
+        double worker_items = 0, ns_per_item = 0, saved_ns = 0, overhead_ns = 0;
     };
     static constexpr int kWindow = 16, kFirstBackoff = 64, kMaxBackoff = 1 << 13;
     // The same judgement over every site's threaded loops together, kAllWindow at a time: when they
@@ -125,7 +131,7 @@ public:
     // the probes of site after site: on a machine whose cores are taken, a worker awake takes a
     // share of a core from the caller, and a worker descheduled holding a chunk stalls it.
     static constexpr int kAllWindow = 32, kAllFirstBackoff = 1024, kAllMaxBackoff = 1 << 17;
-    Site all_{nullptr, -1, 0, 0, kAllFirstBackoff, 0, 0, 0};  // guarded by busy_
+    Site all_{.backoff = kAllFirstBackoff};  // guarded by busy_
 
     Site& site(RangeFn body, std::int64_t n) {
         const int size_class = std::bit_width(std::uint64_t(n));
@@ -139,7 +145,7 @@ public:
             }
         }
         Site& s = sites_[i];  // the table is full (it holds kernels' loops times sizes): reuse a slot
-        s = Site{body, size_class, 0, 0, kFirstBackoff, 0, 0, 0};
+        s = Site{.body = body, .size_class = size_class, .backoff = kFirstBackoff};
         return s;
     }
 
@@ -152,7 +158,7 @@ public:
         } else {
             s.backoff = first_backoff;
         }
-        s.loops = 0, s.saved_ns = 0, s.overhead_ns = 0;
+        s.loops = 0, s.worker_items = 0, s.saved_ns = 0, s.overhead_ns = 0;
     }
 
     void judge(Site& site, const LoopCost& c) {
@@ -160,10 +166,10 @@ public:
             const double per_item = c.caller_ns / c.caller_items;
             if (site.loops == 0 || per_item < site.ns_per_item) site.ns_per_item = per_item;
         }
-        site.saved_ns += c.worker_items, site.overhead_ns += c.overhead_ns;  // saved_ns: items until the window closes
+        site.worker_items += c.worker_items, site.overhead_ns += c.overhead_ns;
         all_.saved_ns += c.worker_items * site.ns_per_item, all_.overhead_ns += c.overhead_ns;
         if (++site.loops == kWindow)
-            close_window(site, site.saved_ns * site.ns_per_item - site.overhead_ns, kFirstBackoff, kMaxBackoff, 2);
+            close_window(site, site.worker_items * site.ns_per_item - site.overhead_ns, kFirstBackoff, kMaxBackoff, 2);
         if (++all_.loops == kAllWindow)
             close_window(all_, all_.saved_ns - all_.overhead_ns, kAllFirstBackoff, kAllMaxBackoff, 4);
     }
@@ -188,7 +194,6 @@ public:
 
 private:
     static constexpr std::int64_t kMaxChunks = (std::int64_t{1} << 24) - 1;
-    static constexpr int kMaxWorkers = (1 << 16) - 2;
 
     static std::uint64_t pack(std::uint64_t limit, std::uint64_t n_chunks, std::uint64_t next) {
         return limit << 48 | n_chunks << 24 | next;
@@ -204,9 +209,18 @@ private:
         });
     }
 
+    // Starts workers up to `wanted`. When the system refuses a thread, the pool keeps those it has
+    // (the caller takes the chunks of workers that do not exist) and stops asking.
     void ensure_workers(int wanted) {
-        wanted = std::min(wanted, kMaxWorkers);
-        for (; n_workers_ < wanted; n_workers_++) std::thread([this, id = n_workers_ + 1] { work(id); }).detach();
+        wanted = std::min(wanted, max_workers_);
+        for (; n_workers_ < wanted; n_workers_++) {
+            try {
+                std::thread([this, id = n_workers_ + 1] { work(id); }).detach();
+            } catch (const std::system_error&) {
+                max_workers_ = n_workers_;
+                return;
+            }
+        }
     }
 
     // Claims and runs chunks of the posted loop while there are any for thread `id`, then counts
@@ -257,8 +271,9 @@ private:
     }
 
     std::atomic<bool> busy_{false};
-    std::array<Site, 256> sites_{};  // guarded by busy_
-    int n_workers_ = 0;              // started, guarded by busy_
+    std::array<Site, 256> sites_{};    // guarded by busy_
+    int n_workers_ = 0;                // started, guarded by busy_
+    int max_workers_ = (1 << 16) - 2;  // the claim word's limit, or where the system refused a thread
     // The posted loop: written by its caller before claim_ is stored, read after a claim.
     RangeFn body_ = nullptr;
     void* ctx_ = nullptr;
@@ -369,6 +384,14 @@ CpuBudget usable_cpus() {
     int threads = b.affinity;
     if (b.quota > 0) threads = std::min(threads, std::max(1, int(std::ceil(b.quota))));
     b.threads = std::clamp(threads, 1, CpuBudget::kMaxAutoThreads);
+    if (const char* env = std::getenv("KVLAB_THREADS")) {
+        const std::string text = env;
+        int n = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+        if (ec != std::errc() || end != text.data() + text.size() || n < 1 || n > 256)
+            throw Error("KVLAB_THREADS: a count 1..256, not '" + one_line(text) + "'");
+        b.from_env = b.threads = n;
+    }
     return b;
 }
 

@@ -18,11 +18,14 @@ namespace kvlab {
 // How many threads `--threads auto` runs: the CPUs this process may run on (its affinity mask),
 // within its cgroup's CPU quota (cgroup v2 cpu.max or v1 cpu.cfs_quota_us, the tightest of its
 // cgroup and their parents, rounded up), at most kMaxAutoThreads: past that a tiny model's
-// products have fewer column tiles than threads. Never the machine's core count as such.
+// products have fewer column tiles than threads. Never the machine's core count as such. A
+// KVLAB_THREADS of 1..256 in the environment overrides the pick (ctest sets it to the processors
+// a test declares); anything else there throws Error.
 struct CpuBudget {
     static constexpr int kMaxAutoThreads = 16;
     int affinity = 1;    // CPUs in the affinity mask
     double quota = 0.0;  // CPUs' worth of time the cgroup quota allows; 0: no quota
+    int from_env = 0;    // KVLAB_THREADS, when set
     int threads = 1;     // what auto picks
 };
 CpuBudget usable_cpus();

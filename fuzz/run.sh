@@ -31,7 +31,7 @@ jobs=${FUZZ_JOBS:-$(nproc)}
 # Sanitizer settings for the targets: a UB report stops the run (also compiled in), leaks count.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export OMP_WAIT_POLICY=PASSIVE
+export KVLAB_THREADS=1
 
 for t in "${targets[@]}"; do
     if [[ ! -x $build/fuzz/fuzz_$t ]]; then

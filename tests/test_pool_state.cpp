@@ -926,6 +926,12 @@ TEST_CASE("block pool: any sequence of requests, appends, forks, rollbacks and f
     // tallies of the passing cases are still reported then.
     static Coverage c;
     rc::prop("pool state matches the model after every command", [] { pool_property(Mutant::none, &c); });
+    // The rarest path (a request for a prefix whose block was rolled back into and rewritten)
+    // turns up in most runs of 100 cases, not all: up to five more runs of the property until it
+    // does, each of which must pass too.
+    for (int more = 0; more < 5 && c.old_prefix_after_rewrite == 0; more++)
+        REQUIRE(rc::check("pool state matches the model after every command (more cases for the rarest path)",
+                          [] { pool_property(Mutant::none, &c); }));
     std::printf(
         "pool state: %ld passing runs (shrinking included); %ld prefix hits, %ld same-tokens-other-model "
         "requests, %ld copies on write, %ld evictions, %ld rejected appends, %ld rejected requests, %ld "

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "config.h"
 #include "test_util.h"
 #include "thread_pool.h"
 
@@ -150,6 +151,7 @@ TEST_CASE("a loop too small to pay for threads soon runs on the caller alone", "
 }
 
 TEST_CASE("threads auto counts the affinity mask, not the machine", "[pool][auto]") {
+    unsetenv("KVLAB_THREADS");  // ctest sets it; here the mask decides
     const CpuBudget all = usable_cpus();
     REQUIRE(all.affinity >= 1);
     REQUIRE(all.threads >= 1);
@@ -171,6 +173,19 @@ TEST_CASE("threads auto counts the affinity mask, not the machine", "[pool][auto
     REQUIRE(pinned.has_value());
     CHECK(pinned->affinity == 1);
     CHECK(pinned->threads == 1);
+}
+
+TEST_CASE("KVLAB_THREADS overrides the pick with a count 1..256 and refuses anything else", "[pool][auto]") {
+    setenv("KVLAB_THREADS", "3", 1);
+    CHECK(usable_cpus().threads == 3);
+    CHECK(usable_cpus().from_env == 3);
+    for (const char* bad : {"0", "257", "x", "2 ", "", "-1", "99999999999"}) {
+        setenv("KVLAB_THREADS", bad, 1);
+        INFO("KVLAB_THREADS=" << bad);
+        CHECK_THROWS_AS(usable_cpus(), kvlab::Error);
+    }
+    unsetenv("KVLAB_THREADS");
+    CHECK(usable_cpus().from_env == 0);
 }
 
 TEST_CASE("cgroup quotas: v2 cpu.max and v1 cfs files in CPUs, none for max, -1 or garbage", "[pool][auto]") {
