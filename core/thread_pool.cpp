@@ -161,7 +161,18 @@ public:
         s.loops = 0, s.worker_items = 0, s.saved_ns = 0, s.overhead_ns = 0;
     }
 
+    // A loop whose caller waited on the workers this long, and longer than it ran chunks itself,
+    // met a worker the OS descheduled while it held a chunk (on an idle machine the wait is at
+    // most about one chunk, and the caller runs several): the cores are taken, and the windows
+    // close at once, a loss, rather than meeting more such stalls.
+    static constexpr double kStallNs = 500e3;
+
     void judge(Site& site, const LoopCost& c) {
+        if (c.overhead_ns > kStallNs && c.overhead_ns > c.caller_ns) {
+            close_window(site, -1.0, kFirstBackoff, kMaxBackoff, 2);
+            close_window(all_, -1.0, kAllFirstBackoff, kAllMaxBackoff, 4);
+            return;
+        }
         if (c.caller_items > 0) {
             const double per_item = c.caller_ns / c.caller_items;
             if (site.loops == 0 || per_item < site.ns_per_item) site.ns_per_item = per_item;

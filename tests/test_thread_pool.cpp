@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -148,6 +149,26 @@ TEST_CASE("a loop too small to pay for threads soon runs on the caller alone", "
     const std::uint64_t forced = run(400);
     pool_always_threads(false);
     REQUIRE(forced == 0);
+}
+
+TEST_CASE("a worker stalled while it holds a chunk soon sends the loops to the caller alone", "[pool]") {
+    // As on a machine whose cores are taken: an item takes 20 us, and a chunk on a worker 2 ms
+    // more (the OS descheduled it). After the first loop that waits on such a chunk, the pool runs
+    // the loops alone. Judged only by its window of 16 loops, a site would run 16 first.
+    const PoolCounters before = pool_counters();
+    std::atomic<int> sum{0};
+    for (int rep = 0; rep < 60; rep++)
+        parallel_for(2, 64, [&](std::int64_t i, int thread) {
+            const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+            while (std::chrono::steady_clock::now() < end) {
+            }
+            if (thread != 0 && i % 4 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            sum.fetch_add(int(i));
+        });
+    REQUIRE(sum.load() == 60 * (63 * 64 / 2));
+    const std::uint64_t alone = pool_counters().serial_loops - before.serial_loops;
+    INFO("of 60 loops, " << alone << " ran on the caller alone");
+    REQUIRE(alone >= 52);
 }
 
 TEST_CASE("threads auto counts the affinity mask, not the machine", "[pool][auto]") {
