@@ -5,7 +5,10 @@
 // items are cut into chunks that threads claim as they arrive: the calling thread starts on them
 // at once and takes every chunk a descheduled worker has not claimed, so it waits only for a
 // chunk already in progress. Workers spin a bounded time for the next loop, then sleep on a futex
-// (std::atomic::wait), so an idle or starved worker costs nobody a core.
+// (std::atomic::wait), so an idle or starved worker costs nobody a core. And the pool judges
+// itself: where the workers have lately cost the caller more than they saved (another program
+// holds the cores, or a loop is too small), loops run on the caller alone for a while
+// (thread_pool.cpp: Site).
 #pragma once
 
 #include <cstdint>
