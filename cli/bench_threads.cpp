@@ -76,7 +76,7 @@ struct Run {
     std::vector<int> tokens;
     std::uint64_t hash = 0xcbf29ce484222325ull;
     std::vector<std::vector<float>> at_checkpoints;  // [checkpoints.size()][vocab_size]
-    std::uint64_t loops_threaded = 0, loops_alone = 0;
+    std::uint64_t loops_threaded = 0, loops_alone = 0, stalls = 0;
 };
 
 Run greedy_run(const Model& model, int threads, int steps, const std::vector<int>& checkpoints) {
@@ -97,13 +97,14 @@ Run greedy_run(const Model& model, int threads, int steps, const std::vector<int
     r.seconds = seconds_since(t0);
     const PoolCounters after = pool_counters();
     r.loops_threaded = after.loops - before.loops, r.loops_alone = after.serial_loops - before.serial_loops;
+    r.stalls = after.stalls - before.stalls;
     return r;
 }
 
 struct Cell {
     int threads = 1, load = 0;
     std::vector<double> seconds;
-    std::uint64_t loops_threaded = 0, loops_alone = 0;
+    std::uint64_t loops_threaded = 0, loops_alone = 0, stalls = 0;
     bool equal_reference = true;  // every run's every step hashes as the reference run's
     bool equal_naive = true;      // every run's logits at the checkpoints equal naive decode's
     double median() const {
@@ -145,7 +146,7 @@ std::vector<Cell> measure_cells(const Model& model, const BenchOptions& o, int s
                 if (cell.load != load) continue;
                 const Run r = greedy_run(model, cell.threads, steps, checkpoints);
                 cell.seconds.push_back(r.seconds);
-                cell.loops_threaded += r.loops_threaded, cell.loops_alone += r.loops_alone;
+                cell.loops_threaded += r.loops_threaded, cell.loops_alone += r.loops_alone, cell.stalls += r.stalls;
                 cell.equal_reference = cell.equal_reference && r.hash == reference.hash && r.tokens == reference.tokens;
                 for (std::size_t k = 0; k < checkpoints.size(); k++)
                     cell.equal_naive = cell.equal_naive && r.at_checkpoints.size() == checkpoints.size() &&
@@ -171,6 +172,7 @@ void print_threads_json(const Config& c, const BenchOptions& o, int steps, const
                         {"vs_1_thread_same_load", one_thread_median(cells, cell) / cell.median()},
                         {"loops_on_threads", cell.loops_threaded},
                         {"loops_on_caller_alone", cell.loops_alone},
+                        {"stalls", cell.stalls},
                         {"bitwise_equal_naive", cell.equal_naive && cell.equal_reference}});
     fmt::print("{}\n", json_document({{"shape", c.describe()},
                                       {"steps", steps},
@@ -187,19 +189,21 @@ void print_threads_text(const Config& c, const BenchOptions& o, int steps, const
         "greedy decode of {} tokens after one, cached; median of {} runs, every row in each run (idle, then beside "
         "{} busy-looping process{} of kvlab's own); threads 1..{}: {}\n\n",
         steps, o.reps, o.background_load, o.background_load == 1 ? "" : "es", o.threads, threads_text(o.threads));
-    fmt::print("{:>7} {:>5} {:>13} {:>20} {:>17}  {}\n", "threads", "load", "decode tok/s", "vs 1 thread, same load",
-               "loops on threads", "logits");
+    fmt::print("{:>7} {:>5} {:>13} {:>20} {:>17} {:>7}  {}\n", "threads", "load", "decode tok/s",
+               "vs 1 thread, same load", "loops on threads", "stalls", "logits");
     for (const Cell& cell : cells) {
         const std::uint64_t loops = cell.loops_threaded + cell.loops_alone;
-        fmt::print("{:>7} {:>5} {:>13.1f} {:>19.2f}x {:>17}  {}\n", cell.threads, cell.load, steps / cell.median(),
-                   one_thread_median(cells, cell) / cell.median(),
-                   cell.threads == 1 ? std::string("-")
-                                     : fmt::format("{:.0f}%", loops ? 100.0 * cell.loops_threaded / loops : 0.0),
+        const bool one = cell.threads == 1;
+        fmt::print("{:>7} {:>5} {:>13.1f} {:>19.2f}x {:>17} {:>7}  {}\n", cell.threads, cell.load,
+                   steps / cell.median(), one_thread_median(cells, cell) / cell.median(),
+                   one ? std::string("-") : fmt::format("{:.0f}%", loops ? 100.0 * cell.loops_threaded / loops : 0.0),
+                   one ? std::string("-") : std::to_string(cell.stalls),
                    cell.equal_naive && cell.equal_reference ? "bitwise equal to naive decode" : "DIFFER");
     }
     fmt::print(
         "\nloops on threads: of a row's parallel loops, those the pool gave its workers; it ran the rest on the "
-        "caller alone, where workers had lately cost more than they saved (core/thread_pool.h)\n");
+        "caller alone, where workers had lately cost more than they saved (core/thread_pool.h); stalls: loops whose "
+        "caller waited on a descheduled worker's chunk, over all runs\n");
 }
 
 }  // namespace

@@ -169,6 +169,7 @@ public:
 
     void judge(Site& site, const LoopCost& c) {
         if (c.overhead_ns > kStallNs && c.overhead_ns > c.caller_ns) {
+            stalls_.fetch_add(1, std::memory_order_relaxed);
             close_window(site, -1.0, kFirstBackoff, kMaxBackoff, 2);
             close_window(all_, -1.0, kAllFirstBackoff, kAllMaxBackoff, 4);
             return;
@@ -199,6 +200,7 @@ public:
     PoolCounters counters() const {
         PoolCounters c;
         c.loops = loops_.load(), c.serial_loops = serial_loops_.load(), c.caller_waits = caller_waits_.load();
+        c.stalls = stalls_.load();
         c.worker_chunks = worker_chunks_.load(), c.caller_chunks = caller_chunks_.load();
         return c;
     }
@@ -295,7 +297,7 @@ private:
     alignas(64) std::atomic<std::uint32_t> wake_{0};
     std::atomic<int> sleepers_{0};
     alignas(64) std::atomic<std::uint64_t> loops_{0}, serial_loops_{0}, caller_waits_{0};
-    std::atomic<std::uint64_t> worker_chunks_{0}, caller_chunks_{0};
+    std::atomic<std::uint64_t> worker_chunks_{0}, caller_chunks_{0}, stalls_{0};
 };
 
 }  // namespace

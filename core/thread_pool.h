@@ -39,7 +39,7 @@ double cgroup_folder_quota(const std::string& dir);
 // What the pool has done, for tests and `kvlab bench`: loops run on threads, chunks each thread
 // ran, and the loops the calling thread spent waiting on a worker's chunk in progress.
 struct PoolCounters {
-    std::uint64_t loops = 0, serial_loops = 0, caller_waits = 0;
+    std::uint64_t loops = 0, serial_loops = 0, caller_waits = 0, stalls = 0;
     std::uint64_t worker_chunks = 0, caller_chunks = 0;
 };
 PoolCounters pool_counters();
