@@ -75,10 +75,11 @@ for _ in $(seq "$runs"); do
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 echo "mode $mode ($((n - 1)) tokens), best of $runs, milliseconds, whole process; load: busy-looping processes beside"
-printf '%5s %9s %9s %13s %14s %16s %14s\n' load "kvlab 1t" "kvlab 2t" "2t vs 1t" "-Ofast 1t" "-fopenmp 2t" "vs -fopenmp"
+printf '%5s %9s %9s %13s %14s %16s %14s\n' load "kvlab 1t" "kvlab 2t" "2t vs 1t" "runfast 1t" "runomp 2t" "vs runomp"
 for l in "${loads[@]}"; do
   printf '%5s %9s %9s %12sx %14s %16s %13sx\n' "$l" "${best[k1 $l]}" "${best[k2 $l]}" "$(ratio "${best[k1 $l]}" "${best[k2 $l]}")" \
     "${best[fast $l]}" "${best[omp $l]}" "$(ratio "${best[omp $l]}" "${best[k2 $l]}")"
 done
-echo "2t vs 1t: kvlab 1 thread's time over its 2 threads' (above 1: 2 threads faster); vs -fopenmp: llama2.c's"
-echo "OpenMP build on 2 threads over kvlab on 2 threads (above 1: kvlab faster)"
+echo "2t vs 1t: kvlab 1 thread's time over its 2 threads' (above 1: 2 threads faster); runfast and runomp:"
+echo "llama2.c's fast builds (the peer's build.sh); vs runomp: its OpenMP build on 2 threads over kvlab on 2"
+echo "threads (above 1: kvlab faster)"

@@ -269,7 +269,6 @@ void print_format_table(const Config& c, const BenchOptions& o, const std::vecto
         j["shape"] = c.describe();
         j["threads"] = o.threads;
         j["threads_choice"] = threads_json();
-        j["threads_choice"] = threads_json();
         j["reps"] = o.reps;
         for (const FormatRow& r : rows)
             j["formats"].push_back({{"T", r.T},

@@ -209,7 +209,6 @@ void print_threads_text(const Config& c, const BenchOptions& o, int steps, const
 }  // namespace
 
 int run_bench_threads(const BenchOptions& o) {
-    if (o.background_load < 0 || o.background_load > 64) throw Error("bench: --background-load takes 0..64 processes");
     const Config c = shape_from_string(o.shape);
     const Model model = random_model(c, o.seed);
     const int steps = bench_lengths(c, o).back() - 1;

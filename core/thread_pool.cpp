@@ -98,8 +98,7 @@ public:
         if (sleepers_.load(std::memory_order_seq_cst) > 0) wake_.notify_all();
         const auto t_posted = Clock::now();
         loops_.fetch_add(1, std::memory_order_relaxed);
-        std::int64_t items = 0;
-        caller_chunks_.fetch_add(run_claims(0, &items), std::memory_order_relaxed);
+        const std::int64_t items = run_claims(0);
         const auto t_ran = Clock::now();
         wait_done(std::uint32_t(n_chunks));
         const auto t_done = Clock::now();
@@ -199,9 +198,8 @@ public:
 
     PoolCounters counters() const {
         PoolCounters c;
-        c.loops = loops_.load(), c.serial_loops = serial_loops_.load(), c.caller_waits = caller_waits_.load();
+        c.loops = loops_.load(), c.serial_loops = serial_loops_.load();
         c.stalls = stalls_.load();
-        c.worker_chunks = worker_chunks_.load(), c.caller_chunks = caller_chunks_.load();
         return c;
     }
 
@@ -237,9 +235,10 @@ private:
     }
 
     // Claims and runs chunks of the posted loop while there are any for thread `id`, then counts
-    // them done at once (one write to the shared counter per thread, not per chunk); the number run.
-    std::uint32_t run_claims(int id, std::int64_t* items = nullptr) {
+    // them done at once (one write to the shared counter per thread, not per chunk); the items run.
+    std::int64_t run_claims(int id) {
         std::uint32_t ran = 0;
+        std::int64_t items = 0;
         std::uint64_t s = claim_.load(std::memory_order_acquire), n_chunks = 0;
         for (;;) {
             const std::uint64_t limit = s >> 48, next = s & 0xffffff;
@@ -250,19 +249,18 @@ private:
                                end = n_ * std::int64_t(next + 1) / n_chunks_;
             body_(ctx_, begin, end, id);
             ran++;
-            if (items) *items += end - begin;
+            items += end - begin;
             s = claim_.load(std::memory_order_acquire);
         }
         if (ran > 0 && done_.fetch_add(ran, std::memory_order_seq_cst) + ran == n_chunks &&
             caller_waiting_.load(std::memory_order_seq_cst))
             done_.notify_one();
-        return ran;
+        return items;
     }
 
     void wait_done(std::uint32_t n_chunks) {
         auto finished = [&] { return done_.load(std::memory_order_acquire) == n_chunks; };
         if (finished()) return;
-        caller_waits_.fetch_add(1, std::memory_order_relaxed);
         if (spin_until(finished, kCallerSpin)) return;
         caller_waiting_.store(true, std::memory_order_seq_cst);
         for (std::uint32_t d; (d = done_.load(std::memory_order_seq_cst)) != n_chunks;) done_.wait(d);
@@ -272,7 +270,7 @@ private:
     [[noreturn]] void work(int id) {
         std::uint32_t seen = wake_.load(std::memory_order_acquire);
         for (;;) {
-            if (const std::uint32_t ran = run_claims(id)) worker_chunks_.fetch_add(ran, std::memory_order_relaxed);
+            run_claims(id);
             auto posted = [&] { return wake_.load(std::memory_order_acquire) != seen; };
             if (!spin_until(posted, kWorkerSpin)) {
                 sleepers_.fetch_add(1, std::memory_order_seq_cst);
@@ -296,8 +294,7 @@ private:
     std::atomic<bool> caller_waiting_{false};
     alignas(64) std::atomic<std::uint32_t> wake_{0};
     std::atomic<int> sleepers_{0};
-    alignas(64) std::atomic<std::uint64_t> loops_{0}, serial_loops_{0}, caller_waits_{0};
-    std::atomic<std::uint64_t> worker_chunks_{0}, caller_chunks_{0}, stalls_{0};
+    alignas(64) std::atomic<std::uint64_t> loops_{0}, serial_loops_{0}, stalls_{0};
 };
 
 }  // namespace

@@ -36,11 +36,11 @@ CpuBudget usable_cpus();
 // cpu.cfs_quota_us over cpu.cfs_period_us. usable_cpus takes the tightest on the way up.
 double cgroup_folder_quota(const std::string& dir);
 
-// What the pool has done, for tests and `kvlab bench`: loops run on threads, chunks each thread
-// ran, and the loops the calling thread spent waiting on a worker's chunk in progress.
+// What the pool has done, for tests and `kvlab bench`: loops run on threads, loops run on the
+// caller alone (the pool busy, or threads judged not to pay), and stalls: loops whose caller
+// waited on a descheduled worker's chunk.
 struct PoolCounters {
-    std::uint64_t loops = 0, serial_loops = 0, caller_waits = 0, stalls = 0;
-    std::uint64_t worker_chunks = 0, caller_chunks = 0;
+    std::uint64_t loops = 0, serial_loops = 0, stalls = 0;
 };
 PoolCounters pool_counters();
 
