@@ -79,22 +79,38 @@ struct Run {
     std::uint64_t loops_threaded = 0, loops_alone = 0, stalls = 0;
 };
 
-Run greedy_run(const Model& model, int threads, int steps, const std::vector<int>& checkpoints) {
+// Where bench --plant (tests only) flips a logit's lowest bit, so that one check must see it: in
+// the most-threaded loaded rows at a step between checkpoints (only the reference's hashes catch
+// it), or in every run at the last checkpoint, the reference too (only naive decode catches it).
+enum class Plant { none, step, checkpoint };
+
+Run greedy_run(const Model& model, int threads, int steps, const std::vector<int>& checkpoints, Plant plant) {
     CachedDecoder dec(model, threads);
     Run r;
     r.tokens = {1};
     const PoolCounters before = pool_counters();
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> logits = dec.prefill(r.tokens);
+    bool planted = false;
     for (int s = 0;; s++) {
+        const bool at_checkpoint =
+            std::find(checkpoints.begin(), checkpoints.end(), int(r.tokens.size())) != checkpoints.end();
+        if (!planted && ((plant == Plant::step && !at_checkpoint) || (plant == Plant::checkpoint && s == steps))) {
+            float& lowest = *std::min_element(logits.begin(), logits.end());  // never the argmax: tokens stay
+            std::uint32_t bits;
+            std::memcpy(&bits, &lowest, sizeof bits);
+            bits ^= 1;
+            std::memcpy(&lowest, &bits, sizeof bits);
+            planted = true;
+        }
         r.hash = fnv1a(r.hash, logits);
-        if (std::find(checkpoints.begin(), checkpoints.end(), int(r.tokens.size())) != checkpoints.end())
-            r.at_checkpoints.push_back(logits);
+        if (at_checkpoint) r.at_checkpoints.push_back(logits);
         if (s == steps) break;
         r.tokens.push_back(argmax(logits));
         logits = dec.decode(r.tokens.back());
     }
     r.seconds = seconds_since(t0);
+    if (plant == Plant::step && !planted) throw Error("bench --plant step: no step lies between the checkpoints");
     const PoolCounters after = pool_counters();
     r.loops_threaded = after.loops - before.loops, r.loops_alone = after.serial_loops - before.serial_loops;
     r.stalls = after.stalls - before.stalls;
@@ -107,6 +123,7 @@ struct Cell {
     std::uint64_t loops_threaded = 0, loops_alone = 0, stalls = 0;
     bool equal_reference = true;  // every run's every step hashes as the reference run's
     bool equal_naive = true;      // every run's logits at the checkpoints equal naive decode's
+    bool bitwise() const { return equal_reference && equal_naive; }
     double median() const {
         std::vector<double> s = seconds;
         std::sort(s.begin(), s.end());
@@ -129,7 +146,8 @@ std::vector<Cell> measure_cells(const Model& model, const BenchOptions& o, int s
             cell.threads = t, cell.load = load;
             cells.push_back(cell);
         }
-    const Run reference = greedy_run(model, 1, steps, checkpoints);
+    const Plant plant = o.plant == "step" ? Plant::step : o.plant == "checkpoint" ? Plant::checkpoint : Plant::none;
+    const Run reference = greedy_run(model, 1, steps, checkpoints, plant == Plant::checkpoint ? plant : Plant::none);
     std::vector<std::vector<float>> naive_at;  // [checkpoints.size()][vocab_size]
     {
         NaiveDecoder naive(model, 1);
@@ -144,7 +162,9 @@ std::vector<Cell> measure_cells(const Model& model, const BenchOptions& o, int s
             const BackgroundLoad busy(load, bound_s);
             for (Cell& cell : cells) {
                 if (cell.load != load) continue;
-                const Run r = greedy_run(model, cell.threads, steps, checkpoints);
+                const bool planted = plant == Plant::checkpoint ||
+                                     (cell.threads == o.threads && cell.threads > 1 && load == loads.back());
+                const Run r = greedy_run(model, cell.threads, steps, checkpoints, planted ? plant : Plant::none);
                 cell.seconds.push_back(r.seconds);
                 cell.loops_threaded += r.loops_threaded, cell.loops_alone += r.loops_alone, cell.stalls += r.stalls;
                 cell.equal_reference = cell.equal_reference && r.hash == reference.hash && r.tokens == reference.tokens;
@@ -173,7 +193,9 @@ void print_threads_json(const Config& c, const BenchOptions& o, int steps, const
                         {"loops_on_threads", cell.loops_threaded},
                         {"loops_on_caller_alone", cell.loops_alone},
                         {"stalls", cell.stalls},
-                        {"bitwise_equal_naive", cell.equal_naive && cell.equal_reference}});
+                        {"bitwise_equal_naive", cell.bitwise()},
+                        {"checkpoints_equal_naive", cell.equal_naive},
+                        {"steps_equal_reference", cell.equal_reference}});
     fmt::print("{}\n", json_document({{"shape", c.describe()},
                                       {"steps", steps},
                                       {"reps", o.reps},
@@ -198,7 +220,7 @@ void print_threads_text(const Config& c, const BenchOptions& o, int steps, const
                    steps / cell.median(), one_thread_median(cells, cell) / cell.median(),
                    one ? std::string("-") : fmt::format("{:.0f}%", loops ? 100.0 * cell.loops_threaded / loops : 0.0),
                    one ? std::string("-") : std::to_string(cell.stalls),
-                   cell.equal_naive && cell.equal_reference ? "bitwise equal to naive decode" : "DIFFER");
+                   cell.bitwise() ? "bitwise equal to naive decode" : "DIFFER");
     }
     fmt::print(
         "\nloops on threads: of a row's parallel loops, those the pool gave its workers; it ran the rest on the "
@@ -219,7 +241,7 @@ int run_bench_threads(const BenchOptions& o) {
     else
         print_threads_text(c, o, steps, cells);
     for (const Cell& cell : cells)
-        if (!cell.equal_naive || !cell.equal_reference) {
+        if (!cell.bitwise()) {
             fmt::print(stderr, "kvlab: error: the decoders' logits are not bitwise equal\n");
             return 1;
         }

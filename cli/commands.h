@@ -175,6 +175,7 @@ struct BenchOptions {
     int tile = 64;                      // tiled attention's keys per tile
     bool lengths_given = false;         // --lengths was set (the device and format tables have their own defaults)
     int background_load = -1;           // >= 0: the threads table, idle and beside this many busy processes
+    std::string plant;                  // the threads table's planted bug (tests only): "", "step" or "checkpoint"
     bool json = false;
 };
 int run_bench(const BenchOptions& o);

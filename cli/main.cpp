@@ -174,6 +174,8 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& bench) {
                      "the threads table: greedy decode tok/s for 1..--threads threads, idle and beside N busy-looping "
                      "processes kvlab starts and stops (0..64), interleaved, every row's logits checked")
         ->check(CLI::Range(0, 64));
+    // A planted bug in the threads table's checks: the tests must see it caught. Not for users.
+    bench_cmd->add_option("--plant", bench.plant)->check(CLI::IsMember({"step", "checkpoint"}))->group("");
     bench_cmd->add_option("--lengths", bench.lengths,
                           "context lengths T to measure, e.g. 64,128,256, each up to the shape's max_seq");
     bench_cmd

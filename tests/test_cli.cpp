@@ -420,6 +420,35 @@ TEST_CASE(
     check_refused("bench --background-load 1 --kv-format fp32", "--background-load measures");
 }
 
+TEST_CASE("kvlab bench --background-load catches a logit bit that differs by either of its checks",
+          "[cli][bench][threads]") {
+    const std::string bench =
+        "bench --shape " + std::string(kTiny) + " --lengths 32 --reps 1 --threads 2 --background-load 1";
+    // One step of the loaded 2-thread row, between checkpoints: only the reference's hashes see it.
+    const Run step = run_kvlab(bench + " --json --plant step");
+    INFO(step.err);
+    CHECK(step.exit_code == 1);
+    CHECK(step.err.find("not bitwise equal") != std::string::npos);
+    const auto j = nlohmann::json::parse(step.out);
+    REQUIRE(j["rows"].size() == 4);
+    for (const auto& row : j["rows"]) {
+        const bool planted = row["threads"] == 2 && row["background_load"] == 1;
+        CHECK(row["steps_equal_reference"] == !planted);
+        CHECK(row["checkpoints_equal_naive"] == true);
+        CHECK(row["bitwise_equal_naive"] == !planted);
+    }
+    // Every run's last step, the reference's too: only naive decode sees it.
+    const Run checkpoint = run_kvlab(bench + " --json --plant checkpoint");
+    CHECK(checkpoint.exit_code == 1);
+    for (const auto& row : nlohmann::json::parse(checkpoint.out)["rows"]) {
+        CHECK(row["steps_equal_reference"] == true);
+        CHECK(row["checkpoints_equal_naive"] == false);
+    }
+    const Run text = run_kvlab(bench + " --plant step");
+    CHECK(text.exit_code == 1);
+    CHECK(text.out.find("DIFFER") != std::string::npos);
+}
+
 TEST_CASE("threads default to auto and say so in json and take a count or auto only", "[cli][threads]") {
     const fs::path model = exported_model("threads.bin", kTiny);
     const Run a = run_kvlab("generate --model " + model.string() + " --tokens 1,2 --steps 4 --json");
