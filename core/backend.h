@@ -178,6 +178,17 @@ public:
     // y[rows, n_out] (row stride ldy) = x[rows, n_in] (row stride ldx) · W, W = the matrix `m`
     // of layer l: each element summed over k in increasing order from +0 (kernels.h: matmul).
     virtual void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) = 0;
+    // Several products of layer l's matrices with the same x (wq, wk, wv; w1, w3), each exactly
+    // as matmul computes it. A backend may run them together (the CPU's threads then meet once);
+    // by default they are matmul calls in turn, so a backend that changes matmul changes them too.
+    struct Product {
+        float* y = nullptr;  // [rows, ldy]
+        int ldy = 0;
+        Matrix m = Matrix::wq;
+    };
+    virtual void matmuls(Exec& ex, const float* x, int ldx, int l, int rows, std::span<const Product> products) {
+        for (const Product& p : products) matmul(ex, p.y, p.ldy, x, ldx, p.m, l, rows);
+    }
     // out[rows, dim] = rmsnorm(x[rows, dim]) with the weights `n` of layer l
     virtual void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) = 0;
     // vec[rows, n_heads * head_size] rotated; row i at logical position positions[i]

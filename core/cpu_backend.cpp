@@ -1,6 +1,7 @@
 #include "cpu_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cstring>
 #include <limits>
@@ -60,6 +61,14 @@ void CpuBackend::embed(Exec&, float* x, const int* tokens, int rows) {
 
 void CpuBackend::matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) {
     matmul_packed(ex, y, ldy, x, ldx, packed(m, l), rows);
+}
+
+void CpuBackend::matmuls(Exec& ex, const float* x, int ldx, int l, int rows, std::span<const Product> products) {
+    std::array<PackedProduct, 4> group;
+    assert(products.size() <= group.size());
+    for (std::size_t i = 0; i < products.size(); i++)
+        group[i] = {products[i].y, products[i].ldy, &packed(products[i].m, l)};
+    matmul_packed_group(ex, x, ldx, rows, std::span<const PackedProduct>(group.data(), products.size()));
 }
 
 void CpuBackend::rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) {

@@ -38,6 +38,7 @@ public:
 
     void embed(Exec& ex, float* x, const int* tokens, int rows) override;
     void matmul(Exec& ex, float* y, int ldy, const float* x, int ldx, Matrix m, int l, int rows) override;
+    void matmuls(Exec& ex, const float* x, int ldx, int l, int rows, std::span<const Product> products) override;
     void rmsnorm(Exec& ex, float* out, const float* x, Norm n, int l, int rows) override;
     void rope(Exec& ex, float* vec, int rows, int n_heads, const int* positions) override;
     void silu_mul(Exec& ex, float* h1, const float* h3, std::int64_t n) override;

@@ -77,9 +77,9 @@ void attention_inputs(Backend& b, Exec& ex, int l, Activations& a, const int* po
     const int dim = c.dim, kv_dim = c.kv_dim(), n = a.rows;
     a.check(c);
     b.rmsnorm(ex, a.xb.data(), a.x.data(), Norm::att, l, n);
-    b.matmul(ex, a.q.data(), dim, a.xb.data(), dim, Matrix::wq, l, n);
-    b.matmul(ex, a.k.data(), kv_dim, a.xb.data(), dim, Matrix::wk, l, n);
-    b.matmul(ex, a.v.data(), kv_dim, a.xb.data(), dim, Matrix::wv, l, n);
+    const Backend::Product qkv[] = {
+        {a.q.data(), dim, Matrix::wq}, {a.k.data(), kv_dim, Matrix::wk}, {a.v.data(), kv_dim, Matrix::wv}};
+    b.matmuls(ex, a.xb.data(), dim, l, n, qkv);
     b.rope(ex, a.q.data(), n, c.n_heads, positions);
     b.rope(ex, a.k.data(), n, c.n_kv_heads, positions);
 }
@@ -92,8 +92,8 @@ void attention_output_and_ffn(Backend& b, Exec& ex, int l, Activations& a) {
     b.matmul(ex, a.out.data(), dim, a.att.data(), dim, Matrix::wo, l, n);
     b.add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);
     b.rmsnorm(ex, a.xb.data(), a.x.data(), Norm::ffn, l, n);
-    b.matmul(ex, a.h1.data(), hidden, a.xb.data(), dim, Matrix::w1, l, n);
-    b.matmul(ex, a.h3.data(), hidden, a.xb.data(), dim, Matrix::w3, l, n);
+    const Backend::Product gate_up[] = {{a.h1.data(), hidden, Matrix::w1}, {a.h3.data(), hidden, Matrix::w3}};
+    b.matmuls(ex, a.xb.data(), dim, l, n, gate_up);
     b.silu_mul(ex, a.h1.data(), a.h3.data(), std::int64_t(n) * hidden);
     b.matmul(ex, a.out.data(), dim, a.h1.data(), hidden, Matrix::w2, l, n);
     b.add(ex, a.x.data(), a.out.data(), std::int64_t(n) * dim);

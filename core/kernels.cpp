@@ -134,21 +134,54 @@ void PackedMatrix::pack(const float* w, int n_in, int n_out, float* dst) {
     }
 }
 
+namespace {
+
+// Tile (r0, mr, c0, nc) of Y = X · W from W's panels.
+void packed_tile(float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int r0, int mr, int c0, int nc) {
+    const int n_in = w.n_in;
+    const float* panel = w.panels + std::size_t(c0 / kNR) * n_in * kNR;
+    const float* xt = x + std::int64_t(r0) * ldx;
+    if (nc == kNR) {
+        tile_rows<kNB>(mr, y + std::int64_t(r0) * ldy + c0, ldy, xt, ldx, panel, kNR, n_in);
+    } else {
+        // The padded last panel: compute all kNR lanes, keep the real columns.
+        float tmp[kMR * kNR];
+        tile_rows<kNB>(mr, tmp, kNR, xt, ldx, panel, kNR, n_in);
+        for (int r = 0; r < mr; r++) std::copy_n(tmp + r * kNR, nc, y + std::int64_t(r0 + r) * ldy + c0);
+    }
+}
+
+}  // namespace
+
 void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows) {
-    const int n_in = w.n_in, n_out = w.n_out;
-    assert(rows >= 0 && ldy >= n_out && ldx >= n_in);
-    assert(w.panels != nullptr || n_out == 0 || n_in == 0);
-    for_each_tile(ex, rows, n_in, n_out, [&](int r0, int mr, int c0, int nc) {
-        const float* panel = w.panels + std::size_t(c0 / kNR) * n_in * kNR;
-        const float* xt = x + std::int64_t(r0) * ldx;
-        if (nc == kNR) {
-            tile_rows<kNB>(mr, y + std::int64_t(r0) * ldy + c0, ldy, xt, ldx, panel, kNR, n_in);
-        } else {
-            // The padded last panel: compute all kNR lanes, keep the real columns.
-            float tmp[kMR * kNR];
-            tile_rows<kNB>(mr, tmp, kNR, xt, ldx, panel, kNR, n_in);
-            for (int r = 0; r < mr; r++) std::copy_n(tmp + r * kNR, nc, y + std::int64_t(r0 + r) * ldy + c0);
-        }
+    const PackedProduct one{y, ldy, &w};
+    matmul_packed_group(ex, x, ldx, rows, std::span<const PackedProduct>(&one, 1));
+}
+
+void matmul_packed_group(Exec& ex, const float* x, int ldx, int rows, std::span<const PackedProduct> group) {
+    assert(rows >= 0 && !group.empty() && group.size() <= 4);
+    const int n_in = group[0].w->n_in, n_row_tiles = (rows + kMR - 1) / kMR;
+    std::int64_t first_tile[5] = {0};  // product p's tiles are first_tile[p] .. first_tile[p + 1] - 1
+    std::int64_t work = 0;
+    for (std::size_t p = 0; p < group.size(); p++) {
+        const PackedMatrix& w = *group[p].w;
+        assert(w.n_in == n_in && group[p].ldy >= w.n_out && ldx >= n_in);
+        assert(w.panels != nullptr || w.n_out == 0 || n_in == 0);
+        ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(n_in) * std::uint64_t(w.n_out);
+        work += std::int64_t(rows) * n_in * w.n_out;
+        first_tile[p + 1] = first_tile[p] + std::int64_t(n_row_tiles) * ((w.n_out + kNR - 1) / kNR);
+    }
+    const std::int64_t n_tiles = first_tile[group.size()];
+    if (n_tiles == 0) return;
+    const bool parallel = ex.n_threads > 1 && work >= ex.parallel_min_work;
+    // Column tiles outside, row tiles inside, as for_each_tile orders them.
+    parallel_for(parallel ? ex.n_threads : 1, n_tiles, [&](std::int64_t i, int) {
+        std::size_t p = 0;
+        while (i >= first_tile[p + 1]) p++;
+        const PackedProduct& g = group[p];
+        const std::int64_t t = i - first_tile[p];
+        const int r0 = int(t % n_row_tiles) * kMR, c0 = int(t / n_row_tiles) * kNR;
+        packed_tile(g.y, g.ldy, x, ldx, *g.w, r0, std::min(kMR, rows - r0), c0, std::min(kNR, g.w->n_out - c0));
     });
 }
 

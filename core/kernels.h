@@ -57,6 +57,17 @@ struct PackedMatrix {
 // Y[rows, n_out] = X[rows, n_in] · W, reading W from its panels; bitwise equal to matmul.
 void matmul_packed(Exec& ex, float* y, int ldy, const float* x, int ldx, const PackedMatrix& w, int rows);
 
+// One of several products of the same input: y[rows, w->n_out] (row stride ldy) = x · *w.
+struct PackedProduct {
+    float* y = nullptr;
+    int ldy = 0;
+    const PackedMatrix* w = nullptr;
+};
+// Every product of `group` (all of n_in = the x's width), each element exactly as matmul_packed
+// computes it, in one parallel loop over all their tiles: the threads meet once rather than once
+// a product, and the tiles of small products share them evenly.
+void matmul_packed_group(Exec& ex, const float* x, int ldx, int rows, std::span<const PackedProduct> group);
+
 // The same product written as the textbook triple loop: the algorithmic reference that the fast
 // matmul must match bit for bit (tests/test_kernels.cpp); otherwise identical.
 void matmul_reference(Exec& ex, float* y, int ldy, const float* x, int ldx, const float* w, int ldw, int rows, int n_in,

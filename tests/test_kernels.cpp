@@ -57,6 +57,81 @@ TEST_CASE("matmul equals the textbook triple loop bit for bit, for any shape, st
     });
 }
 
+namespace {
+
+// Products of one x with several packed matrices, by `group`; the first product whose bits differ
+// from matmul_reference's, or nothing.
+using GroupFn = void (*)(Exec&, const float*, int, int, std::span<const PackedProduct>);
+std::optional<std::string> group_mismatch(GroupFn group, int rows, int n_in, const std::vector<int>& n_outs,
+                                          int threads, std::uint64_t seed) {
+    const std::vector<float> x = random_floats(std::size_t(rows) * n_in, seed);  // [rows, n_in]
+    std::vector<std::vector<float>> panels(n_outs.size()), w_in_out(n_outs.size()), ys(n_outs.size());
+    std::vector<PackedMatrix> packed(n_outs.size());
+    std::vector<PackedProduct> products;
+    for (std::size_t p = 0; p < n_outs.size(); p++) {
+        const int n_out = n_outs[p];
+        const std::vector<float> w_out_in = random_floats(std::size_t(n_out) * n_in, seed + 1 + p);  // [n_out, n_in]
+        w_in_out[p].resize(std::size_t(n_in) * n_out);                                               // [n_in, n_out]
+        for (int o = 0; o < n_out; o++)
+            for (int k = 0; k < n_in; k++)
+                w_in_out[p][std::size_t(k) * n_out + o] = w_out_in[std::size_t(o) * n_in + k];
+        panels[p].resize(std::size_t(PackedMatrix::floats(n_in, n_out)));
+        PackedMatrix::pack(w_out_in.data(), n_in, n_out, panels[p].data());
+        packed[p] = {n_in, n_out, panels[p].data()};
+        ys[p].assign(std::size_t(rows) * n_out, -1.0f);  // [rows, n_out]
+        products.push_back({ys[p].data(), n_out, &packed[p]});
+    }
+    Exec ex{threads, 0, 0, {}};
+    pool_always_threads(true);  // every tile on the threads, however small the products
+    group(ex, x.data(), n_in, rows, products);
+    pool_always_threads(false);
+    std::uint64_t flops = 0;
+    for (std::size_t p = 0; p < n_outs.size(); p++) {
+        std::vector<float> ref(ys[p].size());
+        Exec ex_ref;
+        matmul_reference(ex_ref, ref.data(), n_outs[p], x.data(), n_in, w_in_out[p].data(), n_outs[p], rows, n_in,
+                         n_outs[p]);
+        flops += ex_ref.flops;
+        if (auto diff = first_difference(ys[p], ref)) return fmt::format("product {}: {}", p, *diff);
+    }
+    if (ex.flops != flops) return fmt::format("{} flops counted, not {}", ex.flops, flops);
+    return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("a group of packed products gives each the textbook loop's bits, for any widths, rows and threads",
+          "[kernels][matmul]") {
+    rc::prop("matmul_packed_group vs matmul_reference", [] {
+        const int rows = *full_range(0, 9), n_in = *full_range(1, 70);
+        const auto n_outs = *rc::gen::container<std::vector<int>>(std::size_t(*full_range(1, 4)), full_range(0, 100));
+        const int threads = *rc::gen::elementOf(std::vector<int>{1, 2, 3, 4});
+        const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+        if (auto m = group_mismatch(matmul_packed_group, rows, n_in, n_outs, threads, seed))
+            RC_FAIL(fmt::format("rows {} n_in {} threads {}: {}", rows, n_in, threads, *m));
+    });
+}
+
+TEST_CASE("counter-test: a group that loses one tile at a boundary between products is caught",
+          "[kernels][matmul][counter]") {
+    // The group's one loop maps a tile index to its product and column; a mapping one tile short
+    // at a product's end leaves that tile's columns as they were.
+    GroupFn short_group = [](Exec& ex, const float* x, int ldx, int rows, std::span<const PackedProduct> group) {
+        for (std::size_t p = 0; p < group.size(); p++) {
+            const int n_out = group[p].w->n_out,
+                      kept = p + 1 < group.size()
+                                 ? n_out / PackedMatrix::kPanel * PackedMatrix::kPanel - PackedMatrix::kPanel
+                                 : n_out;
+            PackedMatrix first = *group[p].w;
+            first.n_out = std::max(0, kept);
+            matmul_packed(ex, group[p].y, group[p].ldy, x, ldx, first, rows);
+            ex.flops += 2ull * std::uint64_t(rows) * std::uint64_t(ldx) * std::uint64_t(n_out - first.n_out);
+        }
+    };
+    CHECK_FALSE(group_mismatch(matmul_packed_group, 3, 20, {2 * PackedMatrix::kPanel, 40}, 2, 11));
+    CHECK(group_mismatch(short_group, 3, 20, {2 * PackedMatrix::kPanel, 40}, 2, 11));
+}
+
 TEST_CASE("matmul with n_in = 0 writes zeros and forms no pointer from x or w (null when empty)", "[kernels][matmul]") {
     // An empty vector's data() is null: x + offset or w + offset is undefined behaviour there
     // (UBSan: "applying non-zero offset to null pointer"), even if nothing is read through it.
