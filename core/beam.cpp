@@ -39,9 +39,10 @@ std::vector<Candidate> best(const std::vector<BeamState>& beams, int width, int 
 
 BeamSearch::BeamSearch(Backend& backend, const Model& model, const BeamConfig& config)
     : backend_(backend), model_(model), config_(config) {
-    if (config.width < 1 || config.steps < 0 || config.block_size < 1)
-        throw Error(fmt::format("beam: width {}, steps {} and block size {} (width and block size at least 1)",
-                                config.width, config.steps, config.block_size));
+    if (config.width < 1 || config.steps < 0 || config.block_size < 1 || config.n_threads < 1)
+        throw Error(fmt::format(
+            "beam: width {}, steps {}, block size {} and threads {} (width, block size and threads at least 1)",
+            config.width, config.steps, config.block_size, config.n_threads));
 }
 
 BeamRun BeamSearch::run(const std::vector<int>& prompt) {
@@ -54,6 +55,7 @@ BeamRun BeamSearch::run(const std::vector<int>& prompt) {
     pool.set_kv_format(config_.kv_format);
     CachedDecoder dec(backend_, nullptr);
     dec.exec.attention = config_.attention;
+    dec.exec.n_threads = config_.n_threads;
     std::vector<std::unique_ptr<PagedCache>> caches;
     caches.push_back(std::make_unique<PagedCache>(pool, 0, 0));
     BeamRun run;

@@ -20,6 +20,7 @@ struct BeamConfig {
     int block_size = 16;  // the pool's
     KVFormat kv_format = KVFormat::fp32;
     AttentionSpec attention;  // what every step runs (tiled_attention.h)
+    int n_threads = 1;        // the kernels' threads (kernels.h Exec): any count gives the same bits
 };
 
 struct BeamState {

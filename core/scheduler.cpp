@@ -25,6 +25,7 @@ Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig
     const Config& c = model.config();
     if (config_.max_model_len == 0) config_.max_model_len = c.max_seq;
     const int bs = config_.block_size, per_request = (config_.max_model_len + bs - 1) / bs;
+    if (config_.n_threads < 1) throw Error(fmt::format("scheduler: {} threads (at least 1)", config_.n_threads));
     if (!(config_.watermark >= 0 && config_.watermark < 1))
         throw Error(fmt::format("scheduler: watermark {} is not in [0, 1)", config_.watermark));
     if (bs < 1 || config_.max_batch_tokens < 1 || config_.max_model_len < 1 || config_.max_model_len > c.max_seq)
@@ -41,6 +42,7 @@ Scheduler::Scheduler(Backend& backend, const Model& model, const SchedulerConfig
     pool_->set_store(config_.store);
     decoder_ = std::make_unique<CachedDecoder>(backend, nullptr);
     decoder_->exec.attention = config_.attention;
+    decoder_->exec.n_threads = config_.n_threads;
 }
 
 Scheduler::~Scheduler() = default;  // live_ is declared after pool_: the caches go first

@@ -55,6 +55,9 @@ struct SchedulerConfig {
     BlockStore* store = nullptr;
     // The attention every step runs (tiled_attention.h); naive decode must run the same to match.
     AttentionSpec attention;
+    // The kernels' threads (kernels.h Exec), >= 1; they split only independent outputs, so any
+    // count gives the same bits.
+    int n_threads = 1;
 };
 
 struct ServeRequest {
