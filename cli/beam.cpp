@@ -20,11 +20,12 @@ int run_beam(const BeamOptions& o) {
     bc.width = o.width, bc.steps = o.steps, bc.block_size = o.block_size;
     bc.kv_format = parse_kv_format(o.kv_format);
     bc.attention = attention_spec(o.attention);
+    bc.n_threads = o.threads;
     const std::unique_ptr<Backend> backend = make_backend("cpu", lm.model);
     BeamSearch search(*backend, lm.model, bc);
     const BeamRun run = search.run(prompt);
     // Every beam after every step against naive decode of its tokens, K and V stored in the same format.
-    NaiveDecoder naive(lm.model);
+    NaiveDecoder naive(lm.model, o.threads);
     naive.kv_format = bc.kv_format;
     naive.exec.attention = bc.attention;
     int checked = 0, equal = 0;
@@ -43,14 +44,16 @@ int run_beam(const BeamOptions& o) {
                             {"peak_blocks", run.peak_blocks},
                             {"peak_unshared_blocks", run.peak_unshared_blocks},
                             {"beam_steps_checked", checked},
-                            {"beam_steps_bitwise_equal_naive", equal}};
+                            {"beam_steps_bitwise_equal_naive", equal},
+                            {"threads", o.threads},
+                            {"threads_choice", threads_json()}};
         for (const BeamState& b : last)
             j["beams"].push_back({{"tokens", b.tokens}, {"logprob", b.logprob}, {"text", text(b)}});
         fmt::print("{}\n", json_document(j));
         return equal == checked ? 0 : 1;
     }
-    fmt::print("kvlab beam: width {}, {} steps after a prompt of {} on {} ({} KV)\n", o.width, o.steps, prompt.size(),
-               lm.source, kv_format_name(bc.kv_format));
+    fmt::print("kvlab beam: width {}, {} steps after a prompt of {} on {} ({} KV), {}\n", o.width, o.steps,
+               prompt.size(), lm.source, kv_format_name(bc.kv_format), threads_text(o.threads));
     for (std::size_t i = 0; i < last.size(); i++)
         fmt::print("  {}. logprob {:9.4f}  {}\n", i + 1, last[i].logprob, one_line(text(last[i])));
     fmt::print(

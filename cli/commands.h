@@ -85,6 +85,7 @@ struct TraceRun {
     std::string kv_format = "fp32";
     AttentionOptions attention;
     bool weights = false;  // attention.npy too
+    int threads = 0;       // 0: auto (common.h resolve_threads); the trace is the same for any count
 };
 struct TraceOptions {
     TraceRun run;
@@ -106,6 +107,7 @@ int run_diff_trace(const DiffTraceOptions& o);
 struct GoldenOptions {
     std::string out, check;
     std::string device = "cpu";  // --check: one device, or two (cpu,gpu-host)
+    int threads = 0;             // 0: auto (common.h resolve_threads)
 };
 int run_golden(const GoldenOptions& o);
 
@@ -126,6 +128,7 @@ struct ServeSimOptions {
     std::string store;          // the tier below the pool (open_block_store); "": none
     std::string role = "both";  // both, or disaggregated: prefill (into the store) or decode (from it)
     AttentionOptions attention;
+    int threads = 0;  // 0: auto (common.h resolve_threads)
     bool check = true;
     bool json = false;
 };
@@ -138,6 +141,7 @@ struct BeamOptions {
     int width = 4, steps = 16, block_size = 4;
     std::string kv_format = "fp32";
     AttentionOptions attention;
+    int threads = 0;  // 0: auto (common.h resolve_threads)
     bool json = false;
 };
 int run_beam(const BeamOptions& o);

@@ -53,8 +53,9 @@ const GoldenRun kRuns[] = {
      "5,4,3,2,1", 20, "contiguous-seq", "int8", "simple", 64},
 };
 
-TraceRun trace_run(const GoldenRun& g, const std::string& device, const std::string& models) {
+TraceRun trace_run(const GoldenRun& g, const std::string& device, const std::string& models, int threads) {
     TraceRun r;
+    r.threads = threads;
     if (*g.model) {
         r.model = (fs::path(models) / g.model).string();
         r.tokenizer = (fs::path(models) / "tok512.bin").string();
@@ -93,7 +94,7 @@ int write_golden(const GoldenOptions& o, const std::string& models) {
         if (*g.model && models.empty())
             throw Error("golden --out: stories260K.bin not found (the shared models folder)");
         const std::string dir = (fs::path(o.out) / g.name).string();
-        record_trace(trace_run(g, "cpu", models), dir);
+        record_trace(trace_run(g, "cpu", models, o.threads), dir);
         const std::string manifest = read_file_bytes((fs::path(dir) / "manifest.json").string(), 1 << 24);
         index["traces"].push_back({{"name", g.name}, {"run", run_json(g)}, {"manifest_sha256", sha256_hex(manifest)}});
         fmt::print("wrote {}/ ({})\n", one_line(dir), sha256_hex(manifest).substr(0, 16));
@@ -107,10 +108,10 @@ int write_golden(const GoldenOptions& o, const std::string& models) {
 
 // One kept trace against a rerun on `device`: "" when bitwise equal, else the difference.
 std::string check_one(const GoldenRun& g, const std::string& kept, const std::string& device, const std::string& models,
-                      const std::string& scratch) {
+                      const std::string& scratch, int threads) {
     const Trace want = read_trace(kept);
     const std::string dir = (fs::path(scratch) / fmt::format("{}-{}", g.name, device)).string();
-    record_trace(trace_run(g, device, models), dir);
+    record_trace(trace_run(g, device, models, threads), dir);
     const TraceDiff d = diff_traces(want, read_trace(dir));
     fs::remove_all(dir);
     return d.equal ? "" : d.text;
@@ -151,13 +152,14 @@ int run_golden(const GoldenOptions& o) {
                 fmt::print("{:<24} {:<9} skipped: stories260K.bin not found\n", g.name, device);
                 continue;
             }
-            const std::string diff = check_one(g, kept, device, models, scratch.string());
+            const std::string diff = check_one(g, kept, device, models, scratch.string(), o.threads);
             checked++, failed += !diff.empty();
             fmt::print("{:<24} {:<9} {}\n", g.name, device, diff.empty() ? "bitwise equal" : "DIFFERS: " + diff);
         }
     }
     fs::remove_all(scratch);
-    fmt::print("{} of {} golden runs reproduced bit for bit\n", checked - failed, checked);
+    fmt::print("{} of {} golden runs reproduced bit for bit ({})\n", checked - failed, checked,
+               threads_text(o.threads));
     return failed == 0 ? 0 : 1;
 }
 

@@ -242,6 +242,7 @@ CLI::App* add_trace(CLI::App& app, TraceOptions& tr) {
                     "store K and V in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
     add_attention_options(cmd, run.attention);
     cmd->add_flag("--attention-weights", run.weights, "also write attention.npy: each step's weights, every head");
+    add_threads_option(cmd, run.threads);
     cmd->add_option("--out", tr.out, "the trace's folder (made if missing; its files are replaced whole)")->required();
     cmd->add_flag("--json", tr.json, "print the manifest as JSON");
     return cmd;
@@ -268,6 +269,7 @@ CLI::App* add_golden(CLI::App& app, GoldenOptions& g) {
     cmd->add_option("--device", g.device,
                     "--check: cpu, gpu, gpu-host, both, two joined by a comma, or all (cpu, gpu-host, and gpu where "
                     "there is one)");
+    add_threads_option(cmd, g.threads);
     return cmd;
 }
 
@@ -317,6 +319,7 @@ CLI::App* add_serve_sim(CLI::App& app, ServeSimOptions& o) {
                     "both (default); or disaggregated prefill: prefill (each prompt and its first token, blocks "
                     "into --store) or decode (the workload, prompt blocks fetched from --store)");
     cmd->add_flag("!--no-check", o.check, "skip decoding every request alone to compare bit for bit");
+    add_threads_option(cmd, o.threads);
     cmd->add_flag("--json", o.json, "machine-readable output");
     return cmd;
 }
@@ -334,6 +337,7 @@ CLI::App* add_beam(CLI::App& app, BeamOptions& o) {
         ->check(CLI::Range(1, 1 << 16));
     cmd->add_option("--kv-format", o.kv_format, "fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4");
     add_attention_options(cmd, o.attention);
+    add_threads_option(cmd, o.threads);
     cmd->add_flag("--json", o.json, "machine-readable output");
     return cmd;
 }
@@ -507,15 +511,16 @@ int run_command(const CLI::App& app, Commands& c, ViewCommand& view) {
         if (*c.verify_cmd) return run_verify(c.ver);
         if (*c.replay_cmd) return run_replay(c.replay);
         if (*c.memory_cmd) return run_memory(c.mem);
-        if (*c.pool_cmd) return run_pool(c.pool);
+        if (*c.pool_cmd) return resolve_threads(c.pool.threads), run_pool(c.pool);
         if (*c.trace_cmd) {
             if (!c.trace.shape.empty()) c.trace.run.random = true, c.trace.run.shape = shape_from_string(c.trace.shape);
+            resolve_threads(c.trace.run.threads);
             return run_trace(c.trace);
         }
         if (*c.diff_cmd) return run_diff_trace(c.diff);
-        if (*c.golden_cmd) return run_golden(c.golden);
-        if (*c.serve_cmd) return run_serve_sim(c.serve);
-        if (*c.beam_cmd) return run_beam(c.beam);
+        if (*c.golden_cmd) return resolve_threads(c.golden.threads), run_golden(c.golden);
+        if (*c.serve_cmd) return resolve_threads(c.serve.threads), run_serve_sim(c.serve);
+        if (*c.beam_cmd) return resolve_threads(c.beam.threads), run_beam(c.beam);
         if (*c.frontier_cmd) return resolve_threads(c.frontier.threads), run_frontier(c.frontier);
         if (*c.completions_cmd) return run_completions(app, c.completions);
         if (*c.man_cmd) return run_man(app, c.man);

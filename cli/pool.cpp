@@ -83,9 +83,10 @@ public:
           o_(o),
           backend_(lm.model),
           engine_(backend_, pool, lm.model.w.fingerprint()),
-          naive_(lm.model) {
+          naive_(lm.model, o.threads) {
         naive_.kv_format = pool.kv_format();  // the naive check stores K and V as the pool does
         naive_.exec.attention = engine_.decoder().exec.attention = attention_spec(o.attention);
+        engine_.decoder().exec.n_threads = o.threads;
     }
 
     // Runs command `index` (1-based); an Error names it and nothing after it runs.
@@ -452,6 +453,8 @@ int Session::finish(int n_commands) {
         j["block_bytes"] = pool_.block_bytes();
         j["kv_format"] = kv_format_name(pool_.kv_format());
         j["prefix_cache"] = pool_.prefix_caching();
+        j["threads"] = o_.threads;
+        j["threads_choice"] = threads_json();
         j["commands"] = records_;
         j["summary"] = {{"commands", n_commands},
                         {"prefilled_positions", prefilled_},
@@ -520,9 +523,10 @@ int run_pool(const PoolOptions& o) {
     if (!o.json) {
         fmt::print("kvlab pool: one paged block pool, scripted\n");
         fmt::print("model   {}  ({})\n", lm.source, c.describe());
-        fmt::print("pool    {} blocks of {} positions, {} B each ({}); prefix caching {}\n\n", pool.n_blocks(),
+        fmt::print("pool    {} blocks of {} positions, {} B each ({}); prefix caching {}\n", pool.n_blocks(),
                    pool.block_size(), pool.block_bytes(), kv_format_name(pool.kv_format()),
                    pool.prefix_caching() ? "on" : "off");
+        fmt::print("threads {}\n\n", threads_text(o.threads));
         fmt::print("{:>3}  {:<{}} {:>4} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>4}  {:<7}  {}\n", "#", "command",
                    width, "hit", "alloc", "share", "cow", "freed", "evict", "free", "cached", "used", "logits",
                    "what it did");
@@ -559,6 +563,7 @@ void add_pool_options(CLI::App* cmd, PoolOptions& o) {
         ->check(CLI::Range(0.0, 1e9));
     cmd->add_flag("--json", o.json, "machine-readable output");
     add_attention_options(cmd, o.attention);
+    add_threads_option(cmd, o.threads);
 }
 
 }  // namespace kvlab::cli

@@ -33,6 +33,7 @@ struct PoolOptions {
     bool events = false;       // print every CacheEvent of every command
     bool json = false;
     AttentionOptions attention;  // what the engine and the naive check both run
+    int threads = 0;             // 0: auto (common.h resolve_threads)
     // The naive check re-runs a whole sequence after every prefill: O(T^2) a command. Its FLOPs
     // are capped here; the first prefill that would pass the cap, and every one after it, is
     // reported unchecked (the summary says how many).
@@ -44,7 +45,7 @@ struct PoolOptions {
 int run_pool(const PoolOptions& o);
 
 // Adds --model, --tokenizer, --model-seed, --block-size, --blocks, --no-prefix-cache, --kv-format,
-// --script, --events, --json, --attention, --tile, --check-budget.
+// --script, --events, --json, --attention, --tile, --check-budget, --threads.
 void add_pool_options(CLI::App* cmd, PoolOptions& o);
 
 }  // namespace kvlab::cli

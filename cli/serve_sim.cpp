@@ -108,7 +108,7 @@ double percentile(std::vector<double> v, double p) {
 // the scheduler's logits bit for bit, and the first that does not.
 std::pair<int, std::string> check_alone(const LoadedModel& lm, const Scheduler& s,
                                         const std::vector<ServeRequest>& requests) {
-    CachedDecoder alone(lm.model);
+    CachedDecoder alone(lm.model, s.config().n_threads);
     alone.cache().set_kv_format(s.config().kv_format);
     alone.exec.attention = s.config().attention;
     int equal = 0;
@@ -210,6 +210,8 @@ json serve_report(const ServeSimOptions& o, const LoadedModel& lm, const Schedul
             {"prefix_hit_rate", rate(hit_positions)},
             {"store", store_report(s, o.role, flushed, rate(store_positions))},
             {"logits_sha256", logits_digest(s, n)},
+            {"threads", s.config().n_threads},
+            {"threads_choice", threads_json()},
             {"check",
              o.check ? json{{"bitwise_equal_alone", equal}, {"of", n}, {"first_difference", first}} : json(nullptr)},
             {"ok", !o.check || equal == n}};
@@ -218,8 +220,9 @@ json serve_report(const ServeSimOptions& o, const LoadedModel& lm, const Schedul
 void print_serve_report(const json& j, const LoadedModel& lm, const SchedulerConfig& c) {
     const double step_ms = 1e3 * j["seconds_per_step"].get<double>();
     const json &ttft = j["ttft_steps"], &tpot = j["tpot_steps"], &pool = j["pool"];
-    fmt::print("kvlab serve-sim: {} requests on {} ({}), {} steps in {:.2f} s\n", j["requests"].get<int>(), lm.source,
-               lm.model.config().describe(), j["steps"].get<int>(), j["seconds"].get<double>());
+    fmt::print("kvlab serve-sim: {} requests on {} ({}), {} steps in {:.2f} s ({})\n", j["requests"].get<int>(),
+               lm.source, lm.model.config().describe(), j["steps"].get<int>(), j["seconds"].get<double>(),
+               threads_text(c.n_threads));
     fmt::print("pool        {} blocks of {} positions ({}); occupancy mean {:.0f}%, peak {} blocks\n", c.n_blocks,
                c.block_size, pool["from"].get<std::string>(), 100 * pool["mean_occupancy"].get<double>(),
                pool["peak_blocks"].get<int>());
@@ -256,6 +259,7 @@ SchedulerConfig scheduler_config(const ServeSimOptions& o, const Config& c, std:
     sc.watermark = o.watermark;
     sc.kv_format = parse_kv_format(o.kv_format);
     sc.attention = attention_spec(o.attention);
+    sc.n_threads = o.threads;
     if (o.prefix_caching != "on" && o.prefix_caching != "off")
         throw Error(fmt::format("--prefix-caching '{}': on or off", one_line(o.prefix_caching)));
     sc.prefix_caching = o.prefix_caching == "on";

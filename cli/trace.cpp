@@ -47,14 +47,17 @@ void append_weights(const AttentionProbe& probe, const Config& c, int T, std::ve
     }
 }
 
-// The prompt's prefill, then `steps` greedy decode steps; K and V read back from the cache.
+// The prompt's prefill, then `steps` greedy decode steps on `threads` threads; K and V read back
+// from the cache.
 Recorded record(const Model& m, Backend& backend, Cache& cache, std::vector<int> prompt, int steps, bool weights,
-                const AttentionSpec& attention) {
+                const AttentionSpec& attention, int threads) {
     const Config& c = m.config();
     const int T = int(prompt.size()) + steps;
     Recorded r;
     CachedDecoder dec(backend, cache);
     dec.exec.attention = attention;
+    assert(threads >= 1);  // resolved from auto by the caller
+    dec.exec.n_threads = threads;
     AttentionProbe probe;
     if (weights) dec.observer = &probe;
     r.tokens = prompt;
@@ -132,12 +135,13 @@ void record_trace(const TraceRun& run, const std::string& dir) {
     else
         made.cache->set_kv_format(format);
     const AttentionSpec attention = attention_spec(run.attention);
-    const Recorded r = record(lm.model, *backend, *made.cache, prompt, run.steps, run.weights, attention);
+    const Recorded r = record(lm.model, *backend, *made.cache, prompt, run.steps, run.weights, attention, run.threads);
     const int T = int(r.tokens.size()), S = run.steps + 1;
     json model = {{"source", fs::path(lm.source).filename().string()},
                   {"config", config_json(c)},
                   {"fingerprint", fmt::format("{:016x}", lm.model.w.fingerprint())}};
     if (lm.source.starts_with("random")) model["seed"] = run.seed, model["source"] = "random";
+    // The run's threads are not in it: any count writes the same trace (and golden.json keeps its SHA-256).
     const json manifest = {{"format", "kvlab-trace"},
                            {"version", 1},
                            {"model", model},
@@ -399,14 +403,18 @@ int run_trace(const TraceOptions& o) {
     const Trace tr = read_trace(o.out);  // what was written reads back, every SHA-256 checked
     const NpyArray& tokens = tr.arrays.at("tokens");
     if (o.json) {
-        fmt::print("{}\n", json_document(json{{"out", o.out}, {"manifest", tr.manifest}}));
+        fmt::print("{}\n", json_document(json{{"out", o.out},
+                                              {"manifest", tr.manifest},
+                                              {"threads", o.run.threads},
+                                              {"threads_choice", threads_json()}}));
         return 0;
     }
-    fmt::print("kvlab trace: {} tokens ({} prompt, {} greedy steps) of {} on {} with a {} cache in {}; wrote {}/\n",
-               tokens.shape[0], tr.manifest["run"]["prompt_length"].get<int>(), o.run.steps,
-               tr.manifest["model"]["source"].get<std::string>(), o.run.device,
-               tr.manifest["run"]["cache"].get<std::string>(), tr.manifest["run"]["kv_format"].get<std::string>(),
-               one_line(o.out));
+    fmt::print(
+        "kvlab trace: {} tokens ({} prompt, {} greedy steps) of {} on {}, {}, with a {} cache in {}; wrote {}/\n",
+        tokens.shape[0], tr.manifest["run"]["prompt_length"].get<int>(), o.run.steps,
+        tr.manifest["model"]["source"].get<std::string>(), o.run.device, threads_text(o.run.threads),
+        tr.manifest["run"]["cache"].get<std::string>(), tr.manifest["run"]["kv_format"].get<std::string>(),
+        one_line(o.out));
     for (const auto& [name, a] : tr.arrays)
         fmt::print("  {:<10} {} {}\n", name + ".npy", a.dtype, json_text(json(a.shape)));
     return 0;
