@@ -26,6 +26,7 @@ struct ViewCommand::Options {
     std::string shape;  // random model's shape: "n_layers=2,n_heads=4,n_kv_heads=2" over stories260K's
     std::string size = "1600x1000";
     std::string step;  // a step number, or "end"
+    int threads = 0;   // 0: auto (common.h resolve_threads)
 };
 
 ViewCommand::ViewCommand(CLI::App& app)
@@ -52,6 +53,7 @@ ViewCommand::ViewCommand(CLI::App& app)
         "--kv-format", o_->kv_format,
         "K and V stored in fp32, bf16, fp16, fp8-e5m2, fp8-e4m3, int8 or int4 (variants that take a format)");
     add_attention_options(cmd, o_->attention);
+    add_threads_option(cmd, o_->threads);
     cmd->add_option("--sinks", s.sinks, "window: attention sinks")->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--window", s.window, "window, fifo: positions in the sliding window")
         ->check(CLI::Range(1, 1 << 20));
@@ -98,6 +100,7 @@ int ViewCommand::run() {
     v.settings.variant = *variant;
     v.settings.kv_format = parse_kv_format(o.kv_format);
     v.settings.attention = attention_spec(o.attention);
+    v.settings.n_threads = resolve_threads(o.threads);
     if (!o.shape.empty()) {
         v.settings.shape = shape_from_string(o.shape);
         v.settings.random_model = true;

@@ -93,6 +93,7 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
     st["kv_format"] = kv_format_name(info.kv_format);
     st["device"] = info.device;
     st["attention_tile"] = info.settings.attention.tiled() ? info.settings.attention.tile : 0;  // 0: simple
+    st["threads"] = info.settings.n_threads;
     st["n_layers"] = c.n_layers, st["n_heads"] = c.n_heads, st["n_kv_heads"] = c.n_kv_heads;
     st["max_seq"] = c.max_seq;
     st["prompt_len"] = int(info.prompt.size());
@@ -110,6 +111,12 @@ void write_layout(const std::string& path, const std::string& screenshot, int wi
         for (int i = 0; i <= f.cursor; i++)
             for (const Exactness& e : f.steps[std::size_t(i)]->exact) all_equal = all_equal && e.equal();
         st["all_equal"] = all_equal;
+        // A's tokens and its cached decode's largest logits at the step shown: what threads must not change.
+        for (const SeqView& q : s.seqs)
+            if (q.id == 0) st["tokens"] = q.tokens;
+        for (const Exactness& e : s.exact)
+            if (e.seq == 0)
+                for (const TopToken& t : e.top_cached) st["top_cached"].push_back({t.id, t.logit});
         if (f.serving) {
             const ServeSnapshot& sv = f.serving->steps.at(std::size_t(f.cursor));
             int shared = 0;

@@ -77,6 +77,7 @@ ServeRun run_serving(const Model& model, const Settings& settings) {
     sc.n_blocks = settings.n_blocks > 0 ? settings.n_blocks : 2 * ((longest + bs - 1) / bs) + 2;
     sc.max_batch_tokens = 4 * bs;
     sc.store = &store;
+    sc.n_threads = settings.n_threads;
     CpuBackend backend(model);
     Scheduler s(backend, model, sc);
     for (const ServeRequest& r : requests) s.add(r);
@@ -84,7 +85,7 @@ ServeRun run_serving(const Model& model, const Settings& settings) {
     run.n_requests = int(requests.size()), run.n_blocks = run.shown_blocks = sc.n_blocks, run.block_size = bs;
     run.max_batch_tokens = sc.max_batch_tokens;
     while (s.step()) run.steps.push_back(snapshot(s));
-    CachedDecoder alone(model);
+    CachedDecoder alone(model, settings.n_threads);
     for (std::size_t i = 0; i < requests.size(); i++)
         run.exact +=
             greedy_decode(alone, requests[i].prompt, requests[i].max_new_tokens).logits == s.result(int(i)).logits;
@@ -94,12 +95,13 @@ ServeRun run_serving(const Model& model, const Settings& settings) {
 ServeRun run_beam_view(const Model& model, const Settings& settings, const std::vector<int>& prompt) {
     BeamConfig bc;
     bc.width = settings.beam_width, bc.steps = settings.steps, bc.block_size = std::max(1, settings.block_size);
+    bc.n_threads = settings.n_threads;
     CpuBackend backend(model);
     const BeamRun beams = BeamSearch(backend, model, bc).run(prompt);
     ServeRun run;
     run.beams = true;
     run.n_requests = bc.width, run.n_blocks = beams.n_blocks, run.block_size = bc.block_size;
-    NaiveDecoder naive(model);
+    NaiveDecoder naive(model, settings.n_threads);
     for (std::size_t k = 0; k < beams.steps.size(); k++) {
         ServeSnapshot snap;
         snap.step = int(k);

@@ -215,6 +215,7 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     }
     m.engine->decoder().observer = &m.probe;
     m.engine->decoder().exec.attention = s.attention;
+    m.engine->decoder().exec.n_threads = s.n_threads;
     info_.exact = is_exact(s.variant);
     info_.total_steps = 1 + (s.variant == Variant::prefix_shared ? 1 : 0) + s.steps;
     info_.kv_bytes_per_token = kv_bytes(c, 1, s.kv_format);
@@ -223,7 +224,10 @@ Session::Session(const Settings& s) : impl_(std::make_unique<Impl>()) {
     m.naive.emplace(*m.backend);
     if (info_.device != "cpu") m.cpu_naive.emplace(m.lm().model);
     for (std::optional<NaiveDecoder>* n : {&m.naive, &m.cpu_naive})
-        if (*n) (*n)->kv_format = s.kv_format, (*n)->exec.attention = s.attention;  // the format-aware naive decode
+        if (*n) {
+            (*n)->kv_format = s.kv_format, (*n)->exec.attention = s.attention;  // the format-aware naive decode
+            (*n)->exec.n_threads = s.n_threads;
+        }
     worker_ = std::thread([this] { run(); });
 }
 

@@ -47,6 +47,7 @@ struct Settings {
     int heavy = 8;         // h2o: older positions kept by accumulated attention
     KVFormat kv_format = KVFormat::fp32;  // what the caches store K and V in (variants that take one)
     AttentionSpec attention;              // what the cached and naive decoders run (--attention)
+    int n_threads = 1;                    // the kernels' threads, every decoder's (never changes a bit)
     int fork_at = 8;       // prefix_shared: decode step after which A forks into C
     int free_fork_at = 0;  // prefix_shared: decode step after which C is freed (0 = never)
     // The serving view (serving.h): a workload of serve_requests requests through the
