@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "config.h"
+#include "loop_judge.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -77,20 +78,24 @@ public:
     bool try_acquire() { return !busy_.exchange(true, std::memory_order_acquire); }
     void release() { busy_.store(false, std::memory_order_release); }
 
-    // What one threaded loop cost the caller: the items it ran itself and the time they took,
-    // the items the workers ran, and the time spent posting the loop and waiting for them.
-    struct LoopCost {
-        double caller_items = 0, caller_ns = 0, worker_items = 0, overhead_ns = 0;
-    };
+    // A chunk's target time. Eight chunks a thread balance a small loop; a long one (the
+    // classifier's product) is cut finer, or the caller waits up to a whole chunk's time at the
+    // end for the worker's last one. A claim costs about 0.1 us, so 10 us chunks cost 1%.
+    static constexpr double kChunkNs = 10e3;
 
     // Runs [0, n) in chunks on this thread and up to n_threads - 1 workers; holds busy_.
-    LoopCost run(int n_threads, std::int64_t n, RangeFn body, void* ctx) {
+    // ns_per_item: the site's time per item so far (0: not known yet).
+    LoopCost run(int n_threads, std::int64_t n, RangeFn body, void* ctx, double ns_per_item) {
         using Clock = std::chrono::steady_clock;
         const auto t0 = Clock::now();
         ensure_workers(n_threads - 1);
-        // Eight chunks a thread: small enough that the last chunks balance, large enough that
-        // claiming them costs nothing next to the work.
-        const std::int64_t n_chunks = std::min<std::int64_t>({n, std::int64_t(n_threads) * 8, kMaxChunks});
+        const auto by_time = std::int64_t(std::min(double(kMaxChunks), double(n) * ns_per_item / kChunkNs));
+        const std::int64_t n_chunks =
+            std::min<std::int64_t>({n, std::max(std::int64_t(n_threads) * 8, by_time), kMaxChunks});
+        if (limit_.load(std::memory_order_relaxed) != std::uint32_t(n_threads)) {
+            limit_.store(std::uint32_t(n_threads), std::memory_order_seq_cst);
+            limit_.notify_all();
+        }
         body_ = body, ctx_ = ctx, n_ = n, n_chunks_ = n_chunks;
         done_.store(0, std::memory_order_relaxed);
         claim_.store(pack(std::uint64_t(n_threads), std::uint64_t(n_chunks), 0), std::memory_order_release);
@@ -108,98 +113,18 @@ public:
         return {double(items), ns(t_ran - t_posted), double(n - items), ns(t_done - t_ran) + ns(t_posted - t0)};
     }
 
-    // Whether threads have paid off at a loop site (a kernel's loop, at sizes within a factor of
-    // two) lately. Its loops are judged in windows of kWindow: the workers saved the items they
-    // ran at the caller's own time per item, and cost the caller its time posting and waiting.
-    // The caller's time per item is the window's least, so that a caller the OS descheduled
-    // mid-loop does not make the workers look worth more. After a window in which they cost more
-    // than they saved (another program holds the cores, or the loop is too small), the site runs
-    // on the caller alone for a while, twice as long each time in a row, then tries threads again.
-    struct Site {
-        RangeFn body = nullptr;
-        int size_class = -1;
-        int loops = 0, serial_left = 0, backoff = 0;
-        // This window's: the items workers ran and the caller's least time per item (a site's),
-        // the time they saved (the pool's), and the caller's time posting and waiting (both).
-        double worker_items = 0, ns_per_item = 0, saved_ns = 0, overhead_ns = 0;
-    };
-    static constexpr int kWindow = 16, kFirstBackoff = 64, kMaxBackoff = 1 << 13;
-    // The same judgement over every site's threaded loops together, kAllWindow at a time: when they
-    // cost more than they saved in all, every loop runs on the caller alone for a while (four
-    // times as long each time in a row), and the workers sleep through it instead of waking for
-    // the probes of site after site: on a machine whose cores are taken, a worker awake takes a
-    // share of a core from the caller, and a worker descheduled holding a chunk stalls it.
-    static constexpr int kAllWindow = 32, kAllFirstBackoff = 1024, kAllMaxBackoff = 1 << 17;
-    Site all_{.backoff = kAllFirstBackoff};  // guarded by busy_
-
-    Site& site(RangeFn body, std::int64_t n) {
-        const int size_class = std::bit_width(std::uint64_t(n));
-        std::size_t i = (reinterpret_cast<std::uintptr_t>(body) / 16 + std::size_t(size_class) * 31) % sites_.size();
-        for (std::size_t probes = 0; probes < sites_.size(); probes++, i = (i + 1) % sites_.size()) {
-            Site& s = sites_[i];
-            if (s.body == body && s.size_class == size_class) return s;
-            if (s.body == nullptr) {
-                s.body = body, s.size_class = size_class, s.backoff = kFirstBackoff;
-                return s;
-            }
-        }
-        Site& s = sites_[i];  // the table is full (it holds kernels' loops times sizes): reuse a slot
-        s = Site{.body = body, .size_class = size_class, .backoff = kFirstBackoff};
-        return s;
-    }
-
-    // A window's verdict: the site (or the pool) runs alone for its backoff when the workers
-    // cost more than they saved.
-    static void close_window(Site& s, double gain_ns, int first_backoff, int max_backoff, int growth) {
-        if (gain_ns < 0) {
-            s.serial_left = s.backoff;
-            s.backoff = std::min(growth * s.backoff, max_backoff);
-        } else {
-            s.backoff = first_backoff;
-        }
-        s.loops = 0, s.worker_items = 0, s.saved_ns = 0, s.overhead_ns = 0;
-    }
-
-    // A loop whose caller waited on the workers this long, and longer than it ran chunks itself,
-    // met a worker the OS descheduled while it held a chunk (on an idle machine the wait is at
-    // most about one chunk, and the caller runs several): the cores are taken, and the windows
-    // close at once, a loss, rather than meeting more such stalls.
-    static constexpr double kStallNs = 500e3;
-
-    void judge(Site& site, const LoopCost& c) {
-        if (c.overhead_ns > kStallNs && c.overhead_ns > c.caller_ns) {
-            stalls_.fetch_add(1, std::memory_order_relaxed);
-            close_window(site, -1.0, kFirstBackoff, kMaxBackoff, 2);
-            close_window(all_, -1.0, kAllFirstBackoff, kAllMaxBackoff, 4);
-            return;
-        }
-        if (c.caller_items > 0) {
-            const double per_item = c.caller_ns / c.caller_items;
-            if (site.loops == 0 || per_item < site.ns_per_item) site.ns_per_item = per_item;
-        }
-        site.worker_items += c.worker_items, site.overhead_ns += c.overhead_ns;
-        all_.saved_ns += c.worker_items * site.ns_per_item, all_.overhead_ns += c.overhead_ns;
-        if (++site.loops == kWindow)
-            close_window(site, site.worker_items * site.ns_per_item - site.overhead_ns, kFirstBackoff, kMaxBackoff, 2);
-        if (++all_.loops == kAllWindow)
-            close_window(all_, all_.saved_ns - all_.overhead_ns, kAllFirstBackoff, kAllMaxBackoff, 4);
-    }
-
-    // Whether this loop runs on the caller alone, by the pool's judgement (counted down).
-    bool alone(Site& site) {
-        if (always_threads_.load(std::memory_order_relaxed)) return false;
-        if (all_.serial_left > 0) return all_.serial_left--, true;
-        if (site.serial_left > 0) return site.serial_left--, true;
-        return false;
-    }
+    // Whether this loop runs on the caller alone, by the pool's judgement (loop_judge.h).
+    bool alone(LoopJudge::Site& site) { return !always_threads_.load(std::memory_order_relaxed) && judge_.alone(site); }
+    LoopJudge judge_;  // guarded by busy_
     std::atomic<bool> always_threads_{false};
 
     void count_serial() { serial_loops_.fetch_add(1, std::memory_order_relaxed); }
+    void count_stall() { stalls_.fetch_add(1, std::memory_order_relaxed); }
 
     PoolCounters counters() const {
         PoolCounters c;
         c.loops = loops_.load(), c.serial_loops = serial_loops_.load();
-        c.stalls = stalls_.load();
+        c.stalls = stalls_.load(), c.idle_rounds = idle_rounds_.load();
         return c;
     }
 
@@ -267,9 +192,20 @@ private:
         caller_waiting_.store(false, std::memory_order_relaxed);
     }
 
+    // A worker numbered at or above the thread count of the loops now posted parks on limit_
+    // instead: spinning, it would take a share of the cores from the threads doing the work (a
+    // process that once ran 8 threads and now runs 2), and asleep on wake_ it would be woken by
+    // every loop for nothing.
     [[noreturn]] void work(int id) {
         std::uint32_t seen = wake_.load(std::memory_order_acquire);
         for (;;) {
+            if (const std::uint32_t limit = limit_.load(std::memory_order_acquire); std::uint32_t(id) >= limit) {
+                limit_.wait(limit, std::memory_order_acquire);
+                seen = wake_.load(std::memory_order_acquire);
+                continue;
+            }
+            if (std::uint64_t(id) >= claim_.load(std::memory_order_relaxed) >> 48)
+                idle_rounds_.fetch_add(1, std::memory_order_relaxed);
             run_claims(id);
             auto posted = [&] { return wake_.load(std::memory_order_acquire) != seen; };
             if (!spin_until(posted, kWorkerSpin)) {
@@ -282,7 +218,6 @@ private:
     }
 
     std::atomic<bool> busy_{false};
-    std::array<Site, 256> sites_{};    // guarded by busy_
     int n_workers_ = 0;                // started, guarded by busy_
     int max_workers_ = (1 << 16) - 2;  // the claim word's limit, or where the system refused a thread
     // The posted loop: written by its caller before claim_ is stored, read after a claim.
@@ -293,13 +228,22 @@ private:
     alignas(64) std::atomic<std::uint32_t> done_{0};
     std::atomic<bool> caller_waiting_{false};
     alignas(64) std::atomic<std::uint32_t> wake_{0};
+    std::atomic<std::uint32_t> limit_{0};  // the thread count of the loops posted lately
     std::atomic<int> sleepers_{0};
     alignas(64) std::atomic<std::uint64_t> loops_{0}, serial_loops_{0}, stalls_{0};
+    alignas(64) std::atomic<std::uint64_t> idle_rounds_{0};
 };
 
 }  // namespace
 
 void pool_always_threads(bool on) { Pool::get().always_threads_.store(on); }
+
+void pool_forget() {
+    Pool& pool = Pool::get();
+    while (!pool.try_acquire()) std::this_thread::yield();
+    pool.judge_.forget();
+    pool.release();
+}
 
 void parallel_for(int n_threads, std::int64_t n, RangeFn body, void* ctx) {
     assert(n >= 0);
@@ -310,13 +254,13 @@ void parallel_for(int n_threads, std::int64_t n, RangeFn body, void* ctx) {
         pool.count_serial();
         return body(ctx, 0, n, 0);
     }
-    Pool::Site& site = pool.site(body, n);
+    LoopJudge::Site& site = pool.judge_.site(reinterpret_cast<const void*>(body), n);
     if (pool.alone(site)) {
         pool.release();
         pool.count_serial();
         return body(ctx, 0, n, 0);
     }
-    pool.judge(site, pool.run(n_threads, n, body, ctx));
+    if (pool.judge_.judge(site, pool.run(n_threads, n, body, ctx, site.ns_per_item))) pool.count_stall();
     pool.release();
 }
 

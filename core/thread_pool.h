@@ -37,10 +37,11 @@ CpuBudget usable_cpus();
 double cgroup_folder_quota(const std::string& dir);
 
 // What the pool has done, for tests and `kvlab bench`: loops run on threads, loops run on the
-// caller alone (the pool busy, or threads judged not to pay), and stalls: loops whose caller
-// waited on a descheduled worker's chunk.
+// caller alone (the pool busy, or threads judged not to pay), stalls: loops whose caller waited
+// on a descheduled worker's chunk, and idle rounds: the times a worker numbered at or above the
+// posted loop's thread count looked for chunks it may not take.
 struct PoolCounters {
-    std::uint64_t loops = 0, serial_loops = 0, stalls = 0;
+    std::uint64_t loops = 0, serial_loops = 0, stalls = 0, idle_rounds = 0;
 };
 PoolCounters pool_counters();
 
@@ -57,6 +58,9 @@ void parallel_for(int n_threads, std::int64_t n, RangeFn body, void* ctx);
 // alone for not having paid off at its site, so that a thread-count bug cannot hide in a loop the
 // pool judged too small. Off (the default) the pool judges.
 void pool_always_threads(bool on);
+// Tests: the pool forgets what it judged (every site and the pool open, no stall seen), as in a
+// new process. Call it with no loop running.
+void pool_forget();
 
 template <class Body>  // body(std::int64_t item, int thread) for every item in [0, n)
 void parallel_for(int n_threads, std::int64_t n, Body&& body) {

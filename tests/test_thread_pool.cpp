@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "config.h"
+#include "loop_judge.h"
 #include "test_util.h"
 #include "thread_pool.h"
 
@@ -82,8 +83,11 @@ TEST_CASE("parallel_for counter-test: a loop that drops its last item or runs on
 }
 
 TEST_CASE("a loop inside a loop, and loops from several threads at once, each run every item once", "[pool]") {
-    // Nested: the inner loop finds the pool busy and runs on its caller alone.
+    // Nested: the inner loop finds the pool busy and runs on its caller alone. (The outer loop is
+    // sent to the threads: had the pool judged its site not worth them, it would run alone
+    // without holding the pool, and the inner loops would take it.)
     Coverage outer(64), inner(64 * 50);
+    pool_always_threads(true);
     parallel_for(4, 64, [&](std::int64_t i, int) {
         outer.runs[std::size_t(i)].fetch_add(1);
         parallel_for(4, 50, [&](std::int64_t j, int t) {
@@ -91,8 +95,9 @@ TEST_CASE("a loop inside a loop, and loops from several threads at once, each ru
             if (t != 0) inner.bad_thread.store(1);  // a loop that found the pool busy runs as thread 0
         });
     });
-    CHECK_FALSE(coverage_error(outer).has_value());
-    CHECK_FALSE(coverage_error(inner).has_value());
+    pool_always_threads(false);
+    CHECK(coverage_error(outer).value_or("") == "");
+    CHECK(coverage_error(inner).value_or("") == "");
     // Four callers at once, each with many loops: one holds the pool, the others run alone.
     std::vector<std::unique_ptr<Coverage>> each;
     for (int k = 0; k < 4; k++) each.push_back(std::make_unique<Coverage>(300 * 97));
@@ -169,6 +174,144 @@ TEST_CASE("a worker stalled while it holds a chunk soon sends the loops to the c
     const std::uint64_t alone = pool_counters().serial_loops - before.serial_loops;
     INFO("of 60 loops, " << alone << " ran on the caller alone");
     REQUIRE(alone >= 52);
+}
+
+namespace {
+
+void spin_for(std::chrono::microseconds us) {
+    const auto end = std::chrono::steady_clock::now() + us;
+    while (std::chrono::steady_clock::now() < end) {
+    }
+}
+
+// How many chunks (calls of the range body) one loop of n items, each taking item_us, was cut into.
+std::int64_t chunks_of(std::int64_t n, int item_us) {
+    struct Ctx {
+        int item_us;
+        std::atomic<std::int64_t> calls{0};
+    } ctx{item_us};
+    parallel_for(
+        2, n,
+        [](void* c, std::int64_t begin, std::int64_t end, int) {
+            auto& x = *static_cast<Ctx*>(c);
+            x.calls.fetch_add(1);
+            if (x.item_us > 0)
+                for (std::int64_t i = begin; i < end; i++) spin_for(std::chrono::microseconds(x.item_us));
+        },
+        &ctx);
+    return ctx.calls.load();
+}
+
+}  // namespace
+
+TEST_CASE("workers above the thread count of the loops now posted park instead of waking for each", "[pool]") {
+    // A process that once ran 8 threads and now runs 2 must not have 6 workers spinning on its
+    // cores (they took the CPU from the worker holding a chunk: stalls) or waking for every loop.
+    pool_always_threads(true);
+    std::atomic<std::int64_t> sum{0};
+    for (int rep = 0; rep < 20; rep++)  // starts 7 workers, and gives them time to start
+        parallel_for(8, 800, [&](std::int64_t i, int) {
+            spin_for(std::chrono::microseconds(1));
+            sum.fetch_add(i);
+        });
+    const PoolCounters before = pool_counters();
+    for (int rep = 0; rep < 1000; rep++)
+        parallel_for(2, 64, [&](std::int64_t i, int) {
+            spin_for(std::chrono::microseconds(1));
+            sum.fetch_add(i);
+        });
+    const std::uint64_t rounds = pool_counters().idle_rounds - before.idle_rounds;
+    pool_always_threads(false);
+    REQUIRE(sum.load() == 20 * (800 * 799 / 2) + 1000 * (64 * 63 / 2));
+    INFO(rounds << " rounds of workers 2..7 in 1000 loops of 2 threads");
+    CHECK(rounds <= 12);  // each may look once or twice before it parks
+}
+
+TEST_CASE("a long loop is cut into chunks of about 10 us, a short one into eight a thread", "[pool]") {
+    // A worker that takes the last chunk of a long loop keeps the caller waiting up to that chunk's
+    // time: the classifier's product (1000 tiles of about 1.3 us) would wait tens of microseconds.
+    // Once the pool knows a site's time per item, it sizes chunks by time.
+    pool_always_threads(true);
+    pool_forget();
+    for (int rep = 0; rep < 3; rep++) chunks_of(400, 2);  // the site learns its time per item
+    const std::int64_t costly = chunks_of(400, 2);        // 800 us: 80 chunks at 10 us
+    for (int rep = 0; rep < 3; rep++) chunks_of(4000, 0);
+    const std::int64_t cheap = chunks_of(4000, 0);  // next to nothing: 16 chunks
+    pool_always_threads(false);
+    INFO("400 items of 2 us: " << costly << " chunks; 4000 of none: " << cheap);
+    CHECK(costly >= 40);
+    CHECK(costly <= 400);
+    CHECK(cheap == 16);
+}
+
+namespace {
+
+// How many loops in a row the judge now sends to the caller alone at `site` (at most `limit`).
+int alone_run(LoopJudge& judge, LoopJudge::Site& site, int limit = 1 << 20) {
+    int n = 0;
+    while (n < limit && judge.alone(site)) n++;
+    return n;
+}
+
+// A loop of 64 items whose worker's half paid: 32 us saved for 2 us of posting and waiting.
+constexpr LoopCost kPaid{32, 32e3, 32, 2e3};
+// A loop whose caller waited 1 ms on a worker's chunk: a stall.
+constexpr LoopCost kStall{32, 32e3, 32, 1e6};
+
+}  // namespace
+
+TEST_CASE(
+    "the judge: a stall after 100 ms of threaded loops without one costs 128 loops alone, a sooner one the "
+    "pool's long backoff",
+    "[pool][judge]") {
+    // Both outcomes are asserted over generated histories: a judge that took every stall as
+    // isolated fails the sooner ones, and one that took none as isolated fails the later ones.
+    rc::prop("threaded time between two stalls decides", [] {
+        LoopJudge judge;
+        LoopJudge::Site& site = judge.site(&judge, 64);
+        RC_ASSERT(judge.judge(site, kStall));                               // a new process: isolated
+        RC_ASSERT(alone_run(judge, site) == 2 * LoopJudge::kFirstBackoff);  // the pool's 64, then the site's
+        const int loop_us = *rc::gen::inRange(20, 2000);
+        const int loops = *rc::gen::inRange(1, 250'000 / loop_us);  // up to 250 ms of threaded loops
+        const LoopCost paid{kPaid.caller_items, loop_us * 1e3 - kPaid.overhead_ns, kPaid.worker_items,
+                            kPaid.overhead_ns};
+        for (int i = 0; i < loops; i++) {
+            RC_ASSERT(!judge.alone(site));  // workers that pay keep the loops
+            RC_ASSERT(!judge.judge(site, paid));
+        }
+        RC_ASSERT(judge.judge(site, kStall));
+        const int alone = alone_run(judge, site);
+        RC_LOG() << loops << " loops of " << loop_us << " us, then " << alone << " alone";
+        if (double(loops) * loop_us * 1e3 >= LoopJudge::kIsolatedNs)
+            RC_ASSERT(alone == 2 * LoopJudge::kFirstBackoff);
+        else
+            RC_ASSERT(alone >= LoopJudge::kAllFirstBackoff);
+    });
+}
+
+TEST_CASE(
+    "the judge: a site whose workers cost more than they save runs alone for 64, then 128, 256 and 512 loops, and one "
+    "that pays "
+    "never does",
+    "[pool][judge]") {
+    LoopJudge judge;
+    LoopJudge::Site& small = judge.site(&judge, 2);
+    const LoopCost costly{1, 1, 1, 3e3};  // two items: 1 ns saved, 3 us spent posting and waiting
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < LoopJudge::kWindow; i++) {
+            REQUIRE_FALSE(judge.alone(small));
+            judge.judge(small, costly);
+        }
+        const int alone = alone_run(judge, small);
+        INFO("round " << round << ": " << alone << " alone");
+        CHECK(alone >= LoopJudge::kFirstBackoff << round);  // the site's backoff doubles (the pool's adds on)
+    }
+    LoopJudge fresh;
+    LoopJudge::Site& paying = fresh.site(&fresh, 64);
+    for (int i = 0; i < 10 * LoopJudge::kAllWindow; i++) {
+        REQUIRE_FALSE(fresh.alone(paying));
+        fresh.judge(paying, kPaid);
+    }
 }
 
 TEST_CASE("threads auto counts the affinity mask, not the machine", "[pool][auto]") {
