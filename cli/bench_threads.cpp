@@ -10,8 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "commands.h"
 #include "common.h"
@@ -67,6 +70,36 @@ std::uint64_t fnv1a(std::uint64_t h, const std::vector<float>& v) {
         for (int b = 0; b < 4; b++) h = (h ^ ((bits >> (8 * b)) & 0xff)) * 0x100000001b3ull;
     }
     return h;
+}
+
+// The machine's memory read bandwidth on `threads` threads, in GB/s (best of 3 passes over `bytes`):
+// a decode step streams every weight once, so at this rate a model's decode stops speeding up
+// with more threads, whatever its kernels do.
+double read_bandwidth(int threads, std::size_t bytes) {
+    const std::size_t n = bytes / sizeof(std::uint32_t);
+    std::vector<std::uint32_t> buffer(n, 1);  // [n]
+    assert(buffer.size() == n);
+    double best = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        std::vector<std::uint32_t> sums(std::size_t(threads), 0);  // [threads]
+        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<std::thread> readers;
+        for (int t = 0; t < threads; t++)
+            readers.emplace_back([&, t] {
+                std::uint32_t sum = 0;  // unsigned: the compiler may vectorize and reorder it
+                for (std::size_t i = n * std::size_t(t) / std::size_t(threads);
+                     i < n * std::size_t(t + 1) / std::size_t(threads); i++)
+                    sum += buffer[i];
+                sums[std::size_t(t)] = sum;
+            });
+        for (std::thread& r : readers) r.join();
+        const double s = seconds_since(t0);
+        std::uint32_t total = 0;
+        for (const std::uint32_t x : sums) total += x;
+        if (total != std::uint32_t(n)) throw Error("bench: the bandwidth probe read wrong sums");
+        best = std::max(best, double(n * sizeof(std::uint32_t)) / s / 1e9);
+    }
+    return best;
 }
 
 // One greedy decode: the tokens it fed, a hash of every step's logits, the logits after each
@@ -183,12 +216,31 @@ double one_thread_median(const std::vector<Cell>& cells, const Cell& cell) {
     return cell.median();
 }
 
-void print_threads_json(const Config& c, const BenchOptions& o, int steps, const std::vector<Cell>& cells) {
+// What a decode step reads (every weight, once), and the rate the machine reads memory at, idle.
+struct Bandwidth {
+    double weight_bytes = 0;
+    std::vector<double> read_gb_s;  // [threads]: on 1..threads threads
+    double weights_gb_s(const Cell& cell, int steps) const { return weight_bytes * steps / cell.median() / 1e9; }
+};
+
+Bandwidth measure_bandwidth(const Model& model, int threads) {
+    Bandwidth b;
+    b.weight_bytes = double(model.config().n_params(model.w.shared_classifier)) * sizeof(float);
+    // Four times the weights, so that no cache holds it, from 64 MB to 256 MB.
+    const auto bytes = std::size_t(std::clamp(4 * b.weight_bytes, 64e6, 256e6));
+    for (int t = 1; t <= threads; t++) b.read_gb_s.push_back(read_bandwidth(t, bytes));
+    assert(b.read_gb_s.size() == std::size_t(threads));
+    return b;
+}
+
+void print_threads_json(const Config& c, const BenchOptions& o, int steps, const std::vector<Cell>& cells,
+                        const Bandwidth& bw) {
     nlohmann::json rows = nlohmann::json::array();
     for (const Cell& cell : cells)
         rows.push_back({{"threads", cell.threads},
                         {"background_load", cell.load},
                         {"decode_tokens_per_second", steps / cell.median()},
+                        {"weights_read_gb_per_second", bw.weights_gb_s(cell, steps)},
                         {"vs_1_thread_same_load", one_thread_median(cells, cell) / cell.median()},
                         {"loops_on_threads", cell.loops_threaded},
                         {"loops_on_caller_alone", cell.loops_alone},
@@ -202,22 +254,25 @@ void print_threads_json(const Config& c, const BenchOptions& o, int steps, const
                                       {"threads", o.threads},
                                       {"threads_choice", threads_json()},
                                       {"background_load", o.background_load},
+                                      {"weight_bytes", bw.weight_bytes},
+                                      {"memory_read_gb_per_second_idle", bw.read_gb_s},
                                       {"rows", rows}}));
 }
 
-void print_threads_text(const Config& c, const BenchOptions& o, int steps, const std::vector<Cell>& cells) {
+void print_threads_text(const Config& c, const BenchOptions& o, int steps, const std::vector<Cell>& cells,
+                        const Bandwidth& bw) {
     fmt::print("kvlab bench --background-load {}: random model, {}\n", o.background_load, c.describe());
     fmt::print(
         "greedy decode of {} tokens after one, cached; median of {} runs, every row in each run (idle, then beside "
         "{} busy-looping process{} of kvlab's own); threads 1..{}: {}\n\n",
         steps, o.reps, o.background_load, o.background_load == 1 ? "" : "es", o.threads, threads_text(o.threads));
-    fmt::print("{:>7} {:>5} {:>13} {:>20} {:>17} {:>7}  {}\n", "threads", "load", "decode tok/s",
-               "vs 1 thread, same load", "loops on threads", "stalls", "logits");
+    fmt::print("{:>7} {:>5} {:>13} {:>20} {:>13} {:>17} {:>7}  {}\n", "threads", "load", "decode tok/s",
+               "vs 1 thread, same load", "weights GB/s", "loops on threads", "stalls", "logits");
     for (const Cell& cell : cells) {
         const std::uint64_t loops = cell.loops_threaded + cell.loops_alone;
         const bool one = cell.threads == 1;
-        fmt::print("{:>7} {:>5} {:>13.1f} {:>19.2f}x {:>17} {:>7}  {}\n", cell.threads, cell.load,
-                   steps / cell.median(), one_thread_median(cells, cell) / cell.median(),
+        fmt::print("{:>7} {:>5} {:>13.1f} {:>19.2f}x {:>13.1f} {:>17} {:>7}  {}\n", cell.threads, cell.load,
+                   steps / cell.median(), one_thread_median(cells, cell) / cell.median(), bw.weights_gb_s(cell, steps),
                    one ? std::string("-") : fmt::format("{:.0f}%", loops ? 100.0 * cell.loops_threaded / loops : 0.0),
                    one ? std::string("-") : std::to_string(cell.stalls),
                    cell.bitwise() ? "bitwise equal to naive decode" : "DIFFER");
@@ -226,6 +281,13 @@ void print_threads_text(const Config& c, const BenchOptions& o, int steps, const
         "\nloops on threads: of a row's parallel loops, those the pool gave its workers; it ran the rest on the "
         "caller alone, where workers had lately cost more than they saved (core/thread_pool.h); stalls: loops whose "
         "caller waited on a descheduled worker's chunk, over all runs\n");
+    std::string rates;
+    for (std::size_t t = 0; t < bw.read_gb_s.size(); t++)
+        rates += fmt::format("{}{:.1f} GB/s on {} thread{}", t ? ", " : "", bw.read_gb_s[t], t + 1, t ? "s" : "");
+    fmt::print(
+        "weights GB/s: the {:.1f} MB of weights a step reads, times steps per second; this machine reads memory at "
+        "{} (idle, best of 3): where a row comes near that, more threads cannot make it faster\n",
+        bw.weight_bytes / 1e6, rates);
 }
 
 }  // namespace
@@ -236,10 +298,11 @@ int run_bench_threads(const BenchOptions& o) {
     const int steps = bench_lengths(c, o).back() - 1;
     if (steps < 1) throw Error("bench --background-load: the longest of --lengths must be at least 2");
     const std::vector<Cell> cells = measure_cells(model, o, steps);
+    const Bandwidth bw = measure_bandwidth(model, o.threads);
     if (o.json)
-        print_threads_json(c, o, steps, cells);
+        print_threads_json(c, o, steps, cells, bw);
     else
-        print_threads_text(c, o, steps, cells);
+        print_threads_text(c, o, steps, cells, bw);
     for (const Cell& cell : cells)
         if (!cell.bitwise()) {
             fmt::print(stderr, "kvlab: error: the decoders' logits are not bitwise equal\n");

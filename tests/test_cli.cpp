@@ -406,7 +406,11 @@ TEST_CASE(
         CHECK(row["background_load"] == (i < 3 ? 0 : 2));
         CHECK(row["bitwise_equal_naive"] == true);
         CHECK(row["decode_tokens_per_second"].get<double>() > 0);
+        CHECK(row["weights_read_gb_per_second"].get<double>() ==
+              Approx(j["weight_bytes"].get<double>() * row["decode_tokens_per_second"].get<double>() / 1e9));
     }
+    REQUIRE(j["memory_read_gb_per_second_idle"].size() == 3);  // on 1, 2 and 3 threads
+    for (const auto& rate : j["memory_read_gb_per_second_idle"]) CHECK(rate.get<double>() > 0);
     // The busy processes are kvlab's children, killed and reaped before it exits: run in a session
     // of its own, kvlab leaves no process in that session behind (pgrep -s finds none: status 1).
     const std::string in_session = "sh -c 'setsid " + std::string(KVLAB_BINARY) + " bench --shape " + kTiny +
