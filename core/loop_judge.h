@@ -75,7 +75,15 @@ public:
 
     // Whether the next loop at `site` runs on the caller alone (counted down).
     bool alone(Site& site) {
-        if (all_.serial_left > 0) return all_.serial_left--, true;
+        if (all_.serial_left > 0) {
+            // The pool's stretch alone after a loss ends: while other programs keep the cores busy,
+            // trying threads again would only meet stalls, so a short stretch follows (asking
+            // costs a file read, a probe under load a stall or more: the pool asks often instead,
+            // and takes the threads back within kAllFirstBackoff loops of the load's end).
+            if (--all_.serial_left == 0 && ask_at_end_ && cores_taken && cores_taken())
+                all_.serial_left = kAllFirstBackoff;
+            return true;
+        }
         if (site.serial_left > 0) return site.serial_left--, true;
         return false;
     }
@@ -85,6 +93,7 @@ public:
         if (c.overhead_ns > kStallNs && c.overhead_ns > c.caller_ns) {
             const bool isolated = threaded_ns_since_stall_ >= kIsolatedNs;
             threaded_ns_since_stall_ = 0;
+            ask_at_end_ = !isolated;
             if (isolated) {
                 site.serial_left = all_.serial_left = kFirstBackoff;
                 open_window(site), open_window(all_);
@@ -103,13 +112,23 @@ public:
         all_.saved_ns += c.worker_items * site.ns_per_item, all_.overhead_ns += c.overhead_ns;
         if (++site.loops == kWindow)
             close_window(site, site.worker_items * site.ns_per_item - site.overhead_ns, kFirstBackoff, kMaxBackoff, 2);
-        if (++all_.loops == kAllWindow)
+        if (++all_.loops == kAllWindow) {
+            ask_at_end_ = true;
             close_window(all_, all_.saved_ns - all_.overhead_ns, kAllFirstBackoff, kAllMaxBackoff, 4, true);
+        }
         return false;
     }
 
     // Everything judged so far forgotten, as in a new process.
-    void forget() { *this = LoopJudge(); }
+    void forget() {
+        bool (*keep)() = cores_taken;
+        *this = LoopJudge();
+        cores_taken = keep;
+    }
+
+    // Asked as the pool's stretch alone after a loss ends, before it tries threads again: whether
+    // other programs keep the cores busy now (then it runs alone on). Null: never asked.
+    bool (*cores_taken)() = nullptr;
 
 private:
     static void open_window(Site& s) { s.loops = 0, s.worker_items = 0, s.saved_ns = 0, s.overhead_ns = 0; }
@@ -130,6 +149,7 @@ private:
     std::array<Site, 256> sites_{};
     Site all_{.backoff = kAllFirstBackoff};
     double threaded_ns_since_stall_ = kIsolatedNs;  // threaded loops' time since the last stall
+    bool ask_at_end_ = false;                       // the pool's stretch alone follows a loss
 };
 
 }  // namespace kvlab

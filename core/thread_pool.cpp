@@ -31,6 +31,8 @@ namespace kvlab {
 
 namespace {
 
+int affinity_cpus();
+
 void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
@@ -135,7 +137,23 @@ private:
         return limit << 48 | n_chunks << 24 | next;
     }
 
+    // Whether the threads the loops ask for would not find free cores: the programs running now
+    // (/proc/loadavg's count, this thread among them; the workers sleep through a stretch alone),
+    // with the workers added, outnumber the CPUs this process may use.
+    static bool cores_taken() {
+        std::ifstream loadavg("/proc/loadavg");
+        double avg1 = 0, avg5 = 0, avg15 = 0;
+        int running = 0;
+        char slash = 0;
+        if (!(loadavg >> avg1 >> avg5 >> avg15 >> running >> slash) || slash != '/') return false;
+        const int others = std::max(0, running - 1);
+        const int workers = int(get().limit_.load(std::memory_order_relaxed)) - 1;
+        static const int cpus = affinity_cpus();
+        return others + 1 + workers > cpus;
+    }
+
     Pool() {
+        judge_.cores_taken = &Pool::cores_taken;
         // A forked child has none of its parent's workers: it starts its own when it first needs
         // them. (Until then the caller claims every chunk, which is also correct.)
         pthread_atfork(nullptr, nullptr, [] {

@@ -7,8 +7,8 @@
 // chunk already in progress. Workers spin a bounded time for the next loop, then sleep on a futex
 // (std::atomic::wait), so an idle or starved worker costs nobody a core. And the pool judges
 // itself: where the workers have lately cost the caller more than they saved (another program
-// holds the cores, or a loop is too small), loops run on the caller alone for a while
-// (thread_pool.cpp: Site).
+// holds the cores, or a loop is too small), loops run on the caller alone for a while, and
+// while /proc/loadavg counts more programs running than there are free cores, on (loop_judge.h).
 #pragma once
 
 #include <cstdint>

@@ -314,6 +314,33 @@ TEST_CASE(
     }
 }
 
+namespace {
+bool fake_cores_taken = false;
+}  // namespace
+
+TEST_CASE(
+    "the judge: after a loss the pool stays alone while other programs keep the cores busy and tries threads "
+    "once they stop",
+    "[pool][judge]") {
+    for (const bool asks : {true, false}) {
+        LoopJudge judge;
+        if (asks) judge.cores_taken = [] { return fake_cores_taken; };
+        LoopJudge::Site& site = judge.site(&judge, 64);
+        judge.judge(site, kStall);  // isolated: 128 alone, no question asked
+        fake_cores_taken = true;
+        CHECK(alone_run(judge, site) == 2 * LoopJudge::kFirstBackoff);
+        judge.judge(site, kStall);  // a second one soon after: the pool's stretch, 1024 loops
+        // Asked, the judge runs alone on, 1024 loops at a time, for as long as the cores are taken;
+        // never asked, it tries threads after its stretch (and the site's): the counter-case.
+        const int alone = alone_run(judge, site, 20'000);
+        INFO((asks ? "asking" : "not asking") << ": " << alone << " alone");
+        CHECK(alone == (asks ? 20'000 : LoopJudge::kAllFirstBackoff + LoopJudge::kFirstBackoff));
+        fake_cores_taken = false;
+        if (asks) CHECK(alone_run(judge, site) <= LoopJudge::kAllFirstBackoff + LoopJudge::kFirstBackoff);
+        CHECK_FALSE(judge.alone(site));  // the cores are free: threads again
+    }
+}
+
 TEST_CASE("threads auto counts the affinity mask, not the machine", "[pool][auto]") {
     unsetenv("KVLAB_THREADS");  // ctest sets it; here the mask decides
     const CpuBudget all = usable_cpus();
