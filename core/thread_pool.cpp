@@ -12,8 +12,11 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <new>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -95,8 +98,11 @@ public:
         const std::int64_t n_chunks =
             std::min<std::int64_t>({n, std::max(std::int64_t(n_threads) * 8, by_time), kMaxChunks});
         if (limit_.load(std::memory_order_relaxed) != std::uint32_t(n_threads)) {
-            limit_.store(std::uint32_t(n_threads), std::memory_order_seq_cst);
-            limit_.notify_all();
+            {
+                const std::lock_guard<std::mutex> lock(park_mutex_);
+                limit_.store(std::uint32_t(n_threads), std::memory_order_release);
+            }
+            park_.notify_all();
         }
         body_ = body, ctx_ = ctx, n_ = n, n_chunks_ = n_chunks;
         done_.store(0, std::memory_order_relaxed);
@@ -158,8 +164,11 @@ private:
         // them. (Until then the caller claims every chunk, which is also correct.)
         pthread_atfork(nullptr, nullptr, [] {
             Pool& p = get();
-            p.n_workers_ = 0, p.sleepers_ = 0;
+            p.n_workers_ = 0, p.sleepers_ = 0, p.limit_ = 0;
             p.busy_ = false;  // a parent thread inside a loop at the fork does not exist here
+            // A parent's worker may have held the mutex at the fork: the child's start unlocked.
+            new (&p.park_mutex_) std::mutex;
+            new (&p.park_) std::condition_variable;
         });
     }
 
@@ -217,8 +226,9 @@ private:
     [[noreturn]] void work(int id) {
         std::uint32_t seen = wake_.load(std::memory_order_acquire);
         for (;;) {
-            if (const std::uint32_t limit = limit_.load(std::memory_order_acquire); std::uint32_t(id) >= limit) {
-                limit_.wait(limit, std::memory_order_acquire);
+            if (std::uint32_t(id) >= limit_.load(std::memory_order_acquire)) {
+                std::unique_lock<std::mutex> lock(park_mutex_);
+                park_.wait(lock, [&] { return std::uint32_t(id) < limit_.load(std::memory_order_acquire); });
                 seen = wake_.load(std::memory_order_acquire);
                 continue;
             }
@@ -246,7 +256,11 @@ private:
     alignas(64) std::atomic<std::uint32_t> done_{0};
     std::atomic<bool> caller_waiting_{false};
     alignas(64) std::atomic<std::uint32_t> wake_{0};
-    std::atomic<std::uint32_t> limit_{0};  // the thread count of the loops posted lately
+    // The thread count of the loops posted lately; workers at or above it wait on park_. (A
+    // condition variable: changes are rare, and a missed wake-up here would park a worker for good.)
+    std::atomic<std::uint32_t> limit_{0};
+    std::mutex park_mutex_;
+    std::condition_variable park_;
     std::atomic<int> sleepers_{0};
     alignas(64) std::atomic<std::uint64_t> loops_{0}, serial_loops_{0}, stalls_{0};
     alignas(64) std::atomic<std::uint64_t> idle_rounds_{0};
