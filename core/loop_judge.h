@@ -38,9 +38,9 @@ struct LoopCost {
 // met a worker the OS descheduled while it held a chunk (on an idle machine the wait is at most
 // about one chunk, and the caller runs several): the cores are taken, and both windows close at
 // once, a loss, rather than meet more such stalls. Unless it is the first stall in kIsolatedNs of
-// threaded loops: a virtual machine's host, or a moment's other work, stalls an idle machine a
-// few times a second, and that costs kFirstBackoff loops alone, not the pool's long backoff
-// (under load, a stall comes every few milliseconds of threaded loops).
+// threaded loops and no other program keeps the cores busy (cores_taken): a virtual machine's host, or a moment's other
+// work, stalls an idle machine a few times a second, and that costs kFirstBackoff loops alone, not the pool's long
+// backoff (under load, a stall comes every few milliseconds of threaded loops).
 class LoopJudge {
 public:
     static constexpr int kWindow = 16, kFirstBackoff = 64, kMaxBackoff = 1 << 13;
@@ -73,14 +73,18 @@ public:
         return s;
     }
 
-    // Whether the next loop at `site` runs on the caller alone (counted down).
-    bool alone(Site& site) {
+    // Whether the next loop at `site`, on n_threads threads, runs on the caller alone (counted down).
+    bool alone(Site& site, int n_threads) {
+        if (!asked_) {  // a process started beside busy programs starts alone
+            asked_ = true;
+            if (cores_taken && cores_taken(n_threads)) all_.serial_left = kAllFirstBackoff, ask_at_end_ = true;
+        }
         if (all_.serial_left > 0) {
             // The pool's stretch alone after a loss ends: while other programs keep the cores busy,
             // trying threads again would only meet stalls, so a short stretch follows (asking
             // costs a file read, a probe under load a stall or more: the pool asks often instead,
             // and takes the threads back within kAllFirstBackoff loops of the load's end).
-            if (--all_.serial_left == 0 && ask_at_end_ && cores_taken && cores_taken())
+            if (--all_.serial_left == 0 && ask_at_end_ && cores_taken && cores_taken(n_threads))
                 all_.serial_left = kAllFirstBackoff;
             return true;
         }
@@ -89,9 +93,9 @@ public:
     }
 
     // Takes in a threaded loop's cost; true when it was a stall.
-    bool judge(Site& site, const LoopCost& c) {
+    bool judge(Site& site, const LoopCost& c, int n_threads) {
         if (c.overhead_ns > kStallNs && c.overhead_ns > c.caller_ns) {
-            const bool isolated = threaded_ns_since_stall_ >= kIsolatedNs;
+            const bool isolated = threaded_ns_since_stall_ >= kIsolatedNs && !(cores_taken && cores_taken(n_threads));
             threaded_ns_since_stall_ = 0;
             ask_at_end_ = !isolated;
             if (isolated) {
@@ -121,14 +125,15 @@ public:
 
     // Everything judged so far forgotten, as in a new process.
     void forget() {
-        bool (*keep)() = cores_taken;
+        bool (*keep)(int) = cores_taken;
         *this = LoopJudge();
         cores_taken = keep;
     }
 
-    // Asked as the pool's stretch alone after a loss ends, before it tries threads again: whether
-    // other programs keep the cores busy now (then it runs alone on). Null: never asked.
-    bool (*cores_taken)() = nullptr;
+    // Whether other programs keep busy the cores n_threads threads would need. Asked before the
+    // first loop, at a stall (then never isolated), and as the pool's stretch alone after a loss
+    // ends, before it tries threads again (then it runs alone on). Null: never asked.
+    bool (*cores_taken)(int n_threads) = nullptr;
 
 private:
     static void open_window(Site& s) { s.loops = 0, s.worker_items = 0, s.saved_ns = 0, s.overhead_ns = 0; }
@@ -150,6 +155,7 @@ private:
     Site all_{.backoff = kAllFirstBackoff};
     double threaded_ns_since_stall_ = kIsolatedNs;  // threaded loops' time since the last stall
     bool ask_at_end_ = false;                       // the pool's stretch alone follows a loss
+    bool asked_ = false;                            // cores_taken asked before the first loop
 };
 
 }  // namespace kvlab

@@ -122,7 +122,9 @@ public:
     }
 
     // Whether this loop runs on the caller alone, by the pool's judgement (loop_judge.h).
-    bool alone(LoopJudge::Site& site) { return !always_threads_.load(std::memory_order_relaxed) && judge_.alone(site); }
+    bool alone(LoopJudge::Site& site, int n_threads) {
+        return !always_threads_.load(std::memory_order_relaxed) && judge_.alone(site, n_threads);
+    }
     LoopJudge judge_;  // guarded by busy_
     std::atomic<bool> always_threads_{false};
 
@@ -143,19 +145,18 @@ private:
         return limit << 48 | n_chunks << 24 | next;
     }
 
-    // Whether the threads the loops ask for would not find free cores: the programs running now
-    // (/proc/loadavg's count, this thread among them; the workers sleep through a stretch alone),
-    // with the workers added, outnumber the CPUs this process may use.
-    static bool cores_taken() {
+    // Whether other programs take cores the loops' threads would need: the programs running now
+    // (/proc/loadavg's count, less this thread; the workers sleep through a stretch alone)
+    // outnumber the CPUs this process may use that its threads leave free.
+    static bool cores_taken(int n_threads) {
         std::ifstream loadavg("/proc/loadavg");
         double avg1 = 0, avg5 = 0, avg15 = 0;
         int running = 0;
         char slash = 0;
         if (!(loadavg >> avg1 >> avg5 >> avg15 >> running >> slash) || slash != '/') return false;
         const int others = std::max(0, running - 1);
-        const int workers = int(get().limit_.load(std::memory_order_relaxed)) - 1;
         static const int cpus = affinity_cpus();
-        return others + 1 + workers > cpus;
+        return others > cpus - std::min(n_threads, cpus);
     }
 
     Pool() {
@@ -287,12 +288,12 @@ void parallel_for(int n_threads, std::int64_t n, RangeFn body, void* ctx) {
         return body(ctx, 0, n, 0);
     }
     LoopJudge::Site& site = pool.judge_.site(reinterpret_cast<const void*>(body), n);
-    if (pool.alone(site)) {
+    if (pool.alone(site, n_threads)) {
         pool.release();
         pool.count_serial();
         return body(ctx, 0, n, 0);
     }
-    if (pool.judge_.judge(site, pool.run(n_threads, n, body, ctx, site.ns_per_item))) pool.count_stall();
+    if (pool.judge_.judge(site, pool.run(n_threads, n, body, ctx, site.ns_per_item), n_threads)) pool.count_stall();
     pool.release();
 }
 

@@ -251,7 +251,7 @@ namespace {
 // How many loops in a row the judge now sends to the caller alone at `site` (at most `limit`).
 int alone_run(LoopJudge& judge, LoopJudge::Site& site, int limit = 1 << 20) {
     int n = 0;
-    while (n < limit && judge.alone(site)) n++;
+    while (n < limit && judge.alone(site, 2)) n++;
     return n;
 }
 
@@ -271,17 +271,17 @@ TEST_CASE(
     rc::prop("threaded time between two stalls decides", [] {
         LoopJudge judge;
         LoopJudge::Site& site = judge.site(&judge, 64);
-        RC_ASSERT(judge.judge(site, kStall));                               // a new process: isolated
+        RC_ASSERT(judge.judge(site, kStall, 2));                            // a new process: isolated
         RC_ASSERT(alone_run(judge, site) == 2 * LoopJudge::kFirstBackoff);  // the pool's 64, then the site's
         const int loop_us = *rc::gen::inRange(20, 2000);
         const int loops = *rc::gen::inRange(1, 250'000 / loop_us);  // up to 250 ms of threaded loops
         const LoopCost paid{kPaid.caller_items, loop_us * 1e3 - kPaid.overhead_ns, kPaid.worker_items,
                             kPaid.overhead_ns};
         for (int i = 0; i < loops; i++) {
-            RC_ASSERT(!judge.alone(site));  // workers that pay keep the loops
-            RC_ASSERT(!judge.judge(site, paid));
+            RC_ASSERT(!judge.alone(site, 2));  // workers that pay keep the loops
+            RC_ASSERT(!judge.judge(site, paid, 2));
         }
-        RC_ASSERT(judge.judge(site, kStall));
+        RC_ASSERT(judge.judge(site, kStall, 2));
         const int alone = alone_run(judge, site);
         RC_LOG() << loops << " loops of " << loop_us << " us, then " << alone << " alone";
         if (double(loops) * loop_us * 1e3 >= LoopJudge::kIsolatedNs)
@@ -301,8 +301,8 @@ TEST_CASE(
     const LoopCost costly{1, 1, 1, 3e3};  // two items: 1 ns saved, 3 us spent posting and waiting
     for (int round = 0; round < 4; round++) {
         for (int i = 0; i < LoopJudge::kWindow; i++) {
-            REQUIRE_FALSE(judge.alone(small));
-            judge.judge(small, costly);
+            REQUIRE_FALSE(judge.alone(small, 2));
+            judge.judge(small, costly, 2);
         }
         const int alone = alone_run(judge, small);
         INFO("round " << round << ": " << alone << " alone");
@@ -311,8 +311,8 @@ TEST_CASE(
     LoopJudge fresh;
     LoopJudge::Site& paying = fresh.site(&fresh, 64);
     for (int i = 0; i < 10 * LoopJudge::kAllWindow; i++) {
-        REQUIRE_FALSE(fresh.alone(paying));
-        fresh.judge(paying, kPaid);
+        REQUIRE_FALSE(fresh.alone(paying, 2));
+        fresh.judge(paying, kPaid, 2);
     }
 }
 
@@ -325,13 +325,15 @@ TEST_CASE(
     "once they stop",
     "[pool][judge]") {
     for (const bool asks : {true, false}) {
+        fake_cores_taken = false;
         LoopJudge judge;
-        if (asks) judge.cores_taken = [] { return fake_cores_taken; };
+        if (asks) judge.cores_taken = [](int) { return fake_cores_taken; };
         LoopJudge::Site& site = judge.site(&judge, 64);
-        judge.judge(site, kStall);  // isolated: 128 alone, no question asked
-        fake_cores_taken = true;
+        CHECK_FALSE(judge.alone(site, 2));  // the cores are free at the start
+        judge.judge(site, kStall, 2);       // isolated: 128 alone
         CHECK(alone_run(judge, site) == 2 * LoopJudge::kFirstBackoff);
-        judge.judge(site, kStall);  // a second one soon after: the pool's stretch, 1024 loops
+        fake_cores_taken = true;
+        judge.judge(site, kStall, 2);  // a second one soon after: the pool's stretch, 1024 loops
         // Asked, the judge runs alone on, 1024 loops at a time, for as long as the cores are taken;
         // never asked, it tries threads after its stretch (and the site's): the counter-case.
         const int alone = alone_run(judge, site, 20'000);
@@ -339,8 +341,31 @@ TEST_CASE(
         CHECK(alone == (asks ? 20'000 : LoopJudge::kAllFirstBackoff + LoopJudge::kFirstBackoff));
         fake_cores_taken = false;
         if (asks) CHECK(alone_run(judge, site) <= LoopJudge::kAllFirstBackoff + LoopJudge::kFirstBackoff);
-        CHECK_FALSE(judge.alone(site));  // the cores are free: threads again
+        CHECK_FALSE(judge.alone(site, 2));  // the cores are free: threads again
     }
+}
+
+TEST_CASE(
+    "the judge: a process started beside busy programs starts alone, and a stall while they run is no "
+    "isolated one",
+    "[pool][judge]") {
+    fake_cores_taken = true;
+    LoopJudge started;
+    started.cores_taken = [](int) { return fake_cores_taken; };
+    LoopJudge::Site& site = started.site(&started, 64);
+    CHECK(alone_run(started, site, 5000) == 5000);
+    fake_cores_taken = false;
+    CHECK(alone_run(started, site) <= LoopJudge::kAllFirstBackoff);
+    CHECK_FALSE(started.alone(site, 2));
+
+    LoopJudge later;
+    later.cores_taken = [](int) { return fake_cores_taken; };
+    LoopJudge::Site& s = later.site(&later, 64);
+    CHECK_FALSE(later.alone(s, 2));
+    fake_cores_taken = true;
+    later.judge(s, kStall, 2);  // a first stall, isolated were the cores free
+    CHECK(alone_run(later, s, 5000) == 5000);
+    fake_cores_taken = false;
 }
 
 TEST_CASE("threads auto counts the affinity mask, not the machine", "[pool][auto]") {
