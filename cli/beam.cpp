@@ -13,7 +13,10 @@
 
 namespace kvlab::cli {
 
-int run_beam(const BeamOptions& o) {
+int run_beam(const BeamOptions& options) {
+    // Library callers (the fuzzers) pass the options' default, 0: auto, which main resolves for the CLI.
+    BeamOptions o = options;
+    resolve_threads(o.threads);
     const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
     const std::vector<int> prompt = checked_prompt(lm, o.prompt, o.tokens, "Once upon a time", o.steps, 0);
     BeamConfig bc;

@@ -119,7 +119,10 @@ std::string check_one(const GoldenRun& g, const std::string& kept, const std::st
 
 }  // namespace
 
-int run_golden(const GoldenOptions& o) {
+int run_golden(const GoldenOptions& options) {
+    // Library callers (the fuzzers) pass the options' default, 0: auto, which main resolves for the CLI.
+    GoldenOptions o = options;
+    resolve_threads(o.threads);
     const std::string models = models_dir();
     if (!o.out.empty()) return write_golden(o, models);
     if (o.check.empty()) throw Error("golden: give --out DIR (write) or --check DIR (rerun and compare)");

@@ -508,7 +508,10 @@ int Session::finish(int n_commands) {
 
 }  // namespace
 
-int run_pool(const PoolOptions& o) {
+int run_pool(const PoolOptions& options) {
+    // Library callers (the fuzzers) pass the options' default, 0: auto, which main resolves for the CLI.
+    PoolOptions o = options;
+    resolve_threads(o.threads);
     const std::vector<std::string> commands = split_script(o.script);
     if (commands.empty()) throw Error("--script has no commands (e.g. \"new a 1,2,3; fork a b; show\")");
     const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);

@@ -278,7 +278,10 @@ SchedulerConfig scheduler_config(const ServeSimOptions& o, const Config& c, std:
 
 }  // namespace
 
-int run_serve_sim(const ServeSimOptions& o) {
+int run_serve_sim(const ServeSimOptions& options) {
+    // Library callers (the fuzzers) pass the options' default, 0: auto, which main resolves for the CLI.
+    ServeSimOptions o = options;
+    resolve_threads(o.threads);
     const LoadedModel lm = load_model(o.m.model, o.m.tokenizer, stories260k_shape(), o.m.seed, o.m.panel_cache);
     const Config& c = lm.model.config();
     std::string blocks_from;

@@ -135,7 +135,9 @@ void record_trace(const TraceRun& run, const std::string& dir) {
     else
         made.cache->set_kv_format(format);
     const AttentionSpec attention = attention_spec(run.attention);
-    const Recorded r = record(lm.model, *backend, *made.cache, prompt, run.steps, run.weights, attention, run.threads);
+    int threads = run.threads;  // 0 from a library caller (the fuzzers): auto, as main resolves it for the CLI
+    resolve_threads(threads);
+    const Recorded r = record(lm.model, *backend, *made.cache, prompt, run.steps, run.weights, attention, threads);
     const int T = int(r.tokens.size()), S = run.steps + 1;
     json model = {{"source", fs::path(lm.source).filename().string()},
                   {"config", config_json(c)},
