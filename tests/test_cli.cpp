@@ -444,7 +444,8 @@ TEST_CASE("kvlab bench --background-load catches a logit bit that differs by eit
     // Every run's last step, the reference's too: only naive decode sees it.
     const Run checkpoint = run_kvlab(bench + " --json --plant checkpoint");
     CHECK(checkpoint.exit_code == 1);
-    for (const auto& row : nlohmann::json::parse(checkpoint.out)["rows"]) {
+    const auto k = nlohmann::json::parse(checkpoint.out);
+    for (const auto& row : k["rows"]) {
         CHECK(row["steps_equal_reference"] == true);
         CHECK(row["checkpoints_equal_naive"] == false);
     }
