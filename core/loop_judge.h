@@ -38,9 +38,10 @@ struct LoopCost {
 // met a worker the OS descheduled while it held a chunk (on an idle machine the wait is at most
 // about one chunk, and the caller runs several): the cores are taken, and both windows close at
 // once, a loss, rather than meet more such stalls. Unless it is the first stall in kIsolatedNs of
-// threaded loops and no other program keeps the cores busy (cores_taken): a virtual machine's host, or a moment's other
-// work, stalls an idle machine a few times a second, and that costs kFirstBackoff loops alone, not the pool's long
-// backoff (under load, a stall comes every few milliseconds of threaded loops).
+// threaded loops and no other program keeps the cores busy (cores_taken): a virtual machine's
+// host, or a moment's other work, stalls an idle machine a few times a second, and that costs
+// kFirstBackoff loops alone, not the pool's long backoff (under load, a stall comes every few
+// milliseconds of threaded loops).
 class LoopJudge {
 public:
     static constexpr int kWindow = 16, kFirstBackoff = 64, kMaxBackoff = 1 << 13;

@@ -220,8 +220,8 @@ private:
         caller_waiting_.store(false, std::memory_order_relaxed);
     }
 
-    // A worker numbered at or above the thread count of the loops now posted parks on limit_
-    // instead: spinning, it would take a share of the cores from the threads doing the work (a
+    // A worker numbered at or above the thread count of the loops now posted (limit_) parks on
+    // park_ instead: spinning, it would take a share of the cores from the threads doing the work (a
     // process that once ran 8 threads and now runs 2), and asleep on wake_ it would be woken by
     // every loop for nothing.
     [[noreturn]] void work(int id) {
