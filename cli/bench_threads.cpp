@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "common.h"
 #include "compare.h"
+#include "cost_model.h"
 #include "decode.h"
 #include "json_text.h"
 #include "model.h"
@@ -225,7 +226,7 @@ struct Bandwidth {
 
 Bandwidth measure_bandwidth(const Model& model, int threads) {
     Bandwidth b;
-    b.weight_bytes = double(model.config().n_params(model.w.shared_classifier)) * sizeof(float);
+    b.weight_bytes = panel_bytes(model.config());
     // Four times the weights, so that no cache holds it, from 64 MB to 256 MB.
     const auto bytes = std::size_t(std::clamp(4 * b.weight_bytes, 64e6, 256e6));
     for (int t = 1; t <= threads; t++) b.read_gb_s.push_back(read_bandwidth(t, bytes));
